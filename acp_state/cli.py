@@ -1,0 +1,160 @@
+"""`acp-state`: the command line, and the composition root of the processes.
+
+`api` and `worker` are imported only inside the subcommand that runs them, so the core
+never depends on either side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from typing import Any, Awaitable, Callable
+
+from .connection import MEMORY, connect
+from .store import RedisStore
+
+log = logging.getLogger("acp_state")
+
+
+def _serve_http(app: Any, host: str, port: int) -> Any:
+    """A uvicorn server whose signals we handle ourselves (so shutdown can finish cleanly)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):  # type: ignore[override]
+            yield
+
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5
+    )
+    return Server(config)
+
+
+async def _until_signal(run: Callable[[], Awaitable[None]], on_signal: Callable[[], None]) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    await run()
+
+
+def _api_settings(args: argparse.Namespace) -> Any:
+    from api.settings import Settings
+
+    workspaces = [os.path.abspath(w) for w in (args.workspace or [os.getcwd()])]
+    return Settings(redis_url=args.redis_url, host=args.host, port=args.port, workspaces=workspaces)
+
+
+def _worker_config(args: argparse.Namespace) -> Any:
+    from worker.worker import DEFAULT_AGENT, WorkerConfig
+
+    return WorkerConfig(
+        agent=args.agent or DEFAULT_AGENT,
+        max_sessions=args.max_sessions,
+        lease_ms=args.lease_ms,
+        child_per=args.child_per,
+        session_mode=args.session_mode,
+        agent_stderr=args.agent_stderr,
+        name=args.name,
+    )
+
+
+async def run_api(args: argparse.Namespace) -> None:
+    from api.app import create_app
+
+    settings = _api_settings(args)
+    server = _serve_http(create_app(settings), settings.host, settings.port)
+
+    def stop() -> None:
+        server.should_exit = True
+
+    print(f"acp-state api listening on http://{settings.host}:{settings.port}", flush=True)
+    await _until_signal(server.serve, stop)
+
+
+async def run_worker(args: argparse.Namespace) -> None:
+    from worker.worker import Worker
+
+    worker = Worker(RedisStore(connect(args.redis_url)), _worker_config(args))
+    print(f"acp-state worker {worker.incarnation} serving {args.redis_url}", flush=True)
+    await _until_signal(worker.run, worker.stop)
+
+
+async def run_dev(args: argparse.Namespace) -> None:
+    """The embedded default: API + one worker in one process, on in-process Redis."""
+    from api.app import create_app
+    from worker.worker import Worker
+
+    store = RedisStore(connect(args.redis_url))
+    settings = _api_settings(args)
+    worker = Worker(store, _worker_config(args))
+    server = _serve_http(create_app(settings, store=store), settings.host, settings.port)
+
+    def stop() -> None:
+        server.should_exit = True
+        worker.stop()
+
+    async def both() -> None:
+        worker_task = asyncio.ensure_future(worker.run())
+        await worker.ready.wait()
+        print(f"acp-state dev: open http://{settings.host}:{settings.port}/ (workspace {settings.workspaces[0]})", flush=True)
+        await server.serve()
+        worker.stop()
+        await worker_task
+
+    await _until_signal(both, stop)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="acp-state", description=__doc__)
+    parser.add_argument("--log-level", default=os.environ.get("ACP_STATE_LOG", "INFO"))
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def api_options(p: argparse.ArgumentParser, redis_default: str | None) -> None:
+        p.add_argument("--redis-url", required=redis_default is None, default=redis_default)
+        p.add_argument("--host", default="127.0.0.1")
+        p.add_argument("--port", type=int, default=4170)
+        p.add_argument("--workspace", action="append", help="a workspace cwd (repeatable; default: .)")
+
+    def worker_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--agent", help="ACP agent command (default: the built-in scripted agent)")
+        p.add_argument("--max-sessions", type=int, default=1000)
+        p.add_argument("--lease-ms", type=int, default=10_000)
+        p.add_argument("--child-per", choices=["workspace", "session"], default="workspace")
+        p.add_argument("--session-mode", help="ACP session mode to set after session/new (e.g. default)")
+        p.add_argument("--agent-stderr", help="append the agents' stderr to this file")
+        p.add_argument("--name", help="worker name prefix of the incarnation id")
+
+    api = commands.add_parser("api", help="run a stateless API process")
+    api_options(api, None)
+    worker = commands.add_parser("worker", help="run a bridge worker")
+    worker.add_argument("--redis-url", required=True)
+    worker_options(worker)
+    dev = commands.add_parser("dev", help="API + worker in one process on embedded Redis")
+    api_options(dev, MEMORY)
+    worker_options(dev)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    runner = {"api": run_api, "worker": run_worker, "dev": run_dev}[args.command]
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(runner(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""The Redis key schema, in one place.
+
+Every key of one workspace carries the hash tag `{<workspaceId>}` so that a state transition
+(session hash + event log + listing set + catalog + command inbox) touches one cluster slot.
+Worker-owned keys are tagged with the worker's incarnation instead. Ids reach this module
+only after `acp_state.ids` validated them, so none can contain `{`, `}` or `:`.
+
+See docs/architecture.md ("Key schema") for owners and TTLs.
+"""
+
+from __future__ import annotations
+
+PREFIX = "acp"
+
+# Registry of worker incarnations: ZSET member=incarnation, score=lease deadline (epoch ms).
+WORKERS = f"{PREFIX}:workers"
+
+
+def lease(incarnation: str) -> str:
+    """STRING with the worker's load report; PX = lease. Its existence is the lease."""
+    return f"{PREFIX}:w:{{{incarnation}}}"
+
+
+def worker_sessions(incarnation: str) -> str:
+    """SET of `<workspaceId>/<sessionId>` the worker hosts: the sweeper's index."""
+    return f"{PREFIX}:w:{{{incarnation}}}:sessions"
+
+
+def worker_control(incarnation: str) -> str:
+    """STREAM of control commands (create) addressed to one worker."""
+    return f"{PREFIX}:w:{{{incarnation}}}:ctl"
+
+
+def sweep_lock(incarnation: str) -> str:
+    """STRING NX PX: the one sweeper that cleans a dead incarnation."""
+    return f"{PREFIX}:w:{{{incarnation}}}:sweep"
+
+
+def session(ws: str, sid: str) -> str:
+    """HASH of one live session's runtime state (fields below)."""
+    return f"{PREFIX}:{{{ws}}}:s:{sid}"
+
+
+def session_prefix(ws: str) -> str:
+    return f"{PREFIX}:{{{ws}}}:s:"
+
+
+def live(ws: str) -> str:
+    """SET of the workspace's live session ids."""
+    return f"{PREFIX}:{{{ws}}}:live"
+
+
+def inbox(ws: str, incarnation: str) -> str:
+    """STREAM of commands (prompt, cancel, vote, close) for one worker's sessions of a workspace."""
+    return f"{PREFIX}:{{{ws}}}:in:{incarnation}"
+
+
+def events(ws: str, sid: str) -> str:
+    """STREAM replay log of a session's events; entry id = `<eventId>-0`. Also the pub/sub channel."""
+    return f"{PREFIX}:{{{ws}}}:ev:{sid}"
+
+
+def catalog(ws: str) -> str:
+    """HASH sessionId -> persisted row JSON (durable, outside the lease)."""
+    return f"{PREFIX}:{{{ws}}}:cat"
+
+
+def catalog_order(ws: str) -> str:
+    """ZSET sessionId -> updatedAt ms: listing order, pagination and retention."""
+    return f"{PREFIX}:{{{ws}}}:cat:t"
+
+
+def single(ws: str) -> str:
+    """STRING: the id of the workspace's shared `sessionScope: single` session."""
+    return f"{PREFIX}:{{{ws}}}:single"
+
+
+def locator(sid: str) -> str:
+    """STRING sessionId -> workspaceId, so session-scoped routes find the workspace slot."""
+    return f"{PREFIX}:sid:{{{sid}}}"
+
+
+def request_locator(rid: str) -> str:
+    """STRING requestId -> `<workspaceId>/<sessionId>` for the legacy vote route."""
+    return f"{PREFIX}:rq:{{{rid}}}"
+
+
+def reply(request: str) -> str:
+    """LIST a worker pushes one reply onto for a create/close command."""
+    return f"{PREFIX}:reply:{{{request}}}"
+
+
+class F:
+    """Field names of the session hash."""
+
+    OWNER = "inc"  # incarnation of the owning worker: the fence for every write
+    META = "meta"  # JSON {sessionId, workspaceCwd, createdAt, displayName?}
+    UPDATED = "up"  # updatedAt ISO string
+    ACTIVE = "act"  # "1" while a prompt runs
+    ADMITTED = "n"  # prompts admitted and not yet terminal (running + queued)
+    TURN_ERROR = "te"  # JSON turnError, absent when unset
+    TURN_ERROR_EVENT = "tev"  # the turn_error envelope kept for refresh-append
+    SEQ = "seq"  # last event id
+    EPOCH = "epoch"  # event epoch: changes when the history is lost
+    CLIENT = "c:"  # + clientId -> "1"
+    INTERACTION = "pi:"  # + requestId -> PendingInteraction JSON
+    VOTABLE = "pv:"  # + requestId -> JSON [order, [allowed option ids]]

@@ -1,0 +1,370 @@
+"""The runtime-state store both sides talk to, and its Redis implementation.
+
+The API and the worker only ever call the methods of `Store`; `RedisStore` implements them
+over redis-py (a single server, or the embedded fakeredis default). Every method is one
+Redis round trip unless its docstring says otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+import redis.asyncio as aioredis
+
+from . import keys, scripts
+from .clock import now_ms
+
+# Inbox streams outlive neither their worker nor a day of silence.
+INBOX_TTL_MS = 24 * 3600 * 1000
+INBOX_MAXLEN = 10_000
+REPLY_TTL_S = 60
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The result of one state transition."""
+
+    applied: int  # 1 applied, 0 fenced (the session is no longer ours), -1 owned by another
+    last_event_id: int
+    epoch: str
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The result of handing a command to a session's owner."""
+
+    status: str  # 'ok' | 'gone' | 'full'
+    last_event_id: int = 0
+    epoch: str = ""
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long things outside the lease are kept."""
+
+    catalog_ms: int = 7 * 24 * 3600 * 1000
+    events_ms: int = 30 * 60 * 1000
+    events_max: int = 1000
+
+
+class Store(Protocol):
+    """The store interface of acp-state (centrifuge-style: Redis is one implementation)."""
+
+    retention: Retention
+
+    # worker side
+    async def heartbeat(self, incarnation: str, report: dict[str, Any], lease_ms: int) -> bool: ...
+    async def release(self, incarnation: str) -> None: ...
+    async def apply(self, ws: str, sid: str, incarnation: str, ops: dict[str, Any]) -> Applied: ...
+    async def read_commands(self, cursors: dict[str, str], block_ms: int) -> list[tuple[str, str, dict[str, Any]]]: ...
+    async def reply(self, request: str, payload: dict[str, Any]) -> None: ...
+    async def index_session(self, incarnation: str, ws: str, sid: str, present: bool) -> None: ...
+    async def locate_request(self, rid: str, where: str | None) -> None: ...
+    async def drop_inbox(self, ws: str, incarnation: str) -> None: ...
+
+    # API side
+    async def workers(self) -> dict[str, int]: ...
+    async def worker_reports(self, incarnations: list[str]) -> dict[str, dict[str, Any]]: ...
+    async def send_control(self, incarnation: str, command: dict[str, Any]) -> None: ...
+    async def await_reply(self, request: str, timeout_s: float) -> dict[str, Any] | None: ...
+    async def locate(self, sid: str) -> str | None: ...
+    async def request_location(self, rid: str) -> tuple[str, str] | None: ...
+    async def session_fields(self, ws: str, sid: str) -> dict[str, str]: ...
+    async def send(self, ws: str, sid: str, incarnation: str, command: dict[str, Any], admit_limit: int | None = None) -> Admission: ...
+    async def vote(self, ws: str, sid: str, incarnation: str, rid: str, selected: bool, option_id: str, client_id: str, command: dict[str, Any]) -> str: ...
+    async def attach(self, ws: str, sid: str, incarnation: str, client_id: str) -> bool: ...
+    async def claim_single(self, ws: str, sid: str, ttl_ms: int) -> str | None: ...
+    async def release_single(self, ws: str, sid: str) -> None: ...
+    async def list_page(self, ws: str, offset: int, size: int) -> list[tuple[str, dict[str, Any] | None, dict[str, str]]]: ...
+
+    # sweeper
+    async def dead_workers(self, now: int) -> list[str]: ...
+    async def lock_sweep(self, incarnation: str, ttl_ms: int) -> bool: ...
+    async def worker_index(self, incarnation: str) -> list[tuple[str, str]]: ...
+    async def forget_worker(self, incarnation: str, workspaces: set[str]) -> None: ...
+
+
+class RedisStore:
+    """`Store` over redis-py. Transitions from one process are auto-pipelined in order."""
+
+    def __init__(self, redis: aioredis.Redis, retention: Retention | None = None) -> None:
+        self.redis = redis
+        self.retention = retention or Retention()
+        self._apply = redis.register_script(scripts.APPLY)
+        self._send = redis.register_script(scripts.SEND)
+        self._vote = redis.register_script(scripts.VOTE)
+        self._attach = redis.register_script(scripts.ATTACH)
+        self._list = redis.register_script(scripts.LIST)
+        self._batch: list[tuple[list[str], list[str], asyncio.Future[Applied]]] = []
+        self._flushing: asyncio.Task[None] | None = None
+
+    # ---- worker side -------------------------------------------------------------------
+
+    async def heartbeat(self, incarnation: str, report: dict[str, Any], lease_ms: int) -> bool:
+        """Renew the lease: two commands in one round trip, whatever the session count.
+
+        Returns False when the lease had lapsed before this renewal (the worker was presumed
+        dead and may have been swept).
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(keys.lease(incarnation), orjson.dumps(report).decode(), px=lease_ms, get=True)
+        pipe.zadd(keys.WORKERS, {incarnation: now_ms() + lease_ms})
+        previous, _ = await pipe.execute()
+        return previous is not None
+
+    async def release(self, incarnation: str) -> None:
+        """Give the lease back on a clean shutdown (after the worker deleted its sessions)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.delete(keys.lease(incarnation), keys.worker_sessions(incarnation), keys.worker_control(incarnation))
+        pipe.zrem(keys.WORKERS, incarnation)
+        await pipe.execute()
+
+    async def apply(self, ws: str, sid: str, incarnation: str, ops: dict[str, Any]) -> Applied:
+        """One atomic state transition (scripts.APPLY).
+
+        `ops`: mode ('create'|'update'|'delete'), set {field: str}, del [field],
+        incr {field: int}, events [envelope bodies], tev (1-based index of the event to keep
+        as the turn-error event), catalog (row dict), single (bool).
+        Concurrent calls from this process share one pipeline per flush, in call order.
+        """
+        ops = dict(ops, sid=sid)
+        if ops.get("events"):
+            ops.setdefault("evmax", self.retention.events_max)
+            ops.setdefault("evttl", self.retention.events_ms)
+        row = ops.pop("catalog", None)
+        if row is not None:
+            now = now_ms()
+            ops["catalog"] = orjson.dumps(row).decode()
+            ops["score"] = str(row.get("updatedAtMs", now))
+            ops["retention"] = self.retention.catalog_ms
+            ops["cutoff"] = str(now - self.retention.catalog_ms)
+        key_list = [
+            keys.session(ws, sid),
+            keys.events(ws, sid),
+            keys.live(ws),
+            keys.catalog(ws),
+            keys.catalog_order(ws),
+            keys.single(ws),
+        ]
+        future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
+        self._batch.append((key_list, [incarnation, orjson.dumps(ops).decode()], future))
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        """Send queued transitions as pipelines until none are left (auto-pipelining)."""
+        while self._batch:
+            batch, self._batch = self._batch, []
+            pipe = self.redis.pipeline(transaction=False)
+            for key_list, args, _ in batch:
+                await self._apply(keys=key_list, args=args, client=pipe)
+            try:
+                results = await pipe.execute(raise_on_error=False)
+            except Exception as error:  # connection-level failure: every caller sees it
+                for *_, future in batch:
+                    if not future.done():
+                        future.set_exception(error)
+                continue
+            for (*_, future), result in zip(batch, results):
+                if future.done():
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(Applied(int(result[0]), int(result[1]), str(result[2])))
+
+    async def read_commands(
+        self, cursors: dict[str, str], block_ms: int
+    ) -> list[tuple[str, str, dict[str, Any]]]:
+        """Block until commands arrive on any of the streams; returns (stream, id, command)."""
+        reply = await self.redis.xread(cursors, block=block_ms, count=256)
+        commands = []
+        for stream, entries in reply or []:
+            for entry_id, fields in entries:
+                commands.append((stream, entry_id, orjson.loads(fields["c"])))
+        return commands
+
+    async def reply(self, request: str, payload: dict[str, Any]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.lpush(keys.reply(request), orjson.dumps(payload))
+        pipe.expire(keys.reply(request), REPLY_TTL_S)
+        await pipe.execute()
+
+    async def index_session(self, incarnation: str, ws: str, sid: str, present: bool) -> None:
+        """Add or remove `ws/sid` in the worker's session index (the sweeper's map)."""
+        member = f"{ws}/{sid}"
+        if present:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.sadd(keys.worker_sessions(incarnation), member)
+            pipe.set(keys.locator(sid), ws, px=self.retention.catalog_ms)
+            await pipe.execute()
+        else:
+            await self.redis.srem(keys.worker_sessions(incarnation), member)
+
+    async def locate_request(self, rid: str, where: str | None) -> None:
+        """Record (or forget) which session a pending request belongs to, for the legacy route."""
+        if where is None:
+            await self.redis.delete(keys.request_locator(rid))
+        else:
+            await self.redis.set(keys.request_locator(rid), where, px=INBOX_TTL_MS)
+
+    async def drop_inbox(self, ws: str, incarnation: str) -> None:
+        await self.redis.delete(keys.inbox(ws, incarnation))
+
+    # ---- API side ----------------------------------------------------------------------
+
+    async def workers(self) -> dict[str, int]:
+        """Every registered incarnation with its lease deadline (epoch ms)."""
+        members = await self.redis.zrange(keys.WORKERS, 0, -1, withscores=True)
+        return {member: int(score) for member, score in members}
+
+    async def worker_reports(self, incarnations: list[str]) -> dict[str, dict[str, Any]]:
+        """The load report each live worker stored with its lease (one round trip)."""
+        if not incarnations:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for incarnation in incarnations:
+            pipe.get(keys.lease(incarnation))
+        values = await pipe.execute()
+        return {inc: orjson.loads(v) for inc, v in zip(incarnations, values) if v}
+
+    async def send_control(self, incarnation: str, command: dict[str, Any]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        stream = keys.worker_control(incarnation)
+        pipe.xadd(stream, {"c": orjson.dumps(command)}, maxlen=INBOX_MAXLEN, approximate=True)
+        pipe.pexpire(stream, INBOX_TTL_MS)
+        await pipe.execute()
+
+    async def await_reply(self, request: str, timeout_s: float) -> dict[str, Any] | None:
+        reply = await self.redis.blpop([keys.reply(request)], timeout=timeout_s)
+        return orjson.loads(reply[1]) if reply else None
+
+    async def locate(self, sid: str) -> str | None:
+        return await self.redis.get(keys.locator(sid))
+
+    async def request_location(self, rid: str) -> tuple[str, str] | None:
+        where = await self.redis.get(keys.request_locator(rid))
+        if not where:
+            return None
+        ws, _, sid = where.partition("/")
+        return ws, sid
+
+    async def session_fields(self, ws: str, sid: str) -> dict[str, str]:
+        return await self.redis.hgetall(keys.session(ws, sid))
+
+    async def send(
+        self,
+        ws: str,
+        sid: str,
+        incarnation: str,
+        command: dict[str, Any],
+        admit_limit: int | None = None,
+    ) -> Admission:
+        """Hand a command to the session's owner (scripts.SEND); prompts pass `admit_limit`."""
+        result = await self._send(
+            keys=[keys.session(ws, sid), keys.inbox(ws, incarnation)],
+            args=[
+                incarnation,
+                orjson.dumps(command),
+                "" if admit_limit is None else admit_limit,
+                INBOX_TTL_MS,
+                INBOX_MAXLEN,
+            ],
+        )
+        if result[0] != "ok":
+            return Admission(result[0])
+        return Admission("ok", int(result[1]), result[2])
+
+    async def vote(
+        self,
+        ws: str,
+        sid: str,
+        incarnation: str,
+        rid: str,
+        selected: bool,
+        option_id: str,
+        client_id: str,
+        command: dict[str, Any],
+        sentinel: str = "__cancelled__",
+    ) -> str:
+        return await self._vote(
+            keys=[keys.session(ws, sid), keys.inbox(ws, incarnation)],
+            args=[
+                incarnation,
+                rid,
+                "selected" if selected else "cancelled",
+                option_id,
+                client_id,
+                orjson.dumps(command),
+                INBOX_TTL_MS,
+                INBOX_MAXLEN,
+                sentinel,
+            ],
+        )
+
+    async def attach(self, ws: str, sid: str, incarnation: str, client_id: str) -> bool:
+        """Register a client on a live session (and tell its owner); False if it is gone."""
+        command = orjson.dumps({"t": "attach", "sid": sid, "clientId": client_id})
+        return bool(
+            await self._attach(
+                keys=[keys.session(ws, sid), keys.inbox(ws, incarnation)],
+                args=[incarnation, client_id, command, INBOX_TTL_MS, INBOX_MAXLEN],
+            )
+        )
+
+    async def claim_single(self, ws: str, sid: str, ttl_ms: int) -> str | None:
+        """Claim the workspace's single-scope slot; returns the existing holder if any."""
+        return await self.redis.set(keys.single(ws), sid, nx=True, px=ttl_ms, get=True)
+
+    async def release_single(self, ws: str, sid: str) -> None:
+        """Drop a claim that did not turn into a live session (compare-and-delete)."""
+        await self.redis.eval(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+            1,
+            keys.single(ws),
+            sid,
+        )
+
+    async def list_page(
+        self, ws: str, offset: int, size: int
+    ) -> list[tuple[str, dict[str, Any] | None, dict[str, str]]]:
+        """Up to size + 1 catalog rows from `offset`, newest first, each with its live hash."""
+        flat = await self._list(
+            keys=[keys.live(ws), keys.catalog(ws), keys.catalog_order(ws)],
+            args=[keys.session_prefix(ws), offset, size],
+        )
+        rows = []
+        for i in range(0, len(flat), 3):
+            sid, row, pairs = flat[i], flat[i + 1], flat[i + 2]
+            fields = dict(zip(pairs[::2], pairs[1::2]))
+            rows.append((sid, orjson.loads(row) if row else None, fields))
+        return rows
+
+    # ---- sweeper -----------------------------------------------------------------------
+
+    async def dead_workers(self, now: int) -> list[str]:
+        return await self.redis.zrangebyscore(keys.WORKERS, "-inf", f"({now}")
+
+    async def lock_sweep(self, incarnation: str, ttl_ms: int) -> bool:
+        return bool(await self.redis.set(keys.sweep_lock(incarnation), "1", nx=True, px=ttl_ms))
+
+    async def worker_index(self, incarnation: str) -> list[tuple[str, str]]:
+        members = await self.redis.smembers(keys.worker_sessions(incarnation))
+        return [tuple(m.split("/", 1)) for m in members]  # type: ignore[misc]
+
+    async def forget_worker(self, incarnation: str, workspaces: set[str]) -> None:
+        """Delete every key a dead incarnation owned, then drop it from the registry."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.delete(
+            keys.lease(incarnation),
+            keys.worker_sessions(incarnation),
+            keys.worker_control(incarnation),
+        )
+        for ws in workspaces:
+            pipe.delete(keys.inbox(ws, incarnation))
+        pipe.zrem(keys.WORKERS, incarnation)
+        await pipe.execute()

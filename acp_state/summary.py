@@ -1,0 +1,79 @@
+"""Session summaries: the live status object and the persisted listing row (spec §1.2, §1.3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from .interactions import USER_QUESTION
+from .keys import F
+
+
+def live_summary(fields: dict[str, str]) -> dict[str, Any]:
+    """Assemble `GET /session/:id/status` from the session hash (HGETALL)."""
+    meta = orjson.loads(fields[F.META])
+    ordered: list[tuple[float, str]] = []
+    client_count = 0
+    for name, value in fields.items():
+        if name.startswith(F.VOTABLE):
+            ordered.append((orjson.loads(value)[0], name[len(F.VOTABLE):]))
+        elif name.startswith(F.CLIENT):
+            client_count += 1
+    ordered.sort()
+    pending = [
+        orjson.loads(fields[F.INTERACTION + rid]) for _, rid in ordered if F.INTERACTION + rid in fields
+    ]
+    active = fields.get(F.ACTIVE) == "1"
+    summary: dict[str, Any] = {
+        "sessionId": meta["sessionId"],
+        "workspaceCwd": meta["workspaceCwd"],
+        "createdAt": meta["createdAt"],
+        "updatedAt": fields.get(F.UPDATED, meta["createdAt"]),
+    }
+    if meta.get("displayName"):
+        summary["displayName"] = meta["displayName"]
+    summary.update(
+        clientCount=client_count,
+        hasActivePrompt=active,
+        activeWorkState="active" if active else "idle",
+        hasRunningBackgroundTasks=False,
+        isWaitingForPermission=any(p["kind"] != USER_QUESTION for p in pending),
+        isWaitingForUserQuestion=any(p["kind"] == USER_QUESTION for p in pending),
+        pendingInteractionCount=len(pending),
+        hasTurnError=F.TURN_ERROR in fields,
+    )
+    if F.TURN_ERROR in fields:
+        summary["turnError"] = orjson.loads(fields[F.TURN_ERROR])
+    summary["pendingInteractions"] = pending
+    return summary
+
+
+def persisted_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A catalog row as the reference lists a non-live session: no runtime fields, never idle."""
+    listed: dict[str, Any] = {
+        "sessionId": row["sessionId"],
+        "workspaceCwd": row["workspaceCwd"],
+        "createdAt": row["createdAt"],
+        "updatedAt": row.get("updatedAt", row["createdAt"]),
+    }
+    if row.get("displayName"):
+        listed["displayName"] = row["displayName"]
+    listed.update(clientCount=0, hasActivePrompt=False, isArchived=False)
+    return listed
+
+
+def merged_row(row: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
+    """The persisted row overlaid with the live summary (`mergeLiveSessionSummary`)."""
+    merged = dict(live)
+    merged["createdAt"] = row.get("createdAt", live["createdAt"])
+    merged["updatedAt"] = max(row.get("updatedAt", ""), live["updatedAt"])
+    if not live.get("displayName") and row.get("displayName"):
+        merged["displayName"] = row["displayName"]
+    # Keep the reference's key order: isArchived sits right after hasActivePrompt.
+    ordered: dict[str, Any] = {}
+    for key, value in merged.items():
+        ordered[key] = value
+        if key == "hasActivePrompt":
+            ordered["isArchived"] = False
+    return ordered

@@ -1,0 +1,1 @@
+"""The stateless HTTP API: the reference daemon's routes, answered from the shared store."""

@@ -1,0 +1,59 @@
+"""The Starlette application of one API process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from acp_state.connection import connect
+from acp_state.registry import WorkerRegistry
+from acp_state.store import RedisStore, Store
+from acp_state.sweeper import run_sweeper
+
+from . import discovery, permissions, sessions, workspaces
+from .locator import SessionLocator
+from .responses import ApiError, api_error_handler
+from .settings import Settings
+from .state import AppState
+
+ROUTES = [
+    Route("/health", discovery.health, methods=["GET"]),
+    Route("/capabilities", discovery.capabilities, methods=["GET"]),
+    Route("/session", sessions.create_session, methods=["POST"]),
+    Route("/session/{id}", sessions.close, methods=["DELETE"]),
+    Route("/session/{id}/prompt", sessions.prompt, methods=["POST"]),
+    Route("/session/{id}/cancel", sessions.cancel, methods=["POST"]),
+    Route("/session/{id}/status", sessions.status, methods=["GET"]),
+    Route("/session/{id}/permission/{requestId}", permissions.vote_in_session, methods=["POST"]),
+    Route("/permission/{requestId}", permissions.vote_legacy, methods=["POST"]),
+    Route("/workspace/{id}/sessions", workspaces.list_sessions, methods=["GET"]),
+]
+
+
+def create_app(settings: Settings, store: Store | None = None) -> Starlette:
+    """Build the app; without `store` it connects to `settings.redis_url` at startup."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        own_store = store or RedisStore(connect(settings.redis_url))
+        registry = WorkerRegistry(own_store)
+        app.state.acp = AppState(
+            settings=settings,
+            store=own_store,
+            registry=registry,
+            locator=SessionLocator(own_store, registry),
+            workspaces=settings.workspace_cwds(),
+        )
+        stop = asyncio.Event()
+        sweeper = asyncio.ensure_future(run_sweeper(own_store, settings.sweep_interval_s, stop))
+        try:
+            yield
+        finally:
+            stop.set()
+            await sweeper
+
+    return Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers={ApiError: api_error_handler})

@@ -1,0 +1,65 @@
+"""Finding a live session from its id: workspace slot, owner, liveness.
+
+A session's workspace and owner never change while it lives, so both are cached; a status
+read then costs exactly one Redis round trip (HGETALL of the session hash).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from acp_state import ids
+from acp_state.keys import F
+from acp_state.registry import WorkerRegistry
+from acp_state.store import Store
+
+from .responses import ApiError
+
+CACHE_SIZE = 100_000
+
+
+@dataclass(frozen=True)
+class LiveRef:
+    ws: str
+    sid: str
+    incarnation: str
+    fields: dict[str, str]
+
+
+def not_found(sid: str) -> ApiError:
+    return ApiError(404, f'No session with id "{sid}"', "session_not_found", sessionId=sid)
+
+
+class SessionLocator:
+    def __init__(self, store: Store, registry: WorkerRegistry) -> None:
+        self.store = store
+        self.registry = registry
+        self._workspaces: OrderedDict[str, str] = OrderedDict()
+
+    async def workspace_of(self, sid: str) -> str | None:
+        ws = self._workspaces.get(sid)
+        if ws is None:
+            ws = await self.store.locate(sid)
+            if ws is None:
+                return None
+            self._workspaces[sid] = ws
+            if len(self._workspaces) > CACHE_SIZE:
+                self._workspaces.popitem(last=False)
+        return ws
+
+    def remember(self, sid: str, ws: str) -> None:
+        self._workspaces[sid] = ws
+
+    async def live(self, sid: str) -> LiveRef:
+        """The live session, or a 404 (unknown id, closed, or its worker's lease lapsed)."""
+        if not ids.is_token(sid):
+            raise not_found(sid)
+        ws = await self.workspace_of(sid)
+        if ws is None:
+            raise not_found(sid)
+        fields = await self.store.session_fields(ws, sid)
+        owner = fields.get(F.OWNER)
+        if not owner or F.META not in fields or not await self.registry.is_live(owner):
+            raise not_found(sid)
+        return LiveRef(ws, sid, owner, fields)

@@ -1,0 +1,61 @@
+"""JSON responses and the error shape of the reference: `{error, code?, ...context}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+MAX_BODY_BYTES = 1024 * 1024
+
+
+class OrjsonResponse(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+class ApiError(Exception):
+    """Raised by a route; rendered as `status` with `{error, code, **context}`."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, **context: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body: dict[str, Any] = {"error": message}
+        if code is not None:
+            self.body["code"] = code
+        self.body.update(context)
+        self.headers: dict[str, str] = {}
+
+
+def unavailable(message: str, code: str, retry_after_s: int = 1, **context: Any) -> ApiError:
+    """A 503 with a retry hint: the command was not taken, the client may try again."""
+    error = ApiError(503, message, code, retryAfterMs=retry_after_s * 1000, **context)
+    error.headers["Retry-After"] = str(retry_after_s)
+    return error
+
+
+async def api_error_handler(_: Request, error: Exception) -> Response:
+    assert isinstance(error, ApiError)
+    return OrjsonResponse(error.body, status_code=error.status, headers=error.headers)
+
+
+async def json_body(request: Request, *, required: bool = True) -> Any:
+    """The request's JSON body, size-capped; 400/413 with a reason otherwise."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise ApiError(413, f"request body exceeds {MAX_BODY_BYTES} bytes", "body_too_large")
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise ApiError(413, f"request body exceeds {MAX_BODY_BYTES} bytes", "body_too_large")
+    if not raw.strip():
+        if required:
+            raise ApiError(400, "request body must be a JSON object", "invalid_json")
+        return {}
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise ApiError(400, "request body is not valid JSON", "invalid_json") from None

@@ -1,0 +1,206 @@
+"""Session routes: create or attach, prompt, cancel, close, status."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from acp_state import ids
+from acp_state.ids import workspace_id
+from acp_state.summary import live_summary
+
+from .responses import ApiError, OrjsonResponse, json_body, unavailable
+from .state import AppState
+
+MAX_QUEUED_PROMPTS = 5
+SINGLE_WAIT_STEP_S = 0.05
+
+
+def client_id_header(request: Request) -> str | None:
+    """`X-Qwen-Client-Id`: optional, at most 128 chars of `[A-Za-z0-9._:-]`."""
+    value = request.headers.get("x-qwen-client-id")
+    if value is None:
+        return None
+    if not ids.is_token(value):
+        raise ApiError(400, "X-Qwen-Client-Id must be 1-128 characters of [A-Za-z0-9._:-]", "invalid_client_id")
+    return value
+
+
+def _state(request: Request) -> AppState:
+    return request.app.state.acp
+
+
+async def _place(state: AppState, command: dict[str, Any]) -> dict[str, Any]:
+    """Send a create to a live worker with spare capacity; try the next one if it is full."""
+    reports = await state.store.worker_reports(await state.registry.live())
+    candidates = [r for r in reports.values() if r.get("sessions", 0) < r.get("maxSessions", 0)]
+    random.shuffle(candidates)  # equal loads spread instead of piling onto one worker
+    candidates.sort(key=lambda r: r["sessions"] / max(r["maxSessions"], 1))
+    for report in candidates:
+        request_id = ids.new_id()
+        await state.store.send_control(report["incarnation"], dict(command, req=request_id))
+        reply = await state.store.await_reply(request_id, state.settings.create_timeout_s)
+        if reply is None:
+            raise ApiError(504, "the worker did not start the session in time", "agent_init_timeout")
+        if reply.get("ok"):
+            return reply
+        if reply.get("code") != "worker_full":
+            raise ApiError(503, reply.get("error") or "the agent could not start", reply.get("code", "agent_unavailable"))
+    raise unavailable("no live worker has spare capacity", "no_worker_capacity", retry_after_s=2)
+
+
+async def _join_single(state: AppState, ws: str, holder: str, client_id: str) -> dict[str, Any] | None:
+    """Attach to the workspace's shared session, waiting while another caller creates it."""
+    deadline = asyncio.get_running_loop().time() + state.settings.create_timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        fields = await state.store.session_fields(ws, holder)
+        owner = fields.get("inc")
+        if owner:
+            if not await state.registry.is_live(owner) or not await state.store.attach(ws, holder, owner, client_id):
+                return None
+            state.locator.remember(holder, ws)
+            return live_summary(fields)
+        await asyncio.sleep(SINGLE_WAIT_STEP_S)  # the creator is still starting the agent
+    return None
+
+
+async def create_session(request: Request) -> Response:
+    state = _state(request)
+    body = await json_body(request)
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object", "invalid_request")
+    header_client = client_id_header(request)
+    cwd = body.get("workspaceCwd", body.get("cwd"))
+    if cwd is None:
+        cwd = state.settings.workspaces[0]
+    if not isinstance(cwd, str) or workspace_id(cwd) not in state.workspaces:
+        raise ApiError(400, "cwd is not a workspace registered with this daemon", "workspace_mismatch", workspaceCwd=cwd)
+    scope = body.get("sessionScope", "single")
+    if scope not in ("single", "thread"):
+        raise ApiError(400, "sessionScope must be 'single' or 'thread'", "invalid_session_scope")
+    requested = body.get("sessionId")
+    if requested is not None and not ids.is_session_id(requested):
+        raise ApiError(400, "sessionId must be an RFC 4122 UUID (versions 1-5)", "invalid_session_id")
+    ws = workspace_id(cwd)
+    client_id = header_client or ids.new_id()
+    sid = requested or ids.new_id()
+
+    if requested is not None:
+        existing = await state.store.session_fields(ws, sid)
+        if existing.get("inc") and await state.registry.is_live(existing["inc"]):
+            raise ApiError(409, f'Session "{sid}" is already live', "session_exists", sessionId=sid)
+
+    claimed = False
+    if scope == "single":
+        for _ in range(2):
+            holder = await state.store.claim_single(ws, sid, int(state.settings.create_timeout_s * 1000) + 5000)
+            if holder is None:
+                claimed = True
+                break
+            joined = await _join_single(state, ws, holder, client_id)
+            if joined is not None:
+                return OrjsonResponse(
+                    {
+                        "sessionId": holder,
+                        "workspaceCwd": joined["workspaceCwd"],
+                        "attached": True,
+                        "clientId": client_id,
+                        "createdAt": joined["createdAt"],
+                    }
+                )
+            await state.store.release_single(ws, holder)  # a stale claim: take it over
+        else:
+            raise unavailable("the workspace's shared session is being replaced; retry", "session_busy")
+
+    command = {"t": "create", "ws": ws, "sid": sid, "cwd": cwd, "scope": scope, "clientId": client_id}
+    try:
+        reply = await _place(state, command)
+    except BaseException:
+        if claimed:
+            await state.store.release_single(ws, sid)
+        raise
+    state.locator.remember(sid, ws)
+    return OrjsonResponse(
+        {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id, "createdAt": reply["createdAt"]}
+    )
+
+
+def _prompt_blocks(body: Any) -> tuple[list[dict[str, Any]], str]:
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object", "invalid_request")
+    blocks = body.get("prompt")
+    if not isinstance(blocks, list) or not blocks:
+        raise ApiError(400, "`prompt` must be a non-empty array of content blocks", "invalid_prompt")
+    for block in blocks:
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise ApiError(400, "every content block needs a string `type`", "invalid_prompt")
+        if block["type"] == "text" and not isinstance(block.get("text"), str):
+            raise ApiError(400, "a text block needs a string `text`", "invalid_prompt")
+    text = "".join(b["text"] for b in blocks if b["type"] == "text")
+    return blocks, text
+
+
+async def prompt(request: Request) -> Response:
+    state = _state(request)
+    sid = request.path_params["id"]
+    client_id = client_id_header(request)
+    body = await json_body(request)
+    blocks, text = _prompt_blocks(body)
+    meta = body.get("_meta") if isinstance(body.get("_meta"), dict) else None
+    ref = await state.locator.live(sid)
+    prompt_id = ids.new_id()
+    command = {
+        "t": "prompt",
+        "sid": sid,
+        "promptId": prompt_id,
+        "prompt": blocks,
+        "text": text,
+        "meta": meta,
+        "clientId": client_id,
+    }
+    admission = await state.store.send(ref.ws, sid, ref.incarnation, command, admit_limit=1 + MAX_QUEUED_PROMPTS)
+    if admission.status == "gone":
+        raise ApiError(404, f'No session with id "{sid}"', "session_not_found", sessionId=sid)
+    if admission.status == "full":
+        raise unavailable(
+            f"session already has {MAX_QUEUED_PROMPTS} queued prompts", "prompt_queue_full", sessionId=sid
+        )
+    return OrjsonResponse({"promptId": prompt_id, "lastEventId": admission.last_event_id, "eventEpoch": admission.epoch})
+
+
+async def cancel(request: Request) -> Response:
+    state = _state(request)
+    sid = request.path_params["id"]
+    client_id_header(request)
+    ref = await state.locator.live(sid)
+    admission = await state.store.send(ref.ws, sid, ref.incarnation, {"t": "cancel", "sid": sid})
+    if admission.status != "ok":
+        raise ApiError(404, f'No session with id "{sid}"', "session_not_found", sessionId=sid)
+    return OrjsonResponse({})
+
+
+async def close(request: Request) -> Response:
+    state = _state(request)
+    sid = request.path_params["id"]
+    client_id_header(request)
+    ref = await state.locator.live(sid)
+    request_id = ids.new_id()
+    command = {"t": "close", "sid": sid, "req": request_id, "reason": "closed_by_client"}
+    admission = await state.store.send(ref.ws, sid, ref.incarnation, command)
+    if admission.status != "ok":
+        raise ApiError(404, f'No session with id "{sid}"', "session_not_found", sessionId=sid)
+    reply = await state.store.await_reply(request_id, state.settings.close_timeout_s)
+    if reply is None:
+        raise ApiError(504, "the worker did not close the session in time", "close_timeout", sessionId=sid)
+    if not reply.get("ok"):
+        raise ApiError(404, f'No session with id "{sid}"', "session_not_found", sessionId=sid)
+    return Response(status_code=204)
+
+
+async def status(request: Request) -> Response:
+    ref = await _state(request).locator.live(request.path_params["id"])
+    return OrjsonResponse(live_summary(ref.fields))

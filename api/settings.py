@@ -1,0 +1,23 @@
+"""API process settings (from the command line)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from acp_state.ids import workspace_id
+
+
+@dataclass
+class Settings:
+    redis_url: str = "memory://"
+    host: str = "127.0.0.1"
+    port: int = 4170
+    workspaces: list[str] = field(default_factory=lambda: [os.getcwd()])
+    create_timeout_s: float = 60.0
+    close_timeout_s: float = 15.0
+    sweep_interval_s: float = 5.0
+
+    def workspace_cwds(self) -> dict[str, str]:
+        """Registered workspaces by id (first 16 hex chars of sha256 of the cwd)."""
+        return {workspace_id(cwd): cwd for cwd in self.workspaces}

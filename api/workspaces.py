@@ -1,0 +1,68 @@
+"""`GET /workspace/:id/sessions`: persisted rows with live runtime merged in (spec §1.3)."""
+
+from __future__ import annotations
+
+import base64
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from acp_state import ids
+from acp_state.keys import F
+from acp_state.summary import live_summary, merged_row, persisted_row
+
+from .responses import ApiError, OrjsonResponse
+from .sessions import _state
+
+DEFAULT_SIZE = 20
+MAX_SIZE = 100
+
+
+def encode_cursor(offset: int) -> str:
+    return base64.urlsafe_b64encode(f"o:{offset}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        kind, _, offset = text.partition(":")
+        if kind != "o" or not offset.isdigit() or len(offset) > 9:
+            raise ValueError(cursor)
+        return int(offset)
+    except ValueError:
+        raise ApiError(400, "cursor is not one this daemon issued", "invalid_cursor") from None
+
+
+async def list_sessions(request: Request) -> Response:
+    state = _state(request)
+    ws = request.path_params["id"]
+    if not ids.is_workspace_id(ws) or ws not in state.workspaces:
+        raise ApiError(404, f'No workspace with id "{ws}"', "workspace_not_found", workspaceId=ws)
+    query = request.query_params
+    size_text = query.get("size", str(DEFAULT_SIZE))
+    if not size_text.isdigit() or not 1 <= int(size_text) <= MAX_SIZE:
+        raise ApiError(400, f"size must be an integer from 1 to {MAX_SIZE}", "invalid_size")
+    archive_state = query.get("archiveState", "active")
+    if archive_state not in ("active", "archived"):
+        raise ApiError(400, "archiveState must be 'active' or 'archived'", "invalid_archive_state")
+    if archive_state == "archived":
+        return OrjsonResponse({"sessions": []})  # nothing is ever archived here
+    size = int(size_text)
+    offset = decode_cursor(query["cursor"]) if "cursor" in query else 0
+
+    page = await state.store.list_page(ws, offset, size)
+    sessions = []
+    for sid, row, fields in page[:size]:
+        owner = fields.get(F.OWNER)
+        live = owner is not None and F.META in fields and await state.registry.is_live(owner)
+        if row is None and not live:
+            continue
+        if live:
+            summary = live_summary(fields)
+            sessions.append(merged_row(row, summary) if row else summary)
+        else:
+            sessions.append(persisted_row(row))  # type: ignore[arg-type]
+    body: dict[str, object] = {"sessions": sessions}
+    if len(page) > size:
+        body["nextCursor"] = encode_cursor(offset + size)
+    return OrjsonResponse(body)

@@ -1,0 +1,185 @@
+"""One ACP agent child process and its connection; it may host many sessions.
+
+The worker is the ACP *client*. The official SDK (`acp`) frames JSON-RPC; this module
+spawns the child itself so that the child inherits the worker's whole environment (HOME,
+API keys, base URLs) and its stderr never fills an unread pipe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shlex
+import signal
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+import acp
+from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementation
+
+from acp_state import __version__
+from acp_state.interactions import CancelSentinelCollision
+
+if TYPE_CHECKING:
+    from .session import LiveSession
+
+log = logging.getLogger("worker.agent")
+
+PROTOCOL_VERSION = 1
+STREAM_LIMIT = 50 * 1024 * 1024
+INITIALIZE_TIMEOUT_S = 60.0
+
+
+def _dump(model: Any) -> Any:
+    """An SDK model as the wire JSON (camelCase, `_meta` kept, unset fields dropped)."""
+    if hasattr(model, "model_dump"):
+        return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return model
+
+
+class AgentProcess:
+    """A running `--agent` command speaking ACP v1 over stdio."""
+
+    def __init__(
+        self,
+        command: str,
+        cwd: str,
+        *,
+        session_mode: str | None = None,
+        stderr_path: str | None = None,
+        on_exit: Callable[[AgentProcess], Awaitable[None]] | None = None,
+    ) -> None:
+        self.argv = shlex.split(command)
+        self.cwd = cwd
+        self.session_mode = session_mode
+        self.stderr_path = stderr_path
+        self._on_exit = on_exit
+        self.sessions: dict[str, LiveSession] = {}
+        self.process: asyncio.subprocess.Process | None = None
+        self.conn: Any = None
+        self.supports_close = False
+        self._watcher: asyncio.Task[None] | None = None
+        self.stopping = False
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    async def start(self) -> None:
+        """Spawn the child and run `initialize`; raises if it does not speak ACP v1."""
+        stderr: Any = asyncio.subprocess.DEVNULL
+        if self.stderr_path:
+            stderr = open(self.stderr_path, "ab")  # noqa: SIM115 - owned by the child
+        self.process = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=stderr,
+            cwd=self.cwd,
+            env=dict(os.environ),
+            # Its own process group, so a stop reaches wrappers' grandchildren too (qwen).
+            start_new_session=True,
+            limit=STREAM_LIMIT,
+        )
+        if stderr is not asyncio.subprocess.DEVNULL:
+            stderr.close()
+        self.conn = acp.connect_to_agent(self, self.process.stdin, self.process.stdout)
+        self._watcher = asyncio.ensure_future(self._watch())
+        result = await asyncio.wait_for(
+            self.conn.initialize(
+                protocol_version=PROTOCOL_VERSION,
+                client_capabilities=ClientCapabilities(
+                    fs=FileSystemCapabilities(read_text_file=False, write_text_file=False),
+                    terminal=False,
+                ),
+                client_info=Implementation(name="acp-state", version=__version__),
+            ),
+            INITIALIZE_TIMEOUT_S,
+        )
+        if result.protocol_version != PROTOCOL_VERSION:
+            await self.stop()
+            raise RuntimeError(f"agent speaks ACP v{result.protocol_version}, not v{PROTOCOL_VERSION}")
+        capabilities = result.agent_capabilities
+        session_caps = getattr(capabilities, "session_capabilities", None) if capabilities else None
+        self.supports_close = getattr(session_caps, "close", None) is not None
+
+    async def _watch(self) -> None:
+        assert self.process is not None
+        code = await self.process.wait()
+        if not self.stopping:
+            log.warning("agent %s exited with %s", self.argv[0], code)
+        for session in list(self.sessions.values()):
+            await session.die()
+        self.sessions.clear()
+        if self._on_exit is not None:
+            await self._on_exit(self)
+
+    async def new_session(self, cwd: str) -> str:
+        response = await self.conn.new_session(cwd=cwd, mcp_servers=[])
+        if self.session_mode:
+            await self.conn.set_session_mode(session_id=response.session_id, mode_id=self.session_mode)
+        return response.session_id
+
+    async def prompt(self, agent_sid: str, blocks: list[dict[str, Any]], meta: dict[str, Any] | None) -> Any:
+        request = acp.PromptRequest.model_validate({"sessionId": agent_sid, "prompt": blocks})
+        return await self.conn.prompt(session_id=agent_sid, prompt=request.prompt, **(meta or {}))
+
+    async def cancel(self, agent_sid: str) -> None:
+        if self.alive:
+            await self.conn.cancel(session_id=agent_sid)
+
+    async def forget(self, agent_sid: str) -> None:
+        """A session left this child: stop its work there; a child with no session left the
+        worker may stop (see Worker)."""
+        self.sessions.pop(agent_sid, None)
+        if not self.alive:
+            return
+        try:
+            await self.conn.cancel(session_id=agent_sid)
+            if self.supports_close:
+                await asyncio.wait_for(self.conn.close_session(session_id=agent_sid), 5)
+        except Exception:  # a child that cannot close a session is stopped by its owner
+            log.debug("agent could not close session %s", agent_sid, exc_info=True)
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        """Close stdin, then TERM and KILL the whole process group if it lingers."""
+        self.stopping = True
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        try:
+            if process.stdin:
+                process.stdin.close()
+            await asyncio.wait_for(process.wait(), grace_s)
+            return
+        except (asyncio.TimeoutError, ProcessLookupError, BrokenPipeError, ConnectionResetError):
+            pass
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                await asyncio.wait_for(process.wait(), grace_s)
+                return
+            except asyncio.TimeoutError:
+                continue
+
+    # ---- ACP client callbacks (called by the SDK) ---------------------------------------
+
+    async def session_update(self, session_id: str, update: Any, **_: Any) -> None:
+        session = self.sessions.get(session_id)
+        if session is not None:
+            await session.on_update(_dump(update))
+
+    async def request_permission(self, session_id: str, tool_call: Any, options: Any, **_: Any) -> dict[str, Any]:
+        session = self.sessions.get(session_id)
+        if session is None:
+            return {"outcome": {"outcome": "cancelled"}}
+        try:
+            return await session.request_permission(_dump(tool_call), [_dump(o) for o in options])
+        except CancelSentinelCollision as error:
+            raise acp.RequestError.internal_error({"details": f"option id {error} is reserved"}) from error
+
+    def on_connect(self, conn: Any) -> None:  # the SDK's hook; the connection is kept in start()
+        pass

@@ -1,0 +1,410 @@
+"""One live session on a bridge worker: the per-session turn state machine (spec §3).
+
+Every transition is written to the store as one atomic step (state + events together).
+The in-memory state here is the truth; Redis holds its projection, which the worker can
+rewrite whole (`snapshot_ops`) when Redis lost it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+import orjson
+
+from acp_state import events, ids, interactions
+from acp_state.clock import iso, now_ms
+from acp_state.keys import F
+from acp_state.store import Applied, Store
+from acp_state.turn_errors import TurnError, from_exception
+
+if TYPE_CHECKING:
+    from .agent import AgentProcess
+
+log = logging.getLogger("worker.session")
+
+MAX_QUEUED_PROMPTS = 5
+DISPLAY_NAME_MAX = 256
+CANCELLED = {"outcome": {"outcome": "cancelled"}}
+
+
+@dataclass
+class Prompt:
+    """One admitted prompt; `ended` is the terminal latch (exactly one terminal event)."""
+
+    prompt_id: str
+    blocks: list[dict[str, Any]]
+    text: str
+    meta: dict[str, Any] | None = None
+    client_id: str | None = None
+    queued_at: int = field(default_factory=now_ms)
+    queued: bool = False  # waited behind another prompt (gets pending_prompt_started)
+    started: bool = False
+    ended: bool = False
+
+
+@dataclass
+class Pending:
+    """A permission request the agent awaits."""
+
+    interaction: dict[str, Any]
+    allowed: list[str]
+    order: int
+    prompt_id: str | None
+    answer: asyncio.Future[tuple[dict[str, Any], str | None]]
+
+
+class LiveSession:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        incarnation: str,
+        ws: str,
+        sid: str,
+        cwd: str,
+        agent: AgentProcess,
+        agent_sid: str,
+        single: bool,
+        on_gone: Callable[[LiveSession], Awaitable[None]],
+    ) -> None:
+        self.store = store
+        self.incarnation = incarnation
+        self.ws = ws
+        self.sid = sid
+        self.cwd = cwd
+        self.agent = agent
+        self.agent_sid = agent_sid
+        self.single = single
+        self._on_gone = on_gone
+        self.created_ms = now_ms()
+        self.updated_ms = self.created_ms
+        self.display_name: str | None = None
+        self.clients: set[str] = set()
+        self.active: Prompt | None = None
+        self.queue: deque[Prompt] = deque()
+        self.pending: dict[str, Pending] = {}
+        self.turn_error: TurnError | None = None
+        self.turn_error_event: bool = False
+        self.closed = False
+        self._order = itertools.count()
+        self._runner: asyncio.Task[None] | None = None
+        self._cancel_requested = False
+
+    # ---- projection ---------------------------------------------------------------------
+
+    def _meta(self) -> str:
+        meta: dict[str, Any] = {
+            "sessionId": self.sid,
+            "workspaceCwd": self.cwd,
+            "createdAt": iso(self.created_ms),
+        }
+        if self.display_name:
+            meta["displayName"] = self.display_name
+        return orjson.dumps(meta).decode()
+
+    def catalog_row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "sessionId": self.sid,
+            "workspaceCwd": self.cwd,
+            "createdAt": iso(self.created_ms),
+            "updatedAt": iso(self.updated_ms),
+            "updatedAtMs": self.updated_ms,
+        }
+        if self.display_name:
+            row["displayName"] = self.display_name
+        return row
+
+    def snapshot_ops(self, reason_event: str | None = None) -> dict[str, Any]:
+        """The whole state as one `create` transition (first publish, or rewrite after loss)."""
+        fields: dict[str, str] = {
+            F.META: self._meta(),
+            F.UPDATED: iso(self.updated_ms),
+            F.ACTIVE: "1" if self.active else "0",
+            F.ADMITTED: str((1 if self.active else 0) + len(self.queue)),
+            F.EPOCH: ids.new_id(),
+            F.SEQ: "0",
+        }
+        for client in self.clients:
+            fields[F.CLIENT + client] = "1"
+        if self.turn_error is not None:
+            fields[F.TURN_ERROR] = orjson.dumps(self.turn_error.status_view()).decode()
+        for rid, pending in self.pending.items():
+            fields[F.INTERACTION + rid] = orjson.dumps(pending.interaction).decode()
+            fields[F.VOTABLE + rid] = orjson.dumps([pending.order, pending.allowed]).decode()
+        ops: dict[str, Any] = {"mode": "create", "set": fields, "catalog": self.catalog_row()}
+        if self.single:
+            ops["single"] = True
+        if reason_event:
+            ops["events"] = [events.body(reason_event, {"sessionId": self.sid})]
+        return ops
+
+    async def _write(self, ops: dict[str, Any]) -> Applied | None:
+        """Apply one transition; a fenced write means the session was swept from under us."""
+        if self.closed and ops.get("mode") != "delete":
+            return None
+        try:
+            result = await self.store.apply(self.ws, self.sid, self.incarnation, ops)
+        except Exception:
+            log.exception("session %s: transition failed", self.sid)
+            return None
+        if result.applied == 0 and not self.closed:
+            log.warning("session %s: no longer ours in the store; closing it here", self.sid)
+            asyncio.ensure_future(self.close("swept", publish=False))
+        return result
+
+    async def publish_created(self, client_id: str | None) -> Applied | None:
+        if client_id:
+            self.clients.add(client_id)
+        ops = self.snapshot_ops()
+        ops["events"] = [events.body("session_created", {"sessionId": self.sid, "workspaceCwd": self.cwd})]
+        return await self._write(ops)
+
+    async def republish(self) -> None:
+        """Redis lost our state (restart, failover): write it again under a new epoch."""
+        await self._write(self.snapshot_ops("session_restored"))
+
+    # ---- prompts ------------------------------------------------------------------------
+
+    def enqueue(self, prompt: Prompt) -> None:
+        """Accept an admitted prompt: start it now or queue it behind the running one."""
+        if self.closed:
+            return
+        ops: dict[str, Any] = {"events": []}
+        if self.display_name is None and prompt.text.strip():
+            self.display_name = prompt.text.strip()[:DISPLAY_NAME_MAX]
+            ops["set"] = {F.META: self._meta()}
+            ops["catalog"] = self.catalog_row()
+        if self.active is not None or self.queue:
+            prompt.queued = True
+            self.queue.append(prompt)
+            ops["events"].append(
+                events.body(
+                    "pending_prompt_added",
+                    {"sessionId": self.sid, "promptId": prompt.prompt_id, "text": prompt.text, "queuedAt": prompt.queued_at},
+                    prompt.prompt_id,
+                    prompt.client_id,
+                )
+            )
+        else:
+            self.queue.append(prompt)
+        if ops["events"] or "set" in ops:
+            asyncio.ensure_future(self._write(ops))
+        if self._runner is None or self._runner.done():
+            self._runner = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        while self.queue and not self.closed:
+            prompt = self.queue.popleft()
+            await self._start(prompt)
+            try:
+                response = await self.agent.prompt(self.agent_sid, prompt.blocks, prompt.meta)
+            except ConnectionError:
+                return  # the child died; AgentProcess ends every prompt with channel_closed
+            except Exception as error:  # the agent answered with a JSON-RPC error
+                await self._fail(prompt, from_exception(error))
+            else:
+                stop_reason = getattr(response, "stop_reason", None) or "end_turn"
+                await self._complete(prompt, stop_reason)
+
+    async def _start(self, prompt: Prompt) -> None:
+        """The prompt actually starts: the only place a stored turnError is cleared."""
+        self.active = prompt
+        prompt.started = True
+        self._cancel_requested = False
+        self.turn_error = None
+        self.turn_error_event = False
+        ops: dict[str, Any] = {"set": {F.ACTIVE: "1"}, "del": [F.TURN_ERROR, F.TURN_ERROR_EVENT], "events": []}
+        if prompt.queued:
+            ops["events"].append(
+                events.body(
+                    "pending_prompt_started",
+                    {"sessionId": self.sid, "promptId": prompt.prompt_id, "text": prompt.text},
+                    prompt.prompt_id,
+                    prompt.client_id,
+                )
+            )
+        ops["events"].append(
+            events.body(
+                "user_message",
+                {"sessionId": self.sid, "promptId": prompt.prompt_id, "prompt": prompt.blocks},
+                prompt.prompt_id,
+                prompt.client_id,
+            )
+        )
+        await self._write(ops)
+
+    def _end_ops(self, prompt: Prompt) -> dict[str, Any]:
+        """Common part of a running prompt's terminal transition."""
+        prompt.ended = True
+        self.active = None
+        self.updated_ms = now_ms()
+        return {
+            "set": {F.ACTIVE: "0", F.UPDATED: iso(self.updated_ms)},
+            "incr": {F.ADMITTED: -1},
+            "catalog": self.catalog_row(),
+            "events": [],
+        }
+
+    async def _complete(self, prompt: Prompt, stop_reason: str) -> None:
+        if prompt.ended:
+            return
+        ops = self._end_ops(prompt)
+        ops["del"] = [F.TURN_ERROR_EVENT]
+        data = {"sessionId": self.sid, "stopReason": stop_reason, "promptId": prompt.prompt_id}
+        ops["events"].append(events.body("turn_complete", data, prompt.prompt_id))
+        await self._write(ops)
+
+    async def _fail(self, prompt: Prompt, error: TurnError) -> None:
+        """A running prompt failed: publish `turn_error` and keep it as the status error."""
+        if prompt.ended:
+            return
+        ops = self._end_ops(prompt)
+        if error.structured:
+            # A structured rejection cancels pending interactions first, without prompt_cancelled.
+            ops["del"] = self._resolve_all_pending(ops["events"])
+        self.turn_error = error
+        self.turn_error_event = True
+        ops.setdefault("set", {})[F.TURN_ERROR] = orjson.dumps(error.status_view()).decode()
+        ops["events"].append(events.body("turn_error", error.event_data(self.sid, prompt.prompt_id), prompt.prompt_id))
+        ops["tev"] = len(ops["events"])
+        await self._write(ops)
+
+    def _flush_ops(self, code: str, message: str) -> dict[str, Any]:
+        """Terminals for every prompt still running or queued (close, child exit)."""
+        event_list: list[str] = []
+        prompts = ([self.active] if self.active else []) + list(self.queue)
+        self.queue.clear()
+        for prompt in prompts:
+            if prompt.ended:
+                continue
+            prompt.ended = True
+            data = {"sessionId": self.sid, "message": message, "code": code, "promptId": prompt.prompt_id}
+            event_list.append(events.body("turn_error", data, prompt.prompt_id))
+        self.active = None
+        return {"events": event_list}
+
+    # ---- cancel, close, death -------------------------------------------------------------
+
+    async def cancel(self) -> None:
+        """Cancel the running prompt: pending requests resolve cancelled, the agent stops."""
+        if self.active is None or self.closed:
+            return
+        self._cancel_requested = True
+        ops: dict[str, Any] = {"events": []}
+        ops["del"] = self._resolve_all_pending(ops["events"])
+        if ops["events"]:
+            await self._write(ops)
+        await self.agent.cancel(self.agent_sid)
+
+    async def close(self, reason: str = "closed", publish: bool = True) -> None:
+        """Close the session: terminals for its prompts, pending cancelled, keys deleted."""
+        if self.closed:
+            return
+        ops = self._flush_ops("session_closed", "session closed before the prompt completed")
+        ops["del"] = self._resolve_all_pending(ops["events"])
+        self.closed = True
+        ops["events"].append(events.body("session_closed", {"sessionId": self.sid, "reason": reason}))
+        ops["mode"] = "delete"
+        ops["catalog"] = self.catalog_row()
+        if publish:
+            await self._write(ops)
+        await self.agent.forget(self.agent_sid)
+        await self._on_gone(self)
+
+    async def die(self) -> None:
+        """The agent child exited: prompts end with channel_closed, then `session_died`."""
+        if self.closed:
+            return
+        ops = self._flush_ops("channel_closed", "agent channel exited before the prompt completed")
+        ops["del"] = self._resolve_all_pending(ops["events"])
+        self.closed = True
+        ops["events"].append(events.body("session_died", {"sessionId": self.sid, "reason": "channel_closed"}))
+        ops["mode"] = "delete"
+        ops["catalog"] = self.catalog_row()
+        await self._write(ops)
+        await self._on_gone(self)
+
+    # ---- permission requests --------------------------------------------------------------
+
+    def _resolve_all_pending(self, event_list: list[str]) -> list[str]:
+        """Resolve every pending request `cancelled`; returns the hash fields to delete."""
+        fields: list[str] = []
+        for rid, pending in list(self.pending.items()):
+            if not pending.answer.done():
+                pending.answer.set_result((CANCELLED, None))
+            event_list.append(
+                events.body("permission_resolved", {"requestId": rid, "outcome": CANCELLED["outcome"]}, pending.prompt_id)
+            )
+            fields += [F.INTERACTION + rid, F.VOTABLE + rid]
+            del self.pending[rid]
+        return fields
+
+    def resolve_vote(self, rid: str, response: dict[str, Any], voter: str | None) -> None:
+        """A vote won in Redis reached us: hand the answer to the waiting agent request."""
+        pending = self.pending.get(rid)
+        if pending is not None and not pending.answer.done():
+            pending.answer.set_result((response, voter))
+
+    async def request_permission(self, tool_call: dict[str, Any], options: list[dict[str, Any]]) -> dict[str, Any]:
+        """The agent asks: publish the request, register it, await the winning vote (spec §4.1)."""
+        if self.closed:
+            return CANCELLED
+        if len(self.pending) >= interactions.MAX_PENDING_PER_SESSION:
+            log.warning("session %s: %d pending requests, refusing another", self.sid, len(self.pending))
+            return CANCELLED
+        mapped = interactions.map_options(options)
+        interactions.check_sentinel(mapped)
+        rid = ids.new_id()
+        prompt_id = self.active.prompt_id if self.active else None
+        interaction = interactions.normalize(rid, tool_call, options, iso())
+        pending = Pending(
+            interaction=interaction,
+            allowed=interactions.allowed_option_ids(mapped),
+            order=next(self._order),
+            prompt_id=prompt_id,
+            answer=asyncio.get_running_loop().create_future(),
+        )
+        self.pending[rid] = pending
+        data = {"requestId": rid, "sessionId": self.sid, "toolCall": tool_call, "options": options}
+        result = await self._write(
+            {
+                "set": {
+                    F.INTERACTION + rid: orjson.dumps(interaction).decode(),
+                    F.VOTABLE + rid: orjson.dumps([pending.order, pending.allowed]).decode(),
+                },
+                "events": [events.body("permission_request", data, prompt_id)],
+            }
+        )
+        if result is None or result.applied != 1:
+            self.pending.pop(rid, None)
+            return CANCELLED
+        await self.store.locate_request(rid, f"{self.ws}/{self.sid}")
+        try:
+            response, voter = await pending.answer
+        finally:
+            still_ours = self.pending.pop(rid, None) is not None
+            await self.store.locate_request(rid, None)
+        if still_ours:
+            # Resolved by a vote: the vote script already removed the fields.
+            data = {"requestId": rid, "outcome": response["outcome"]}
+            if voter:
+                data["voterClientId"] = voter
+            await self._write(
+                {
+                    "del": [F.INTERACTION + rid, F.VOTABLE + rid],
+                    "events": [events.body("permission_resolved", data, prompt_id, voter)],
+                }
+            )
+        return response
+
+    # ---- agent updates ---------------------------------------------------------------------
+
+    async def on_update(self, update: dict[str, Any]) -> None:
+        """An ACP `session/update`: relayed as a `session_update` event, in arrival order."""
+        prompt_id = self.active.prompt_id if self.active else None
+        await self._write({"events": [events.body("session_update", {"sessionId": self.sid, "update": update}, prompt_id)]})
