@@ -36,6 +36,15 @@ def _serve_http(app: Any, host: str, port: int) -> Any:
     return Server(config)
 
 
+async def _started(server: Any, serving: asyncio.Future[None]) -> None:
+    """Return once uvicorn accepts connections (or raise if it failed to start)."""
+    while not server.started:
+        if serving.done():
+            serving.result()
+            raise SystemExit("the HTTP server did not start")
+        await asyncio.sleep(0.01)
+
+
 async def _until_signal(run: Callable[[], Awaitable[None]], on_signal: Callable[[], None]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -73,16 +82,31 @@ async def run_api(args: argparse.Namespace) -> None:
     def stop() -> None:
         server.should_exit = True
 
-    print(f"acp-state api listening on http://{settings.host}:{settings.port}", flush=True)
-    await _until_signal(server.serve, stop)
+    async def serve() -> None:
+        serving = asyncio.ensure_future(server.serve())
+        await _started(server, serving)
+        print(f"acp-state api listening on http://{settings.host}:{settings.port}", flush=True)
+        await serving
+
+    await _until_signal(serve, stop)
 
 
 async def run_worker(args: argparse.Namespace) -> None:
     from worker.worker import Worker
 
     worker = Worker(RedisStore(connect(args.redis_url)), _worker_config(args))
-    print(f"acp-state worker {worker.incarnation} serving {args.redis_url}", flush=True)
-    await _until_signal(worker.run, worker.stop)
+
+    async def serve() -> None:
+        running = asyncio.ensure_future(worker.run())
+        ready = asyncio.ensure_future(worker.ready.wait())
+        await asyncio.wait([running, ready], return_when=asyncio.FIRST_COMPLETED)
+        if ready.done():
+            print(f"acp-state worker {worker.incarnation} serving {args.redis_url}", flush=True)
+        else:
+            ready.cancel()
+        await running
+
+    await _until_signal(serve, worker.stop)
 
 
 async def run_dev(args: argparse.Namespace) -> None:
@@ -102,8 +126,10 @@ async def run_dev(args: argparse.Namespace) -> None:
     async def both() -> None:
         worker_task = asyncio.ensure_future(worker.run())
         await worker.ready.wait()
+        serving = asyncio.ensure_future(server.serve())
+        await _started(server, serving)
         print(f"acp-state dev: open http://{settings.host}:{settings.port}/ (workspace {settings.workspaces[0]})", flush=True)
-        await server.serve()
+        await serving
         worker.stop()
         await worker_task
 

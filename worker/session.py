@@ -295,11 +295,13 @@ class LiveSession:
         if self.active is None or self.closed:
             return
         self._cancel_requested = True
+        # ACP order: session/cancel first, then answer what the agent still awaits, so the
+        # agent reads the cancel before the cancelled outcomes and ends `cancelled`.
+        await self.agent.cancel(self.agent_sid)
         ops: dict[str, Any] = {"events": []}
         ops["del"] = self._resolve_all_pending(ops["events"])
         if ops["events"]:
             await self._write(ops)
-        await self.agent.cancel(self.agent_sid)
 
     async def close(self, reason: str = "closed", publish: bool = True) -> None:
         """Close the session: terminals for its prompts, pending cancelled, keys deleted."""

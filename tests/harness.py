@@ -1,0 +1,190 @@
+"""Test harness: real `acp-state` worker and API processes, HTTP over loopback, and a
+Redis pub/sub watcher that awaits events instead of sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+import orjson
+import redis.asyncio as aioredis
+
+ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 30
+
+
+class Process:
+    """An `acp-state` subprocess that announces readiness with one stdout line."""
+
+    ready_marker = ""
+
+    def __init__(self, argv: list[str], log_path: Path) -> None:
+        self.argv = argv
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+        self.ready_line = ""
+
+    async def start(self) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), ACP_STATE_LOG="INFO")
+        self._log = open(self.log_path, "ab")
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "acp_state.cli", *self.argv,
+            stdout=asyncio.subprocess.PIPE, stderr=self._log, cwd=str(ROOT), env=env,
+        )
+        assert self.proc.stdout is not None
+        while True:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), START_TIMEOUT_S)
+            if not line:
+                raise RuntimeError(f"{self.argv[0]} exited early; see {self.log_path}:\n{self.log_path.read_text()[-3000:]}")
+            if self.ready_marker in line.decode():
+                self.ready_line = line.decode().strip()
+                return
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def terminate(self, timeout: float = 20) -> int | None:
+        """SIGTERM and wait: every process must shut down cleanly on it."""
+        if self.proc is None or self.proc.returncode is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(self.proc.wait(), timeout)
+        except asyncio.TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+            raise AssertionError(f"{self.argv[0]} ignored SIGTERM for {timeout}s")
+
+    async def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        await self.proc.wait()
+
+
+class WorkerProcess(Process):
+    ready_marker = "acp-state worker "
+
+    @property
+    def incarnation(self) -> str:
+        return self.ready_line.split()[2]
+
+
+class ApiProcess(Process):
+    ready_marker = "acp-state api listening on "
+
+    def __init__(self, argv: list[str], log_path: Path, port: int) -> None:
+        super().__init__(argv, log_path)
+        self.port = port
+        self.client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30)
+
+
+class EventWatcher:
+    """Every event published for any session, awaited by predicate (no sleeps)."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.redis = aioredis.Redis.from_url(redis_url, decode_responses=True)
+        self.pubsub = self.redis.pubsub()
+        self.events: list[dict[str, Any]] = []
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.pubsub.psubscribe("acp:*:ev:*")
+        self._task = asyncio.ensure_future(self._pump())
+
+    async def _pump(self) -> None:
+        async for message in self.pubsub.listen():
+            if message["type"] != "pmessage":
+                continue
+            event = orjson.loads(message["data"])
+            event["_channel"] = message["channel"]
+            async with self._changed:
+                self.events.append(event)
+                self._changed.notify_all()
+
+    async def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20) -> dict[str, Any]:
+        """The first event (seen so far or arriving) that satisfies `predicate`."""
+
+        async def find() -> dict[str, Any]:
+            async with self._changed:
+                while True:
+                    for event in self.events:
+                        if predicate(event):
+                            return event
+                    await self._changed.wait()
+
+        return await asyncio.wait_for(find(), timeout)
+
+    async def wait_type(self, sid: str, event_type: str, timeout: float = 20, **data: Any) -> dict[str, Any]:
+        """The first `event_type` event of session `sid` whose envelope or data match `data`."""
+        def match(e: dict[str, Any]) -> bool:
+            payload = e.get("data") or {}
+            return (
+                e["type"] == event_type
+                and e["_channel"].endswith(sid)
+                and all((e[k] if k in e else payload.get(k)) == v for k, v in data.items())
+            )
+
+        return await self.wait_for(match, timeout)
+
+    def of(self, sid: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["_channel"].endswith(sid)]
+
+    async def close(self) -> None:
+        if self._task:
+            self._task.cancel()
+        await self.pubsub.aclose()
+        await self.redis.aclose()
+
+
+class Harness:
+    """Starts processes for one test and stops them all afterwards."""
+
+    def __init__(self, redis_url: str, workspace: str, free_port: Callable[[], int]) -> None:
+        self.redis_url = redis_url
+        self.workspace = workspace
+        self.free_port = free_port
+        self.processes: list[Process] = []
+        self.watcher = EventWatcher(redis_url)
+        self._watching = False
+        self.logs = Path(workspace).parent
+
+    async def events(self) -> EventWatcher:
+        if not self._watching:
+            await self.watcher.start()
+            self._watching = True
+        return self.watcher
+
+    async def worker(self, *args: str) -> WorkerProcess:
+        n = len(self.processes)
+        process = WorkerProcess(["worker", "--redis-url", self.redis_url, *args], self.logs / f"worker-{n}.log")
+        await process.start()
+        self.processes.append(process)
+        return process
+
+    async def api(self, *args: str, workspaces: list[str] | None = None) -> ApiProcess:
+        port = self.free_port()
+        ws_args = [a for w in (workspaces or [self.workspace]) for a in ("--workspace", w)]
+        process = ApiProcess(
+            ["api", "--redis-url", self.redis_url, "--port", str(port), *ws_args, *args],
+            self.logs / f"api-{len(self.processes)}.log",
+            port,
+        )
+        await process.start()
+        self.processes.append(process)
+        return process
+
+    async def stop_all(self) -> None:
+        for process in reversed(self.processes):
+            if isinstance(process, ApiProcess):
+                await process.client.aclose()
+            await process.terminate()
+        if self._watching:
+            await self.watcher.close()
