@@ -363,6 +363,7 @@ class RedisStore:
             keys.lease(incarnation),
             keys.worker_sessions(incarnation),
             keys.worker_control(incarnation),
+            keys.sweep_lock(incarnation),
         )
         for ws in workspaces:
             pipe.delete(keys.inbox(ws, incarnation))

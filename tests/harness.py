@@ -23,14 +23,15 @@ class Process:
 
     ready_marker = ""
 
-    def __init__(self, argv: list[str], log_path: Path) -> None:
+    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.argv = argv
         self.log_path = log_path
+        self.env = env  # extra variables, laid over os.environ
         self.proc: asyncio.subprocess.Process | None = None
         self.ready_line = ""
 
     async def start(self) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), ACP_STATE_LOG="INFO")
+        env = {**os.environ, **(self.env or {}), "PYTHONPATH": str(ROOT), "ACP_STATE_LOG": "INFO"}
         self._log = open(self.log_path, "ab")
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "acp_state.cli", *self.argv,
@@ -162,9 +163,12 @@ class Harness:
             self._watching = True
         return self.watcher
 
-    async def worker(self, *args: str) -> WorkerProcess:
+    async def worker(self, *args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        """A worker; `env` adds to (or overrides) the inherited environment, which its agents inherit."""
         n = len(self.processes)
-        process = WorkerProcess(["worker", "--redis-url", self.redis_url, *args], self.logs / f"worker-{n}.log")
+        process = WorkerProcess(
+            ["worker", "--redis-url", self.redis_url, *args], self.logs / f"worker-{n}.log", env=env
+        )
         await process.start()
         self.processes.append(process)
         return process
@@ -185,6 +189,7 @@ class Harness:
         for process in reversed(self.processes):
             if isinstance(process, ApiProcess):
                 await process.client.aclose()
-            await process.terminate()
+            code = await process.terminate()
+            assert code in (0, None, -9), f"{process.argv[0]} exited {code} on SIGTERM; see {process.log_path}"
         if self._watching:
             await self.watcher.close()

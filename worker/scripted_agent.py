@@ -64,6 +64,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import stat
 import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -218,11 +219,13 @@ def _write_stdout(data: bytes) -> None:
 async def open_stdin() -> asyncio.StreamReader:
     """An asyncio reader over stdin with a 50 MB line limit."""
     reader = asyncio.StreamReader(limit=LINE_LIMIT)
-    loop = asyncio.get_running_loop()
-    try:
+    fd = sys.stdin.fileno()
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd):
+        loop = asyncio.get_running_loop()
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    except ValueError:
-        # A regular file (`< script.jsonl`) cannot be a pipe transport; it is small, read it all.
+    else:
+        # epoll refuses regular files (`< script.jsonl`) and /dev/null: read them whole.
         reader.feed_data(sys.stdin.buffer.read())
         reader.feed_eof()
     return reader

@@ -1,0 +1,40 @@
+"""The README's run command: `acp-state dev` answers /health and serves a session."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import httpx
+
+from tests.conftest import free_port
+from tests.harness import ROOT
+
+
+async def test_dev_command_serves_a_session(workspace: str) -> None:
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        "acp-state", "dev", "--port", str(port), "--workspace", workspace,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, cwd=str(ROOT),
+    )
+    try:
+        assert process.stdout is not None
+        banner = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+        assert f"http://127.0.0.1:{port}/" in banner
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            assert (await client.get("/health")).json() == {"status": "ok"}
+            created = (await client.post("/session", json={"cwd": workspace})).json()
+            sid = created["sessionId"]
+            accepted = await client.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "hi"}]})
+            assert accepted.status_code == 200
+            # A polling client's view: the turn runs, then the session is idle again.
+            for _ in range(200):
+                summary = (await client.get(f"/session/{sid}/status")).json()
+                if not summary["hasActivePrompt"] and summary["updatedAt"] > summary["createdAt"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert summary["hasActivePrompt"] is False and summary["displayName"] == "hi"
+            assert summary["clientCount"] == 1
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 20) == 0
