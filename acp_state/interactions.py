@@ -19,14 +19,24 @@ class CancelSentinelCollision(Exception):
     """The agent offered an option whose id is the cancel sentinel."""
 
 
+def _js_string(value: Any) -> str:
+    """JavaScript's `String(value ?? '')`, for option ids that are not strings."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def map_options(options: Any) -> list[dict[str, str]]:
     """ACP permission options -> `{optionId, label?, kind?}` (label and kind only when strings)."""
     mapped: list[dict[str, str]] = []
     for option in options if isinstance(options, list) else []:
         if not isinstance(option, dict):
             continue
-        option_id = option.get("optionId")
-        entry = {"optionId": "" if option_id is None else str(option_id)}
+        entry = {"optionId": _js_string(option.get("optionId"))}
         if isinstance(option.get("name"), str):
             entry["label"] = option["name"]
         if isinstance(option.get("kind"), str):

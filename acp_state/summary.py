@@ -65,15 +65,15 @@ def persisted_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def merged_row(row: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
     """The persisted row overlaid with the live summary (`mergeLiveSessionSummary`)."""
-    merged = dict(live)
-    merged["createdAt"] = row.get("createdAt", live["createdAt"])
-    merged["updatedAt"] = max(row.get("updatedAt", ""), live["updatedAt"])
-    if not live.get("displayName") and row.get("displayName"):
-        merged["displayName"] = row["displayName"]
-    # Keep the reference's key order: isArchived sits right after hasActivePrompt.
-    ordered: dict[str, Any] = {}
-    for key, value in merged.items():
-        ordered[key] = value
-        if key == "hasActivePrompt":
-            ordered["isArchived"] = False
-    return ordered
+    merged: dict[str, Any] = {}
+    for key, value in live.items():
+        if key == "createdAt":
+            value = row.get("createdAt", value)
+        elif key == "updatedAt":
+            value = max(row.get("updatedAt", ""), value)
+        merged[key] = value
+        if key == "updatedAt" and not live.get("displayName") and row.get("displayName"):
+            merged["displayName"] = row["displayName"]
+        elif key == "hasActivePrompt":
+            merged["isArchived"] = False  # the reference's key order
+    return merged

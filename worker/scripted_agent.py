@@ -16,6 +16,9 @@ Methods
 anything else           requests get -32601 "Method not found"; notifications are ignored,
                         and so are lines that are not JSON objects.
 
+An unknown ``sessionId`` gets Qwen's -32004 "Session not found: <id>"
+(``data.errorKind == "session_not_found"``).
+
 Scenarios
 ---------
 The prompt text is the concatenation of the ``text`` blocks; its first whitespace-separated
@@ -200,7 +203,7 @@ class Channel:
 
     def resolve(self, response: JSON) -> None:
         """Hand a client response to whoever awaits that request id."""
-        future = self._pending.get(response.get("id"))  # type: ignore[arg-type]
+        future = self._pending.get(response.get("id"))
         if future is None or future.done():
             log(f"response to an unknown request id: {response.get('id')!r}")
             return
@@ -342,7 +345,7 @@ def selected_option(result: JSON, options: list[JSON]) -> str | None:
         return None
     if kind != "selected":
         raise invalid_params("Invalid permission outcome", {"outcome": outcome})
-    option_id = outcome.get("optionId")  # type: ignore[union-attr]
+    option_id = outcome.get("optionId")
     if option_id not in {option["optionId"] for option in options}:
         raise invalid_params("optionId was not offered", {"optionId": option_id})
     return option_id
@@ -520,7 +523,9 @@ async def stop(ctx: TurnContext, args: str) -> str:
 
 async def noise(ctx: TurnContext, _args: str) -> str:
     await ctx.update({"sessionUpdate": "notice", "text": "hi"})
-    await ctx.channel.notify("qwen/notify/session/mode-update", {"sessionId": ctx.session_id, "modeId": "default"})
+    await ctx.channel.notify(
+        "qwen/notify/session/mode-update", {"sessionId": ctx.session_id, "modeId": "default"}
+    )
     await ctx.chunk("")
     await ctx.chunk("noise done")
     return "end_turn"
@@ -587,7 +592,7 @@ class ScriptedAgent:
         elif "id" in message and ("result" in message or "error" in message):
             self.channel.resolve(message)
         else:
-            log(f"ignoring a message that is neither request, notification nor response: {dumps(message)[:200]}")
+            log(f"ignoring a message that is no request, notification or response: {dumps(message)[:200]}")
 
     async def on_request(self, request_id: Any, method: str, params: JSON) -> None:
         try:
@@ -605,7 +610,7 @@ class ScriptedAgent:
 
     def on_notification(self, method: str, params: JSON) -> None:
         if method == "session/cancel":
-            session = self.sessions.get(params.get("sessionId"))  # type: ignore[arg-type]
+            session = self.sessions.get(params.get("sessionId"))
             if session is not None and session.turn is not None:
                 session.turn.cancelled.set()
         else:
@@ -631,14 +636,14 @@ class ScriptedAgent:
         return {}
 
     def close_session(self, params: JSON) -> JSON:
-        session = self.sessions.pop(params.get("sessionId"), None)  # type: ignore[arg-type]
+        session = self.sessions.pop(params.get("sessionId"), None)
         if session is not None and session.turn is not None:
             session.turn.cancelled.set()
         return {}
 
     def session(self, params: JSON) -> Session:
         session_id = params.get("sessionId")
-        session = self.sessions.get(session_id)  # type: ignore[arg-type]
+        session = self.sessions.get(session_id)
         if session is None:
             # Qwen's shape for an unknown session.
             raise RpcError(-32004, f"Session not found: {session_id}", {"errorKind": "session_not_found"})
@@ -672,7 +677,8 @@ class ScriptedAgent:
             response = {"id": request_id, "error": err.to_json()}
         except Exception as exc:  # a bug here must still answer the prompt
             log(f"scenario raised {exc!r}")
-            response = {"id": request_id, "error": RpcError(-32603, "Internal error", {"details": str(exc)}).to_json()}
+            internal = RpcError(-32603, "Internal error", {"details": str(exc)})
+            response = {"id": request_id, "error": internal.to_json()}
         if ctx.cancelled:
             # The spec: after session/cancel the answer MUST be "cancelled", never an error.
             response = {"id": request_id, "result": {"stopReason": "cancelled"}}
