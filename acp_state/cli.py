@@ -16,7 +16,7 @@ import sys
 from typing import Any, Awaitable, Callable
 
 from .connection import MEMORY, connect
-from .store import RedisStore
+from .store import RedisStore, Retention
 
 log = logging.getLogger("acp_state")
 
@@ -56,13 +56,22 @@ def _api_settings(args: argparse.Namespace) -> Any:
     from api.settings import Settings
 
     workspaces = [os.path.abspath(w) for w in (args.workspace or [os.getcwd()])]
-    return Settings(redis_url=args.redis_url, host=args.host, port=args.port, workspaces=workspaces)
+    return Settings(
+        redis_url=args.redis_url,
+        host=args.host,
+        port=args.port,
+        workspaces=workspaces,
+        channel_tokens=list(args.channel_token),
+        sse_send_timeout_s=args.sse_send_timeout_s,
+    )
 
 
 def _worker_config(args: argparse.Namespace) -> Any:
+    from worker.loop_guard import LoopLimits
     from worker.worker import DEFAULT_AGENT, WorkerConfig
 
     return WorkerConfig(
+        loop_limits=LoopLimits(identical=args.loop_identical, max_tool_calls=args.loop_max_tool_calls),
         agent=args.agent or DEFAULT_AGENT,
         max_sessions=args.max_sessions,
         lease_ms=args.lease_ms,
@@ -70,6 +79,15 @@ def _worker_config(args: argparse.Namespace) -> Any:
         session_mode=args.session_mode,
         agent_stderr=args.agent_stderr,
         name=args.name,
+    )
+
+
+def _retention(args: argparse.Namespace) -> Retention:
+    return Retention(
+        catalog_ms=args.catalog_retention_ms,
+        events_ms=args.event_retention_ms,
+        events_max=args.event_log_max,
+        transcript_ms=args.transcript_retention_ms,
     )
 
 
@@ -94,7 +112,7 @@ async def run_api(args: argparse.Namespace) -> None:
 async def run_worker(args: argparse.Namespace) -> None:
     from worker.worker import Worker
 
-    worker = Worker(RedisStore(connect(args.redis_url)), _worker_config(args))
+    worker = Worker(RedisStore(connect(args.redis_url), _retention(args)), _worker_config(args))
 
     async def serve() -> None:
         running = asyncio.ensure_future(worker.run())
@@ -114,7 +132,7 @@ async def run_dev(args: argparse.Namespace) -> None:
     from api.app import create_app
     from worker.worker import Worker
 
-    store = RedisStore(connect(args.redis_url))
+    store = RedisStore(connect(args.redis_url), _retention(args))
     settings = _api_settings(args)
     worker = Worker(store, _worker_config(args))
     server = _serve_http(create_app(settings, store=store), settings.host, settings.port)
@@ -146,6 +164,10 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--host", default="127.0.0.1")
         p.add_argument("--port", type=int, default=4170)
         p.add_argument("--workspace", action="append", help="a workspace cwd (repeatable; default: .)")
+        p.add_argument("--channel-token", action="append", default=[],
+                       help="bearer token of a channel caller, who may mark prompts as channel prompts")
+        p.add_argument("--sse-send-timeout-s", type=float, default=10.0,
+                       help="drop an SSE client whose socket stays full this long")
 
     def worker_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--agent", help="ACP agent command (default: the built-in scripted agent)")
@@ -155,6 +177,17 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--session-mode", help="ACP session mode to set after session/new (e.g. default)")
         p.add_argument("--agent-stderr", help="append the agents' stderr to this file")
         p.add_argument("--name", help="worker name prefix of the incarnation id")
+        defaults = Retention()
+        p.add_argument("--event-log-max", type=int, default=defaults.events_max,
+                       help="events kept per session for Last-Event-ID replay")
+        p.add_argument("--event-retention-ms", type=int, default=defaults.events_ms)
+        p.add_argument("--transcript-retention-ms", type=int, default=defaults.transcript_ms)
+        p.add_argument("--catalog-retention-ms", type=int, default=defaults.catalog_ms,
+                       help="how long closed sessions stay listed")
+        p.add_argument("--loop-identical", type=int, default=10,
+                       help="stop a turn after N consecutive identical tool calls (0: off)")
+        p.add_argument("--loop-max-tool-calls", type=int, default=150,
+                       help="stop a turn after more than N tool calls (0: off)")
 
     api = commands.add_parser("api", help="run a stateless API process")
     api_options(api, None)

@@ -12,6 +12,9 @@ import orjson
 
 from .clock import now_ms
 
+# Session updates that are not turn content: they never supersede a stored turn error.
+BOOKKEEPING_UPDATES = frozenset({"available_commands_update", "current_mode_update", "session_info_update"})
+
 
 def body(
     event_type: str,
@@ -28,3 +31,21 @@ def body(
         envelope["originatorClientId"] = originator_client_id
     envelope["_meta"] = {"serverTimestamp": now_ms()}
     return orjson.dumps(envelope)[1:-1].decode()
+
+
+def in_transcript(envelope_body: str) -> bool:
+    """Whether an envelope body (from `body()`) belongs in the durable transcript.
+
+    Transcript records are session updates only (the user's prompt is recorded as
+    `user_message_chunk` updates, as agents replay it); terminals and bookkeeping are not,
+    so a reload can append the stored `turn_error` itself.
+    """
+    return envelope_body.startswith('"v":1,"type":"session_update"')
+
+
+def is_turn_content(update: dict[str, Any]) -> bool:
+    """An ACP update that counts as newer turn content (spec §2.2)."""
+    if update.get("sessionUpdate") in BOOKKEEPING_UPDATES:
+        return False
+    meta = update.get("_meta")
+    return not (isinstance(meta, dict) and meta.get("source") == "user-shell")

@@ -60,6 +60,11 @@ def events(ws: str, sid: str) -> str:
     return f"{PREFIX}:{{{ws}}}:ev:{sid}"
 
 
+def transcript(ws: str, sid: str) -> str:
+    """STREAM of a session's turn content (prompts and agent updates), kept past its worker."""
+    return f"{PREFIX}:{{{ws}}}:tr:{sid}"
+
+
 def catalog(ws: str) -> str:
     """HASH sessionId -> persisted row JSON (durable, outside the lease)."""
     return f"{PREFIX}:{{{ws}}}:cat"

@@ -10,7 +10,7 @@ must survive Lua's float formatting (timestamps) travel as strings.
 # Every write is fenced by the owner's incarnation, so a worker that lost its lease (and
 # was swept) can no longer resurrect or modify a session.
 #   KEYS: 1 session hash, 2 event stream (also the pub/sub channel), 3 live set,
-#         4 catalog hash, 5 catalog order zset, 6 single-scope key
+#         4 catalog hash, 5 catalog order zset, 6 single-scope key, 7 transcript stream
 #   ARGV: 1 incarnation, 2 ops JSON (see RedisStore.apply)
 #   -> {applied (1, 0 fenced, -1 owned by another), last event id, epoch}
 APPLY = """
@@ -38,15 +38,20 @@ end
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 local epoch = redis.call('HGET', KEYS[1], 'epoch') or ''
 if ops.events and #ops.events > 0 then
-  local last
+  local transcript = {}
+  for _, i in ipairs(ops.tr or {}) do transcript[i] = true end
   for i, body in ipairs(ops.events) do
     seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
     local envelope = '{"id":' .. seq .. ',' .. body .. '}'
     redis.call('XADD', KEYS[2], 'MAXLEN', '~', ops.evmax, seq .. '-0', 'e', envelope)
     redis.call('PUBLISH', KEYS[2], envelope)
     if ops.tev == i then redis.call('HSET', KEYS[1], 'tev', envelope) end
+    if transcript[i] then
+      redis.call('XADD', KEYS[7], 'MAXLEN', '~', ops.trmax, '*', 'e', envelope)
+    end
   end
   redis.call('PEXPIRE', KEYS[2], ops.evttl)
+  if ops.tr and #ops.tr > 0 then redis.call('PEXPIRE', KEYS[7], ops.trttl) end
 end
 if ops.catalog then
   redis.call('HSET', KEYS[4], ops.sid, ops.catalog)

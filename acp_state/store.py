@@ -14,13 +14,16 @@ from typing import Any, Protocol
 import orjson
 import redis.asyncio as aioredis
 
-from . import keys, scripts
+from . import events, keys, scripts
 from .clock import now_ms
 
 # Inbox streams outlive neither their worker nor a day of silence.
 INBOX_TTL_MS = 24 * 3600 * 1000
 INBOX_MAXLEN = 10_000
 REPLY_TTL_S = 60
+# One BLPOP must end well inside the client's socket read timeout (5 s by default since
+# redis-py 8), or the read fails with TimeoutError instead of returning nil.
+REPLY_WAIT_STEP_S = 1
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class Retention:
     catalog_ms: int = 7 * 24 * 3600 * 1000
     events_ms: int = 30 * 60 * 1000
     events_max: int = 1000
+    transcript_ms: int = 7 * 24 * 3600 * 1000
+    transcript_max: int = 10_000
 
 
 class Store(Protocol):
@@ -134,6 +139,9 @@ class RedisStore:
         if ops.get("events"):
             ops.setdefault("evmax", self.retention.events_max)
             ops.setdefault("evttl", self.retention.events_ms)
+            ops["tr"] = [i + 1 for i, body in enumerate(ops["events"]) if events.in_transcript(body)]
+            ops["trmax"] = self.retention.transcript_max
+            ops["trttl"] = self.retention.transcript_ms
         row = ops.pop("catalog", None)
         if row is not None:
             now = now_ms()
@@ -148,6 +156,7 @@ class RedisStore:
             keys.catalog(ws),
             keys.catalog_order(ws),
             keys.single(ws),
+            keys.transcript(ws, sid),
         ]
         future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
         self._batch.append((key_list, [incarnation, orjson.dumps(ops).decode()], future))
@@ -240,8 +249,14 @@ class RedisStore:
         await pipe.execute()
 
     async def await_reply(self, request: str, timeout_s: float) -> dict[str, Any] | None:
-        reply = await self.redis.blpop([keys.reply(request)], timeout=timeout_s)
-        return orjson.loads(reply[1]) if reply else None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            reply = await self.redis.blpop([keys.reply(request)], timeout=REPLY_WAIT_STEP_S)
+            if reply:
+                return orjson.loads(reply[1])
+            if loop.time() >= deadline:
+                return None
 
     async def locate(self, sid: str) -> str | None:
         return await self.redis.get(keys.locator(sid))
@@ -343,6 +358,42 @@ class RedisStore:
             fields = dict(zip(pairs[::2], pairs[1::2]))
             rows.append((sid, orjson.loads(row) if row else None, fields))
         return rows
+
+    async def replay(self, ws: str, sid: str, after: int, upto: int | None = None) -> tuple[list[str], int | None]:
+        """Envelopes with ids in (after, upto] from the replay log, plus the first id it holds."""
+        stream = keys.events(ws, sid)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xrange(stream, "-", "+", count=1)
+        pipe.xrange(stream, f"({after}-0", "+" if upto is None else f"{upto}-0")
+        first, entries = await pipe.execute()
+        first_id = int(first[0][0].split("-")[0]) if first else None
+        return [fields["e"] for _, fields in entries], first_id
+
+    async def transcript_page(
+        self, ws: str, sid: str, before: str | None, limit: int
+    ) -> tuple[list[tuple[str, str]], dict[str, Any] | None]:
+        """Up to limit + 1 transcript entries older than `before`, newest first, and the catalog row."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xrevrange(keys.transcript(ws, sid), f"({before}" if before else "+", "-", count=limit + 1)
+        pipe.hget(keys.catalog(ws), sid)
+        entries, row = await pipe.execute()
+        return [(entry_id, fields["e"]) for entry_id, fields in entries], orjson.loads(row) if row else None
+
+    async def load_snapshot(
+        self, ws: str, sid: str, page_size: int
+    ) -> tuple[dict[str, str], list[tuple[str, str]], list[str]]:
+        """One consistent read (MULTI, one slot): the session hash, the newest transcript page
+        (limit + 1 entries, newest first) and the replay log."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hgetall(keys.session(ws, sid))
+        pipe.xrevrange(keys.transcript(ws, sid), "+", "-", count=page_size + 1)
+        pipe.xrange(keys.events(ws, sid), "-", "+")
+        fields, page, log_entries = await pipe.execute()
+        return (
+            fields,
+            [(entry_id, f["e"]) for entry_id, f in page],
+            [f["e"] for _, f in log_entries],
+        )
 
     # ---- sweeper -----------------------------------------------------------------------
 

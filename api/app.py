@@ -9,12 +9,14 @@ from typing import AsyncIterator
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from acp_state import ids
 from acp_state.connection import connect
+from acp_state.fanout import Fanout
 from acp_state.registry import WorkerRegistry
 from acp_state.store import RedisStore, Store
 from acp_state.sweeper import run_sweeper
 
-from . import discovery, permissions, sessions, workspaces
+from . import discovery, event_stream, history, permissions, sessions, workspaces
 from .locator import SessionLocator
 from .responses import ApiError, api_error_handler
 from .settings import Settings
@@ -28,6 +30,9 @@ ROUTES = [
     Route("/session/{id}/prompt", sessions.prompt, methods=["POST"]),
     Route("/session/{id}/cancel", sessions.cancel, methods=["POST"]),
     Route("/session/{id}/status", sessions.status, methods=["GET"]),
+    Route("/session/{id}/events", event_stream.stream_events, methods=["GET"]),
+    Route("/session/{id}/transcript", history.transcript, methods=["GET"]),
+    Route("/session/{id}/load", history.load, methods=["POST"]),
     Route("/session/{id}/permission/{requestId}", permissions.vote_in_session, methods=["POST"]),
     Route("/permission/{requestId}", permissions.vote_legacy, methods=["POST"]),
     Route("/workspace/{id}/sessions", workspaces.list_sessions, methods=["GET"]),
@@ -41,12 +46,15 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         own_store = store or RedisStore(connect(settings.redis_url))
         registry = WorkerRegistry(own_store)
+        fanout = Fanout(own_store.redis, f"acp:probe:{ids.new_id()}")
+        await fanout.start()
         app.state.acp = AppState(
             settings=settings,
             store=own_store,
             registry=registry,
             locator=SessionLocator(own_store, registry),
             workspaces=settings.workspace_cwds(),
+            fanout=fanout,
         )
         stop = asyncio.Event()
         sweeper = asyncio.ensure_future(run_sweeper(own_store, settings.sweep_interval_s, stop))
@@ -55,5 +63,6 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         finally:
             stop.set()
             await sweeper
+            await fanout.stop()
 
     return Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers={ApiError: api_error_handler})

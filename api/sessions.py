@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 from typing import Any
 
 from starlette.requests import Request
@@ -18,6 +19,8 @@ from .state import AppState
 
 MAX_QUEUED_PROMPTS = 5
 SINGLE_WAIT_STEP_S = 0.05
+CHANNEL_PROMPT_META_KEY = "qwen.channel.prompt"
+TURN_KINDS = ("foreground", "cron", "notification", "goal")
 
 
 def client_id_header(request: Request) -> str | None:
@@ -144,13 +147,38 @@ def _prompt_blocks(body: Any) -> tuple[list[dict[str, Any]], str]:
     return blocks, text
 
 
+def _is_channel_caller(request: Request) -> bool:
+    tokens = _state(request).settings.channel_tokens
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    return bool(tokens) and scheme.lower() == "bearer" and any(secrets.compare_digest(token, t) for t in tokens)
+
+
+def _turn_kind(request: Request, body: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The prompt's `_meta` (the channel marker stripped from untrusted callers) and its kind.
+
+    Only an authenticated channel caller makes a channel prompt; the delivery meta
+    (`qwen.daemon.channelDelivery`) passes through but never changes the kind.
+    """
+    meta = dict(body["_meta"]) if isinstance(body.get("_meta"), dict) else None
+    kind = body.get("turnKind", "foreground")
+    if kind not in TURN_KINDS:
+        raise ApiError(400, f"turnKind must be one of {', '.join(TURN_KINDS)}", "invalid_turn_kind")
+    if meta is not None and CHANNEL_PROMPT_META_KEY in meta:
+        if meta[CHANNEL_PROMPT_META_KEY] is True and _is_channel_caller(request):
+            kind = "channel"
+        else:
+            del meta[CHANNEL_PROMPT_META_KEY]
+    return meta, kind
+
+
 async def prompt(request: Request) -> Response:
     state = _state(request)
     sid = request.path_params["id"]
     client_id = client_id_header(request)
     body = await json_body(request)
     blocks, text = _prompt_blocks(body)
-    meta = body.get("_meta") if isinstance(body.get("_meta"), dict) else None
+    meta, kind = _turn_kind(request, body)
     ref = await state.locator.live(sid)
     prompt_id = ids.new_id()
     command = {
@@ -160,6 +188,7 @@ async def prompt(request: Request) -> Response:
         "prompt": blocks,
         "text": text,
         "meta": meta,
+        "kind": kind,
         "clientId": client_id,
     }
     admission = await state.store.send(ref.ws, sid, ref.incarnation, command, admit_limit=1 + MAX_QUEUED_PROMPTS)

@@ -17,6 +17,8 @@ class Settings:
     create_timeout_s: float = 60.0
     close_timeout_s: float = 15.0
     sweep_interval_s: float = 5.0
+    channel_tokens: list[str] = field(default_factory=list)
+    sse_send_timeout_s: float = 10.0
 
     def workspace_cwds(self) -> dict[str, str]:
         """Registered workspaces by id (first 16 hex chars of sha256 of the cwd)."""

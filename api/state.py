@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from acp_state.fanout import Fanout
 from acp_state.registry import WorkerRegistry
 from acp_state.store import Store
 
@@ -18,3 +19,4 @@ class AppState:
     registry: WorkerRegistry
     locator: SessionLocator
     workspaces: dict[str, str]  # workspace id -> cwd
+    fanout: Fanout

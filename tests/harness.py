@@ -193,3 +193,82 @@ class Harness:
             assert code in (0, None, -9), f"{process.argv[0]} exited {code} on SIGTERM; see {process.log_path}"
         if self._watching:
             await self.watcher.close()
+
+
+class SseClient:
+    """Reads `GET /session/:id/events` like a browser's EventSource would, frame by frame."""
+
+    def __init__(self, api: ApiProcess, sid: str, last_event_id: int | None = None, query: str = "") -> None:
+        self.api = api
+        self.sid = sid
+        self.last_event_id = last_event_id
+        self.query = query
+        self.frames: list[dict[str, Any]] = []
+        self._arrived = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self.closed = asyncio.Event()
+        self.status: int | None = None
+
+    async def start(self) -> SseClient:
+        opened = asyncio.get_running_loop().create_future()
+        self._task = asyncio.ensure_future(self._read(opened))
+        await asyncio.wait_for(opened, 20)
+        return self
+
+    async def _read(self, opened: asyncio.Future[None]) -> None:
+        headers = {} if self.last_event_id is None else {"Last-Event-ID": str(self.last_event_id)}
+        url = f"/session/{self.sid}/events{self.query}"
+        try:
+            async with self.api.client.stream("GET", url, headers=headers, timeout=None) as response:
+                self.status = response.status_code
+                opened.set_result(None)
+                if response.status_code != 200:
+                    return
+                current: dict[str, Any] = {}
+                async for line in response.aiter_lines():
+                    if line == "":
+                        if "event" in current or "data" in current:
+                            await self._add(current)
+                        current = {}
+                    elif line.startswith(":"):
+                        continue
+                    else:
+                        name, _, value = line.partition(": ")
+                        current[name] = value
+        except (httpx.HTTPError, asyncio.CancelledError):
+            if not opened.done():
+                opened.set_result(None)
+        finally:
+            self.closed.set()
+
+    async def _add(self, raw: dict[str, Any]) -> None:
+        frame = {"event": raw.get("event"), "id": int(raw["id"]) if "id" in raw else None}
+        frame["data"] = orjson.loads(raw["data"]) if "data" in raw else None
+        async with self._arrived:
+            self.frames.append(frame)
+            self._arrived.notify_all()
+
+    async def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20) -> dict[str, Any]:
+        async def find() -> dict[str, Any]:
+            async with self._arrived:
+                while True:
+                    for frame in self.frames:
+                        if predicate(frame):
+                            return frame
+                    await self._arrived.wait()
+
+        return await asyncio.wait_for(find(), timeout)
+
+    def events(self, event_type: str | None = None) -> list[dict[str, Any]]:
+        """Frames that carry an event id (the session's events, not stream control frames)."""
+        return [f for f in self.frames if f["id"] is not None and (event_type is None or f["event"] == event_type)]
+
+    @property
+    def last_id(self) -> int | None:
+        ids = [f["id"] for f in self.frames if f["id"] is not None]
+        return ids[-1] if ids else self.last_event_id
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)

@@ -38,6 +38,7 @@ class AgentProcess:
             env=env,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
+            limit=16 * 1024 * 1024,
         )
         return cls(proc)
 
@@ -169,6 +170,17 @@ async def test_echo(agent: AgentProcess) -> None:
     assert updates(before, session_id) == [
         {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "hello world"}}
     ]
+
+
+async def test_large_prompt_and_unknown_session(agent: AgentProcess) -> None:
+    session_id = await agent.new_session()
+    text = "x" * (3 * 1024 * 1024)  # far above asyncio's default 64 KB line limit
+    before, response = await agent.until_response(await agent.prompt(session_id, text))
+    assert response["result"] == {"stopReason": "end_turn"}
+    assert chunk_texts(before, session_id) == [text]
+    _, response = await agent.until_response(await agent.prompt(str(uuid.uuid4()), "hi"))
+    assert response["error"]["code"] == -32004
+    assert response["error"]["data"] == {"errorKind": "session_not_found"}
 
 
 async def test_permission_approved(agent: AgentProcess) -> None:

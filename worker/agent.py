@@ -32,9 +32,12 @@ INITIALIZE_TIMEOUT_S = 60.0
 
 def _dump(model: Any) -> Any:
     """An SDK model as the wire JSON (camelCase, `_meta` kept, unset fields dropped)."""
-    if hasattr(model, "model_dump"):
-        return model.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return model
+    if not hasattr(model, "model_dump"):
+        return model
+    data = model.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if "sessionUpdate" in data:  # the discriminator first, as agents write it
+        data = {"sessionUpdate": data.pop("sessionUpdate"), **data}
+    return data
 
 
 class AgentProcess:
@@ -180,6 +183,12 @@ class AgentProcess:
             return await session.request_permission(_dump(tool_call), [_dump(o) for o in options])
         except CancelSentinelCollision as error:
             raise acp.RequestError.internal_error({"details": f"option id {error} is reserved"}) from error
+
+    async def ext_notification(self, method: str, params: dict[str, Any]) -> None:
+        """Vendor notifications (e.g. Qwen's `qwen/notify/*`) carry nothing the bridge needs."""
+
+    async def ext_method(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        raise acp.RequestError.method_not_found(method)
 
     def on_connect(self, conn: Any) -> None:  # the SDK's hook; the connection is kept in start()
         pass

@@ -41,6 +41,8 @@ word picks the scenario. ``<n>`` in tool call ids is the prompt's number within 
 ``#loop-forever``      the same identical tool call every ~5 ms until ``session/cancel`` (the
                        in-flight call is failed); gives up with ``end_turn`` after 10 minutes.
 ``#slow [N]``          a chunk "tick <i>" every 50 ms for N seconds (default 1), ``end_turn``.
+``#burst [N [SIZE]]``  N chunks "chunk <i>" as fast as possible (default 100), each padded
+                       with SIZE more characters, ``end_turn``.
 ``#fail``              error -32603 "Internal error", ``data: {"details": "scripted failure"}``.
 ``#crash``             one chunk "about to crash", then the process exits with code 3.
 ``#stop R``            one chunk, then ``stopReason`` R: end_turn, max_tokens,
@@ -203,9 +205,10 @@ class Channel:
 
     def resolve(self, response: JSON) -> None:
         """Hand a client response to whoever awaits that request id."""
-        future = self._pending.get(response.get("id"))
+        request_id = response.get("id")
+        future = self._pending.get(request_id) if isinstance(request_id, int) else None
         if future is None or future.done():
-            log(f"response to an unknown request id: {response.get('id')!r}")
+            log(f"response to an unknown request id: {request_id!r}")
             return
         future.set_result(response)
 
@@ -346,7 +349,7 @@ def selected_option(result: JSON, options: list[JSON]) -> str | None:
     if kind != "selected":
         raise invalid_params("Invalid permission outcome", {"outcome": outcome})
     option_id = outcome.get("optionId")
-    if option_id not in {option["optionId"] for option in options}:
+    if option_id not in [option["optionId"] for option in options]:
         raise invalid_params("optionId was not offered", {"optionId": option_id})
     return option_id
 
@@ -503,6 +506,20 @@ async def slow(ctx: TurnContext, args: str) -> str:
     return "end_turn"
 
 
+async def burst(ctx: TurnContext, args: str) -> str:
+    words = args.split()
+    try:
+        count = int(words[0]) if words else 100
+        padding = " " + "x" * int(words[1]) if len(words) > 1 else ""
+    except ValueError:
+        raise invalid_params("#burst takes a number of chunks and a padding size", {"args": args}) from None
+    for i in range(1, count + 1):
+        await ctx.chunk(f"chunk {i}{padding}")
+        if ctx.cancelled:
+            return "cancelled"
+    return "end_turn"
+
+
 async def fail(ctx: TurnContext, _args: str) -> str:
     raise RpcError(-32603, "Internal error", {"details": "scripted failure"})
 
@@ -547,6 +564,7 @@ SCENARIOS: dict[str, Scenario] = {
     "#loop": loop,
     "#loop-forever": loop_forever,
     "#slow": slow,
+    "#burst": burst,
     "#fail": fail,
     "#crash": crash,
     "#stop": stop,
@@ -610,7 +628,7 @@ class ScriptedAgent:
 
     def on_notification(self, method: str, params: JSON) -> None:
         if method == "session/cancel":
-            session = self.sessions.get(params.get("sessionId"))
+            session = self.find_session(params)
             if session is not None and session.turn is not None:
                 session.turn.cancelled.set()
         else:
@@ -636,16 +654,22 @@ class ScriptedAgent:
         return {}
 
     def close_session(self, params: JSON) -> JSON:
-        session = self.sessions.pop(params.get("sessionId"), None)
-        if session is not None and session.turn is not None:
-            session.turn.cancelled.set()
+        session = self.find_session(params)
+        if session is not None:
+            del self.sessions[session.session_id]
+            if session.turn is not None:
+                session.turn.cancelled.set()
         return {}
 
-    def session(self, params: JSON) -> Session:
+    def find_session(self, params: JSON) -> Session | None:
         session_id = params.get("sessionId")
-        session = self.sessions.get(session_id)
+        return self.sessions.get(session_id) if isinstance(session_id, str) else None
+
+    def session(self, params: JSON) -> Session:
+        """The session named in `params`, or Qwen's error for an unknown session."""
+        session = self.find_session(params)
         if session is None:
-            # Qwen's shape for an unknown session.
+            session_id = params.get("sessionId")
             raise RpcError(-32004, f"Session not found: {session_id}", {"errorKind": "session_not_found"})
         return session
 
@@ -704,7 +728,10 @@ async def serve() -> None:
         if message is None:
             continue
         channel.record(message)
-        await agent.handle(message)
+        try:
+            await agent.handle(message)
+        except Exception as exc:  # one odd message must not take the other sessions down
+            log(f"failed to handle {dumps(message)[:200]}: {exc!r}")
     log("stdin closed, exiting")
 
 

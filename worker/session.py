@@ -20,16 +20,24 @@ from acp_state import events, ids, interactions
 from acp_state.clock import iso, now_ms
 from acp_state.keys import F
 from acp_state.store import Applied, Store
-from acp_state.turn_errors import TurnError, from_exception
+from acp_state.turn_errors import LOOP_DETECTED_MESSAGE, TurnError, from_exception
+
+from .loop_guard import LoopGuard, LoopLimits, skipped_update
 
 if TYPE_CHECKING:
     from .agent import AgentProcess
 
 log = logging.getLogger("worker.session")
 
-MAX_QUEUED_PROMPTS = 5
 DISPLAY_NAME_MAX = 256
 CANCELLED = {"outcome": {"outcome": "cancelled"}}
+
+FOREGROUND = "foreground"
+# Automatic turns wait in their own queues and run before the next queued foreground prompt.
+AUTOMATIC_KINDS = ("cron", "notification")
+TURN_KINDS = (FOREGROUND, "channel", "goal", *AUTOMATIC_KINDS)
+# Only an interactive user prompt is rejected by loop protection and clears a turn error.
+INTERACTIVE_KINDS = (FOREGROUND,)
 
 
 @dataclass
@@ -41,6 +49,7 @@ class Prompt:
     text: str
     meta: dict[str, Any] | None = None
     client_id: str | None = None
+    kind: str = FOREGROUND
     queued_at: int = field(default_factory=now_ms)
     queued: bool = False  # waited behind another prompt (gets pending_prompt_started)
     started: bool = False
@@ -71,6 +80,7 @@ class LiveSession:
         agent_sid: str,
         single: bool,
         on_gone: Callable[[LiveSession], Awaitable[None]],
+        loop_limits: LoopLimits | None = None,
     ) -> None:
         self.store = store
         self.incarnation = incarnation
@@ -85,15 +95,20 @@ class LiveSession:
         self.updated_ms = self.created_ms
         self.display_name: str | None = None
         self.clients: set[str] = set()
+        self.loop_limits = loop_limits or LoopLimits()
         self.active: Prompt | None = None
-        self.queue: deque[Prompt] = deque()
+        self.queue: deque[Prompt] = deque()  # foreground, channel and goal prompts
+        self.automatic: dict[str, deque[Prompt]] = {kind: deque() for kind in AUTOMATIC_KINDS}
         self.pending: dict[str, Pending] = {}
         self.turn_error: TurnError | None = None
         self.turn_error_event: bool = False
         self.closed = False
         self._order = itertools.count()
         self._runner: asyncio.Task[None] | None = None
-        self._cancel_requested = False
+        # Per-turn state, reset when a prompt starts.
+        self._guard = LoopGuard(self.loop_limits)
+        self._cancelled_by_user = False
+        self._loop_stop: TurnError | None = None
 
     # ---- projection ---------------------------------------------------------------------
 
@@ -125,7 +140,7 @@ class LiveSession:
             F.META: self._meta(),
             F.UPDATED: iso(self.updated_ms),
             F.ACTIVE: "1" if self.active else "0",
-            F.ADMITTED: str((1 if self.active else 0) + len(self.queue)),
+            F.ADMITTED: str((1 if self.active else 0) + len(self._waiting())),
             F.EPOCH: ids.new_id(),
             F.SEQ: "0",
         }
@@ -170,73 +185,92 @@ class LiveSession:
 
     # ---- prompts ------------------------------------------------------------------------
 
+    def _waiting(self) -> list[Prompt]:
+        return [*self.queue, *(p for kind in AUTOMATIC_KINDS for p in self.automatic[kind])]
+
     def enqueue(self, prompt: Prompt) -> None:
         """Accept an admitted prompt: start it now or queue it behind the running one."""
         if self.closed:
             return
         ops: dict[str, Any] = {"events": []}
-        if self.display_name is None and prompt.text.strip():
+        if self.display_name is None and prompt.kind == FOREGROUND and prompt.text.strip():
             self.display_name = prompt.text.strip()[:DISPLAY_NAME_MAX]
             ops["set"] = {F.META: self._meta()}
             ops["catalog"] = self.catalog_row()
-        if self.active is not None or self.queue:
+        if self.active is not None or self._waiting():
             prompt.queued = True
-            self.queue.append(prompt)
-            ops["events"].append(
-                events.body(
-                    "pending_prompt_added",
-                    {"sessionId": self.sid, "promptId": prompt.prompt_id, "text": prompt.text, "queuedAt": prompt.queued_at},
-                    prompt.prompt_id,
-                    prompt.client_id,
-                )
-            )
-        else:
-            self.queue.append(prompt)
+            data = {"sessionId": self.sid, "promptId": prompt.prompt_id, "text": prompt.text, "queuedAt": prompt.queued_at}
+            ops["events"].append(events.body("pending_prompt_added", data, prompt.prompt_id, prompt.client_id))
+        (self.automatic[prompt.kind] if prompt.kind in AUTOMATIC_KINDS else self.queue).append(prompt)
         if ops["events"] or "set" in ops:
             asyncio.ensure_future(self._write(ops))
         if self._runner is None or self._runner.done():
             self._runner = asyncio.ensure_future(self._run())
 
+    def _next(self) -> Prompt | None:
+        """Automatic work drains first: a rejected turn never strands queued cron or
+        notification prompts."""
+        for kind in AUTOMATIC_KINDS:
+            if self.automatic[kind]:
+                return self.automatic[kind].popleft()
+        return self.queue.popleft() if self.queue else None
+
     async def _run(self) -> None:
-        while self.queue and not self.closed:
-            prompt = self.queue.popleft()
+        while not self.closed and (prompt := self._next()) is not None:
             await self._start(prompt)
             try:
                 response = await self.agent.prompt(self.agent_sid, prompt.blocks, prompt.meta)
             except ConnectionError:
                 return  # the child died; AgentProcess ends every prompt with channel_closed
             except Exception as error:  # the agent answered with a JSON-RPC error
-                await self._fail(prompt, from_exception(error))
+                await self._end_with_error(prompt, from_exception(error))
             else:
-                stop_reason = getattr(response, "stop_reason", None) or "end_turn"
-                await self._complete(prompt, stop_reason)
+                await self._end_with_stop(prompt, getattr(response, "stop_reason", None) or "end_turn")
 
     async def _start(self, prompt: Prompt) -> None:
-        """The prompt actually starts: the only place a stored turnError is cleared."""
+        """The prompt actually starts. Any start supersedes the kept turn-error event; only an
+        interactive prompt's start clears the stored turnError (the one place it is cleared)."""
         self.active = prompt
         prompt.started = True
-        self._cancel_requested = False
-        self.turn_error = None
+        self._guard = LoopGuard(self.loop_limits)
+        self._cancelled_by_user = False
+        self._loop_stop = None
         self.turn_error_event = False
-        ops: dict[str, Any] = {"set": {F.ACTIVE: "1"}, "del": [F.TURN_ERROR, F.TURN_ERROR_EVENT], "events": []}
+        ops: dict[str, Any] = {"set": {F.ACTIVE: "1"}, "del": [F.TURN_ERROR_EVENT], "events": []}
+        if prompt.kind in INTERACTIVE_KINDS or prompt.kind == "channel":
+            self.turn_error = None
+            ops["del"].append(F.TURN_ERROR)
         if prompt.queued:
+            data = {"sessionId": self.sid, "promptId": prompt.prompt_id, "text": prompt.text}
+            ops["events"].append(events.body("pending_prompt_started", data, prompt.prompt_id, prompt.client_id))
+        for block in prompt.blocks:
+            update = {"sessionUpdate": "user_message_chunk", "content": block}
             ops["events"].append(
-                events.body(
-                    "pending_prompt_started",
-                    {"sessionId": self.sid, "promptId": prompt.prompt_id, "text": prompt.text},
-                    prompt.prompt_id,
-                    prompt.client_id,
-                )
+                events.body("session_update", {"sessionId": self.sid, "update": update}, prompt.prompt_id, prompt.client_id)
             )
-        ops["events"].append(
-            events.body(
-                "user_message",
-                {"sessionId": self.sid, "promptId": prompt.prompt_id, "prompt": prompt.blocks},
-                prompt.prompt_id,
-                prompt.client_id,
-            )
-        )
         await self._write(ops)
+
+    async def _end_with_stop(self, prompt: Prompt, stop_reason: str) -> None:
+        """The agent answered a stop reason. A user's cancel wins over a loop stop; a loop
+        stop rejects an interactive prompt and ends any other turn `end_turn`."""
+        if self._cancelled_by_user:
+            await self._complete(prompt, "cancelled")
+        elif self._loop_stop is not None and prompt.kind in INTERACTIVE_KINDS:
+            await self._fail(prompt, self._loop_stop)
+        elif self._loop_stop is not None:
+            await self._complete(prompt, "end_turn")
+        else:
+            await self._complete(prompt, stop_reason)
+
+    async def _end_with_error(self, prompt: Prompt, error: TurnError) -> None:
+        """The agent answered an error: its own structured loop error wins over our guard;
+        non-interactive turns end `end_turn` on loop detection, as the reference's do."""
+        if self._cancelled_by_user:
+            await self._complete(prompt, "cancelled")
+        elif error.error_kind == "loop_detected" and prompt.kind not in INTERACTIVE_KINDS:
+            await self._complete(prompt, "end_turn")
+        else:
+            await self._fail(prompt, error)
 
     def _end_ops(self, prompt: Prompt) -> dict[str, Any]:
         """Common part of a running prompt's terminal transition."""
@@ -254,7 +288,6 @@ class LiveSession:
         if prompt.ended:
             return
         ops = self._end_ops(prompt)
-        ops["del"] = [F.TURN_ERROR_EVENT]
         data = {"sessionId": self.sid, "stopReason": stop_reason, "promptId": prompt.prompt_id}
         ops["events"].append(events.body("turn_complete", data, prompt.prompt_id))
         await self._write(ops)
@@ -269,16 +302,34 @@ class LiveSession:
             ops["del"] = self._resolve_all_pending(ops["events"])
         self.turn_error = error
         self.turn_error_event = True
-        ops.setdefault("set", {})[F.TURN_ERROR] = orjson.dumps(error.status_view()).decode()
+        ops["set"][F.TURN_ERROR] = orjson.dumps(error.status_view()).decode()
         ops["events"].append(events.body("turn_error", error.event_data(self.sid, prompt.prompt_id), prompt.prompt_id))
         ops["tev"] = len(ops["events"])
         await self._write(ops)
 
+    async def _stop_looping_turn(self, loop_type: str) -> None:
+        """The guard tripped: cancel the turn at the agent, fail its unfinished tool calls.
+        The terminal follows when the agent answers (see _end_with_stop)."""
+        self._loop_stop = TurnError(
+            LOOP_DETECTED_MESSAGE, "LOOP_DETECTED", "loop_detected", loop_type, structured=True
+        )
+        prompt_id = self.active.prompt_id if self.active else None
+        log.warning("session %s: loop protection stopped prompt %s (%s)", self.sid, prompt_id, loop_type)
+        await self.agent.cancel(self.agent_sid)
+        skipped = [
+            events.body("session_update", {"sessionId": self.sid, "update": skipped_update(call_id)}, prompt_id)
+            for call_id in self._guard.unfinished()
+        ]
+        if skipped:
+            await self._write({"events": skipped})
+
     def _flush_ops(self, code: str, message: str) -> dict[str, Any]:
         """Terminals for every prompt still running or queued (close, child exit)."""
         event_list: list[str] = []
-        prompts = ([self.active] if self.active else []) + list(self.queue)
+        prompts = ([self.active] if self.active else []) + self._waiting()
         self.queue.clear()
+        for queue in self.automatic.values():
+            queue.clear()
         for prompt in prompts:
             if prompt.ended:
                 continue
@@ -294,7 +345,7 @@ class LiveSession:
         """Cancel the running prompt: pending requests resolve cancelled, the agent stops."""
         if self.active is None or self.closed:
             return
-        self._cancel_requested = True
+        self._cancelled_by_user = True
         # ACP order: session/cancel first, then answer what the agent still awaits, so the
         # agent reads the cancel before the cancelled outcomes and ends `cancelled`.
         await self.agent.cancel(self.agent_sid)
@@ -407,6 +458,19 @@ class LiveSession:
     # ---- agent updates ---------------------------------------------------------------------
 
     async def on_update(self, update: dict[str, Any]) -> None:
-        """An ACP `session/update`: relayed as a `session_update` event, in arrival order."""
+        """An ACP `session/update`: relayed as a `session_update` event, in arrival order.
+
+        The loop guard sees every update of a running turn; newer turn content supersedes the
+        kept turn-error event, so a reload no longer re-appends it.
+        """
         prompt_id = self.active.prompt_id if self.active else None
-        await self._write({"events": [events.body("session_update", {"sessionId": self.sid, "update": update}, prompt_id)]})
+        ops: dict[str, Any] = {
+            "events": [events.body("session_update", {"sessionId": self.sid, "update": update}, prompt_id)]
+        }
+        if self.turn_error_event and events.is_turn_content(update):
+            self.turn_error_event = False
+            ops["del"] = [F.TURN_ERROR_EVENT]
+        tripped = self._guard.observe(update) if self.active is not None and self._loop_stop is None else None
+        await self._write(ops)
+        if tripped and not self._cancelled_by_user:
+            await self._stop_looping_turn(tripped)

@@ -13,7 +13,7 @@ import os
 import secrets
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from acp_state import keys
@@ -23,6 +23,7 @@ from acp_state.sweeper import run_sweeper
 from acp_state.votes import Vote
 
 from .agent import AgentProcess
+from .loop_guard import LoopLimits
 from .session import LiveSession, Prompt
 
 log = logging.getLogger("worker")
@@ -39,6 +40,7 @@ class WorkerConfig:
     session_mode: str | None = None
     agent_stderr: str | None = None
     name: str | None = None
+    loop_limits: LoopLimits = field(default_factory=LoopLimits)
 
 
 def new_incarnation(name: str | None = None) -> str:
@@ -165,6 +167,7 @@ class Worker:
                     text=command.get("text", ""),
                     meta=command.get("meta"),
                     client_id=command.get("clientId"),
+                    kind=command.get("kind", "foreground"),
                 )
             )
         elif kind == "cancel":
@@ -221,6 +224,7 @@ class Worker:
                 agent_sid=agent_sid,
                 single=command.get("scope") == "single",
                 on_gone=self._session_gone,
+                loop_limits=self.config.loop_limits,
             )
             agent.sessions[agent_sid] = session
             self.sessions[sid] = session

@@ -1,0 +1,188 @@
+"""`GET /session/:id/events`: the session's events as Server-Sent Events.
+
+Framed as the reference frames them (`retry:`, then `id:`/`event:`/`data:`). A client that
+sends `Last-Event-ID` gets what it missed from the replay log, then `replay_complete`;
+history the log no longer holds is announced with `history_truncated`, never skipped
+silently. Live events arrive through the process's shared pub/sub connection; a gap in ids
+is filled from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Send
+
+from acp_state import events, keys
+from acp_state.clock import now_ms
+from acp_state.fanout import Subscription
+from acp_state.keys import F
+from acp_state.summary import live_summary
+
+from .locator import not_found
+from .sessions import _state
+
+log = logging.getLogger("api.events")
+
+RETRY_MS = 3000
+KEEPALIVE_S = 15.0
+MAX_SAFE_INTEGER = 2**53 - 1
+ENDING_TYPES = ("session_closed", "session_died")
+
+
+def parse_last_event_id(value: str | None) -> int | None:
+    """Decimal digits only and at most 2^53-1; anything else is ignored (a fresh stream)."""
+    if value is None or not value.isascii() or not value.isdigit():
+        return None
+    number = int(value)
+    return number if number <= MAX_SAFE_INTEGER else None
+
+
+def frame(event_type: str, data: str, event_id: int | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event_type}\ndata: {data}\n\n".encode()
+
+
+def control(event_type: str, data: dict) -> bytes:
+    """A frame of the stream itself (no id: it does not move the client's resume point)."""
+    envelope = {"v": 1, "type": event_type, "data": data, "_meta": {"serverTimestamp": now_ms()}}
+    return frame(event_type, orjson.dumps(envelope).decode())
+
+
+def _event_id_and_type(raw: str) -> tuple[int, str]:
+    envelope = orjson.loads(raw)
+    return int(envelope["id"]), envelope["type"]
+
+
+async def stream_events(request: Request) -> Response:
+    state = _state(request)
+    sid = request.path_params["id"]
+    last_id = parse_last_event_id(request.headers.get("last-event-id"))
+    epoch_hint = request.query_params.get("eventEpoch")
+    buffer_text = request.query_params.get("maxQueued", "256")
+    buffer = min(2048, max(16, int(buffer_text))) if buffer_text.isdigit() else 256
+
+    ws = await state.locator.workspace_of(sid)
+    if ws is None:
+        raise not_found(sid)
+    subscription = await state.fanout.subscribe(keys.events(ws, sid), buffer)
+    try:
+        # Read state only after the subscription is confirmed: nothing can fall in between.
+        fields = await state.store.session_fields(ws, sid)
+        owner = fields.get(F.OWNER)
+        live = bool(owner) and F.META in fields and await state.registry.is_live(owner)
+        if not live and last_id is None:
+            raise not_found(sid)
+    except BaseException:
+        await state.fanout.unsubscribe(subscription)
+        raise
+    body = _generate(request, ws, sid, fields, live, last_id, epoch_hint, subscription)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return EventStreamResponse(body, state.settings.sse_send_timeout_s, headers)
+
+
+class EventStreamResponse(StreamingResponse):
+    """A streaming response that drops a client whose socket stays full for `send_timeout`:
+    a reader that stopped costs a bounded buffer (the transport's) and never slows others."""
+
+    def __init__(self, body: AsyncIterator[bytes], send_timeout: float, headers: dict[str, str]) -> None:
+        super().__init__(body, media_type="text/event-stream", headers=headers)
+        self.send_timeout = send_timeout
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        try:
+            async for chunk in self.body_iterator:
+                message = {"type": "http.response.body", "body": chunk, "more_body": True}
+                await asyncio.wait_for(send(message), self.send_timeout)
+            await asyncio.wait_for(send({"type": "http.response.body", "body": b"", "more_body": False}), self.send_timeout)
+        except asyncio.TimeoutError:
+            log.info("dropping an SSE client that stopped reading")
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def _generate(
+    request: Request,
+    ws: str,
+    sid: str,
+    fields: dict[str, str],
+    live: bool,
+    last_id: int | None,
+    epoch_hint: str | None,
+    subscription: Subscription,
+) -> AsyncIterator[bytes]:
+    state = _state(request)
+    store, fanout = state.store, state.fanout
+    seq = int(fields.get(F.SEQ, "0"))
+    epoch = fields.get(F.EPOCH, "")
+    try:
+        yield f"retry: {RETRY_MS}\n\n".encode()
+        if last_id is None:
+            cursor = seq
+            snapshot = {**live_summary(fields), "lastEventId": seq, "eventEpoch": epoch}
+            yield control("session_snapshot", snapshot)
+        else:
+            cursor = last_id
+            if (epoch_hint and epoch_hint != epoch) or last_id > seq:
+                # The history this id refers to is gone (new epoch): say so, replay all we have.
+                reason = "epoch_changed" if epoch_hint and epoch_hint != epoch else "unknown_event_id"
+                yield control("history_truncated", {"reason": reason, "requestedAfter": last_id, "eventEpoch": epoch})
+                cursor = 0
+            replayed, ended = 0, False
+            async for chunk, cursor, ended in _from_log(store, ws, sid, cursor, None, epoch):
+                replayed += chunk.startswith(b"id: ")
+                yield chunk
+            yield control(
+                "replay_complete",
+                {"lastReplayedEventId": cursor, "lastEventId": max(seq, cursor), "replayedCount": replayed},
+            )
+            if ended or not live:
+                return
+        while True:
+            try:
+                delivery = await asyncio.wait_for(subscription.queue.get(), KEEPALIVE_S)
+            except asyncio.TimeoutError:
+                yield b": keepalive\n\n"
+                continue
+            if delivery is None:  # skipped events (burst overflow, reconnect): catch up from the log
+                subscription.resync = False
+                async for chunk, cursor, ended in _from_log(store, ws, sid, cursor, None, epoch):
+                    yield chunk
+                    if ended:
+                        return
+                continue
+            if delivery.event_id <= cursor:
+                continue  # already sent (replay and live overlap)
+            if delivery.event_id > cursor + 1:
+                async for chunk, cursor, ended in _from_log(store, ws, sid, cursor, delivery.event_id - 1, epoch):
+                    yield chunk
+            yield frame(delivery.event_type, delivery.raw, delivery.event_id)
+            cursor = delivery.event_id
+            if delivery.event_type in ENDING_TYPES:
+                return
+    finally:
+        await fanout.unsubscribe(subscription)
+
+
+async def _from_log(
+    store, ws: str, sid: str, after: int, upto: int | None, epoch: str
+) -> AsyncIterator[tuple[bytes, int, bool]]:
+    """Frames for ids in (after, upto] from the replay log; a hole it cannot fill is announced."""
+    envelopes, first_id = await store.replay(ws, sid, after, upto)
+    if first_id is not None and first_id > after + 1:
+        data = {"reason": "trimmed", "requestedAfter": after, "firstAvailableEventId": first_id, "eventEpoch": epoch}
+        yield control("history_truncated", data), after, False
+    cursor = after
+    for raw in envelopes:
+        event_id, event_type = _event_id_and_type(raw)
+        cursor = event_id
+        yield frame(event_type, raw, event_id), cursor, event_type in ENDING_TYPES
+
+
+__all__ = ["stream_events", "parse_last_event_id", "events"]

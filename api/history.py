@@ -1,0 +1,113 @@
+"""Session history: the paginated transcript, and reload with refresh-append (spec §2.2).
+
+The transcript outlives the worker (its own retention); a reload of a live, idle session
+with no pending interaction replays the newest transcript page and appends the stored
+`turn_error` event at the end, unless newer turn content superseded it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from acp_state import ids
+from acp_state.keys import F
+from acp_state.summary import live_summary
+
+from .locator import not_found
+from .responses import ApiError, OrjsonResponse, json_body
+from .sessions import _state, client_id_header
+
+DEFAULT_PAGE = 100
+MAX_PAGE = 500
+_STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+
+
+def _page_size(value: Any, default: int = DEFAULT_PAGE) -> int:
+    if value is None:
+        return default
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PAGE:
+        raise ApiError(400, f"page size must be an integer from 1 to {MAX_PAGE}", "invalid_limit")
+    return value
+
+
+def _record(raw: str) -> dict[str, Any]:
+    """A transcript record as the reference pages them: `{v, type, data}`."""
+    envelope = orjson.loads(raw)
+    return {"v": 1, "type": envelope["type"], "data": envelope["data"]}
+
+
+async def transcript(request: Request) -> Response:
+    state = _state(request)
+    sid = request.path_params["id"]
+    limit = _page_size(request.query_params.get("limit"))
+    cursor = request.query_params.get("cursor")
+    if cursor is not None and not _STREAM_ID.match(cursor):
+        raise ApiError(400, "cursor is not one this daemon issued", "invalid_cursor")
+    ws = await state.locator.workspace_of(sid) if ids.is_token(sid) else None
+    if ws is None:
+        raise not_found(sid)
+    entries, row = await state.store.transcript_page(ws, sid, cursor, limit)
+    if row is None and not entries:
+        raise not_found(sid)
+    page = entries[:limit]
+    body: dict[str, Any] = {
+        "v": 1,
+        "sessionId": sid,
+        "events": [_record(raw) for _, raw in reversed(page)],  # oldest first within a page
+        "hasMore": len(entries) > limit,
+    }
+    if body["hasMore"]:
+        body["nextCursor"] = page[-1][0]
+    if row is not None:
+        body["startTime"] = row["createdAt"]
+        body["lastUpdated"] = row["updatedAt"]
+    return OrjsonResponse(body)
+
+
+async def load(request: Request) -> Response:
+    """`POST /session/:id/load` for a live session, with `historyReplay: "response"`."""
+    state = _state(request)
+    sid = request.path_params["id"]
+    client_id = client_id_header(request) or ids.new_id()
+    body = await json_body(request, required=False)
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object", "invalid_request")
+    page_size = _page_size(body.get("historyPageSize"))
+    ref = await state.locator.live(sid)
+    if not await state.store.attach(ref.ws, sid, ref.incarnation, client_id):
+        raise not_found(sid)
+    fields, page, log_envelopes = await state.store.load_snapshot(ref.ws, sid, page_size)
+    if not fields:
+        raise not_found(sid)
+    summary = live_summary(fields)
+    if summary["pendingInteractionCount"] or summary["hasActivePrompt"]:
+        # Persisted pages cannot show pending interactions or a running turn: replay the log.
+        replay = [orjson.loads(raw) for raw in log_envelopes]
+        has_more = False
+    else:
+        replay = [_record(raw) for _, raw in reversed(page[:page_size])]
+        has_more = len(page) > page_size
+        if F.TURN_ERROR_EVENT in fields:
+            replay.append(orjson.loads(fields[F.TURN_ERROR_EVENT]))
+    return OrjsonResponse(
+        {
+            "sessionId": sid,
+            "workspaceCwd": summary["workspaceCwd"],
+            "attached": True,
+            "clientId": client_id,
+            "createdAt": summary["createdAt"],
+            "state": {},
+            "compactedReplay": replay,
+            "liveJournal": [],
+            "historyHasMore": has_more,
+            "lastEventId": int(fields.get(F.SEQ, "0")),
+            "eventEpoch": fields.get(F.EPOCH, ""),
+        }
+    )

@@ -1,0 +1,148 @@
+"""The event stream over Redis: SSE on any API process, replay with Last-Event-ID, gaps said."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import orjson
+
+from acp_state import keys
+from acp_state.ids import workspace_id
+from tests.harness import Harness, SseClient
+from tests.test_runtime_status import create, prompt
+
+
+def is_type(event_type: str, **data: object):
+    return lambda f: f["event"] == event_type and all(f["data"]["data"].get(k) == v for k, v in data.items())
+
+
+async def test_sse_frames_and_replay_through_any_api(harness: Harness, workspace: str) -> None:
+    await harness.worker()
+    api1, api2 = await harness.api(), await harness.api()
+    sid = (await create(api1, workspace))["sessionId"]
+    live = await SseClient(api2, sid).start()
+    snapshot = await live.wait_for(lambda f: f["event"] == "session_snapshot")
+    assert snapshot["id"] is None and snapshot["data"]["data"]["sessionId"] == sid
+
+    accepted = await prompt(api1, sid, "#burst 20")
+    done = await live.wait_for(is_type("turn_complete"))
+    ids = [f["id"] for f in live.events()]
+    assert ids == list(range(ids[0], done["id"] + 1)), "ids increase by one, none missing"
+    assert done["data"] == {
+        "id": done["id"],
+        "v": 1,
+        "type": "turn_complete",
+        "promptId": accepted["promptId"],
+        "data": {"sessionId": sid, "stopReason": "end_turn", "promptId": accepted["promptId"]},
+        "_meta": done["data"]["_meta"],
+    }
+    chunks = [f for f in live.events("session_update") if f["data"]["data"]["update"]["sessionUpdate"] == "agent_message_chunk"]
+    assert [c["data"]["data"]["update"]["content"]["text"] for c in chunks] == [f"chunk {i}" for i in range(1, 21)]
+
+    # A client that saw up to id 5 gets exactly the rest, then replay_complete.
+    resumed = await SseClient(api1, sid, last_event_id=5).start()
+    complete = await resumed.wait_for(lambda f: f["event"] == "replay_complete")
+    assert [f["id"] for f in resumed.events()] == list(range(6, done["id"] + 1))
+    assert complete["data"]["data"] == {
+        "lastReplayedEventId": done["id"],
+        "lastEventId": done["id"],
+        "replayedCount": done["id"] - 5,
+    }
+    # Garbage Last-Event-ID values are ignored: a fresh stream, no replay.
+    for bad in ("abc", "-1", "1e3", "9" * 30):
+        fresh = SseClient(api1, sid)
+        fresh.last_event_id = bad  # type: ignore[assignment]
+        await fresh.start()
+        first = await fresh.wait_for(lambda f: f["event"] in ("session_snapshot", "replay_complete"))
+        assert first["event"] == "session_snapshot"
+        await fresh.close()
+    await live.close()
+    await resumed.close()
+
+
+async def test_client_of_a_killed_api_resumes_on_another_without_loss(harness: Harness, redis_client, workspace: str) -> None:
+    await harness.worker()
+    doomed, survivor = await harness.api(), await harness.api()
+    sid = (await create(survivor, workspace))["sessionId"]
+    first = await SseClient(doomed, sid).start()
+    snapshot = await first.wait_for(lambda f: f["event"] == "session_snapshot")
+    start = snapshot["data"]["data"]["lastEventId"]
+    running = await prompt(survivor, sid, "#slow 2")
+    await first.wait_for(lambda f: f["event"] == "session_update" and "tick 3" in str(f["data"]))
+    await doomed.kill9()
+    await first.closed.wait()
+    seen = first.last_id
+    assert seen is not None
+
+    # Events keep flowing while the client is away; it comes back on the other process.
+    second = await SseClient(survivor, sid, last_event_id=seen).start()
+    await second.wait_for(is_type("turn_complete", promptId=running["promptId"]), timeout=30)
+    ids = [f["id"] for f in first.events()] + [f["id"] for f in second.events()]
+    ws = workspace_id(workspace)
+    logged = [int(entry_id.split("-")[0]) for entry_id, _ in await redis_client.xrange(keys.events(ws, sid))]
+    assert ids == [i for i in logged if i > start], "every event after the snapshot, in order, exactly once"
+    await second.close()
+
+
+async def test_gaps_the_log_cannot_fill_are_announced(harness: Harness, workspace: str) -> None:
+    watcher = await harness.events()
+    await harness.worker("--event-log-max", "10")
+    api = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+    accepted = await prompt(api, sid, "#burst 400")
+    await watcher.wait_type(sid, "turn_complete", promptId=accepted["promptId"])
+    # The log kept only the newest events: a client resuming from 0 is told what it lost.
+    live = await SseClient(api, sid, last_event_id=0).start()
+    await live.wait_for(lambda f: f["event"] == "replay_complete")
+    truncated = await live.wait_for(lambda f: f["event"] == "history_truncated")
+    info = truncated["data"]["data"]
+    assert info["reason"] == "trimmed" and info["requestedAfter"] == 0 and info["firstAvailableEventId"] > 1
+    assert live.events()[0]["id"] == info["firstAvailableEventId"]
+
+    status = (await api.client.get(f"/session/{sid}/status")).json()
+    stale = await SseClient(api, sid, last_event_id=3, query="?eventEpoch=some-older-epoch").start()
+    said = await stale.wait_for(lambda f: f["event"] == "history_truncated")
+    assert said["data"]["data"]["reason"] == "epoch_changed"
+    assert status["sessionId"] == sid
+    await live.close()
+    await stale.close()
+
+
+async def test_slow_sse_client_is_dropped_without_slowing_others(harness: Harness, workspace: str) -> None:
+    await harness.worker()
+    api = await harness.api("--sse-send-timeout-s", "1")
+    sid = (await create(api, workspace))["sessionId"]
+    # A client that subscribes and then never reads (a tiny receive buffer, so the server's
+    # writes to it block soon): the server must cut it off and serve the others as usual.
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", api.port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    writer.write(f"GET /session/{sid}/events HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    await reader.readuntil(b"session_snapshot")
+    healthy = await SseClient(api, sid).start()
+    await healthy.wait_for(lambda f: f["event"] == "session_snapshot")
+    for _ in range(4):
+        accepted = await prompt(api, sid, "#burst 100 30000")
+        await healthy.wait_for(is_type("turn_complete", promptId=accepted["promptId"]), timeout=30)
+    ids = [f["id"] for f in healthy.events()]
+    assert ids == list(range(ids[0], ids[-1] + 1))
+
+    await wait_for_log(api.log_path, "dropping an SSE client that stopped reading")
+    received = 0
+    while chunk := await asyncio.wait_for(reader.read(1 << 16), 30):
+        received += len(chunk)
+    total = sum(len(orjson.dumps(f["data"])) for f in healthy.events())
+    assert received < total / 2, "the server stopped writing to the stalled client"
+    writer.close()
+    await healthy.close()
+
+
+async def wait_for_log(path, text: str, timeout: float = 30) -> None:
+    """The API process says what it did in its log; wait until it said `text`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while text not in path.read_text():
+        assert asyncio.get_running_loop().time() < deadline, f"{text!r} never logged"
+        await asyncio.sleep(0.05)
