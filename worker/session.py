@@ -53,6 +53,8 @@ class Prompt:
     queued_at: int = field(default_factory=now_ms)
     queued: bool = False  # waited behind another prompt (gets pending_prompt_started)
     started: bool = False
+    sent: bool = False  # session/prompt went to the agent
+    cancel_requested: bool = False
     ended: bool = False
 
 
@@ -107,7 +109,6 @@ class LiveSession:
         self._runner: asyncio.Task[None] | None = None
         # Per-turn state, reset when a prompt starts.
         self._guard = LoopGuard(self.loop_limits)
-        self._cancelled_by_user = False
         self._loop_stop: TurnError | None = None
 
     # ---- projection ---------------------------------------------------------------------
@@ -201,7 +202,9 @@ class LiveSession:
             prompt.queued = True
             data = {"sessionId": self.sid, "promptId": prompt.prompt_id, "text": prompt.text, "queuedAt": prompt.queued_at}
             ops["events"].append(events.body("pending_prompt_added", data, prompt.prompt_id, prompt.client_id))
-        (self.automatic[prompt.kind] if prompt.kind in AUTOMATIC_KINDS else self.queue).append(prompt)
+            (self.automatic[prompt.kind] if prompt.kind in AUTOMATIC_KINDS else self.queue).append(prompt)
+        else:
+            self.active = prompt  # reserved now, so a cancel right behind it finds it
         if ops["events"] or "set" in ops:
             asyncio.ensure_future(self._write(ops))
         if self._runner is None or self._runner.done():
@@ -216,8 +219,16 @@ class LiveSession:
         return self.queue.popleft() if self.queue else None
 
     async def _run(self) -> None:
-        while not self.closed and (prompt := self._next()) is not None:
+        while not self.closed:
+            reserved = self.active is not None and not self.active.started
+            prompt = self.active if reserved else self._next()
+            if prompt is None:
+                return
             await self._start(prompt)
+            if prompt.cancel_requested:  # cancelled before it reached the agent
+                await self._complete(prompt, "cancelled")
+                continue
+            prompt.sent = True
             try:
                 response = await self.agent.prompt(self.agent_sid, prompt.blocks, prompt.meta)
             except ConnectionError:
@@ -233,7 +244,6 @@ class LiveSession:
         self.active = prompt
         prompt.started = True
         self._guard = LoopGuard(self.loop_limits)
-        self._cancelled_by_user = False
         self._loop_stop = None
         self.turn_error_event = False
         ops: dict[str, Any] = {"set": {F.ACTIVE: "1"}, "del": [F.TURN_ERROR_EVENT], "events": []}
@@ -253,7 +263,7 @@ class LiveSession:
     async def _end_with_stop(self, prompt: Prompt, stop_reason: str) -> None:
         """The agent answered a stop reason. A user's cancel wins over a loop stop; a loop
         stop rejects an interactive prompt and ends any other turn `end_turn`."""
-        if self._cancelled_by_user:
+        if prompt.cancel_requested:
             await self._complete(prompt, "cancelled")
         elif self._loop_stop is not None and prompt.kind in INTERACTIVE_KINDS:
             await self._fail(prompt, self._loop_stop)
@@ -265,7 +275,7 @@ class LiveSession:
     async def _end_with_error(self, prompt: Prompt, error: TurnError) -> None:
         """The agent answered an error: its own structured loop error wins over our guard;
         non-interactive turns end `end_turn` on loop detection, as the reference's do."""
-        if self._cancelled_by_user:
+        if prompt.cancel_requested:
             await self._complete(prompt, "cancelled")
         elif error.error_kind == "loop_detected" and prompt.kind not in INTERACTIVE_KINDS:
             await self._complete(prompt, "end_turn")
@@ -343,9 +353,12 @@ class LiveSession:
 
     async def cancel(self) -> None:
         """Cancel the running prompt: pending requests resolve cancelled, the agent stops."""
-        if self.active is None or self.closed:
+        prompt = self.active
+        if prompt is None or self.closed:
             return
-        self._cancelled_by_user = True
+        prompt.cancel_requested = True
+        if not prompt.sent:
+            return  # the runner ends it `cancelled` instead of sending it
         # ACP order: session/cancel first, then answer what the agent still awaits, so the
         # agent reads the cancel before the cancelled outcomes and ends `cancelled`.
         await self.agent.cancel(self.agent_sid)
@@ -472,5 +485,5 @@ class LiveSession:
             ops["del"] = [F.TURN_ERROR_EVENT]
         tripped = self._guard.observe(update) if self.active is not None and self._loop_stop is None else None
         await self._write(ops)
-        if tripped and not self._cancelled_by_user:
+        if tripped and self.active is not None and not self.active.cancel_requested:
             await self._stop_looping_turn(tripped)
