@@ -178,7 +178,7 @@ class RedisStore:
                     if not future.done():
                         future.set_exception(error)
                 continue
-            for (*_, future), result in zip(batch, results):
+            for (*_, future), result in zip(batch, results, strict=True):
                 if future.done():
                     continue
                 if isinstance(result, Exception):
@@ -239,7 +239,7 @@ class RedisStore:
         for incarnation in incarnations:
             pipe.get(keys.lease(incarnation))
         values = await pipe.execute()
-        return {inc: orjson.loads(v) for inc, v in zip(incarnations, values) if v}
+        return {inc: orjson.loads(v) for inc, v in zip(incarnations, values, strict=True) if v}
 
     async def send_control(self, incarnation: str, command: dict[str, Any]) -> None:
         pipe = self.redis.pipeline(transaction=False)
@@ -355,7 +355,7 @@ class RedisStore:
         rows = []
         for i in range(0, len(flat), 3):
             sid, row, pairs = flat[i], flat[i + 1], flat[i + 2]
-            fields = dict(zip(pairs[::2], pairs[1::2]))
+            fields = dict(zip(pairs[::2], pairs[1::2], strict=True))
             rows.append((sid, orjson.loads(row) if row else None, fields))
         return rows
 

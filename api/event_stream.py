@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Send
 
-from acp_state import events, keys
+from acp_state import keys
 from acp_state.clock import now_ms
 from acp_state.fanout import Subscription
 from acp_state.keys import F
@@ -134,10 +134,10 @@ async def _generate(
                 reason = "epoch_changed" if epoch_hint and epoch_hint != epoch else "unknown_event_id"
                 yield control("history_truncated", {"reason": reason, "requestedAfter": last_id, "eventEpoch": epoch})
                 cursor = 0
-            replayed, ended = 0, False
-            async for chunk, cursor, ended in _from_log(store, ws, sid, cursor, None, epoch):
-                replayed += chunk.startswith(b"id: ")
+            frames, cursor, ended = await _from_log(store, ws, sid, cursor, None, epoch)
+            for chunk in frames:
                 yield chunk
+            replayed = sum(1 for chunk in frames if chunk.startswith(b"id: "))
             yield control(
                 "replay_complete",
                 {"lastReplayedEventId": cursor, "lastEventId": max(seq, cursor), "replayedCount": replayed},
@@ -152,15 +152,17 @@ async def _generate(
                 continue
             if delivery is None:  # skipped events (burst overflow, reconnect): catch up from the log
                 subscription.resync = False
-                async for chunk, cursor, ended in _from_log(store, ws, sid, cursor, None, epoch):
+                frames, cursor, ended = await _from_log(store, ws, sid, cursor, None, epoch)
+                for chunk in frames:
                     yield chunk
-                    if ended:
-                        return
+                if ended:
+                    return
                 continue
             if delivery.event_id <= cursor:
                 continue  # already sent (replay and live overlap)
-            if delivery.event_id > cursor + 1:
-                async for chunk, cursor, ended in _from_log(store, ws, sid, cursor, delivery.event_id - 1, epoch):
+            if delivery.event_id > cursor + 1:  # pub/sub lost some: fill the gap from the log
+                frames, cursor, _ = await _from_log(store, ws, sid, cursor, delivery.event_id - 1, epoch)
+                for chunk in frames:
                     yield chunk
             yield frame(delivery.event_type, delivery.raw, delivery.event_id)
             cursor = delivery.event_id
@@ -170,19 +172,18 @@ async def _generate(
         await fanout.unsubscribe(subscription)
 
 
-async def _from_log(
-    store, ws: str, sid: str, after: int, upto: int | None, epoch: str
-) -> AsyncIterator[tuple[bytes, int, bool]]:
-    """Frames for ids in (after, upto] from the replay log; a hole it cannot fill is announced."""
+async def _from_log(store, ws: str, sid: str, after: int, upto: int | None, epoch: str) -> tuple[list[bytes], int, bool]:
+    """Frames for ids in (after, upto] from the replay log, the id of the last one, and
+    whether the session ended among them. A hole the log cannot fill is announced."""
     envelopes, first_id = await store.replay(ws, sid, after, upto)
+    frames: list[bytes] = []
     if first_id is not None and first_id > after + 1:
         data = {"reason": "trimmed", "requestedAfter": after, "firstAvailableEventId": first_id, "eventEpoch": epoch}
-        yield control("history_truncated", data), after, False
-    cursor = after
+        frames.append(control("history_truncated", data))
+    cursor, ended = after, False
     for raw in envelopes:
-        event_id, event_type = _event_id_and_type(raw)
-        cursor = event_id
-        yield frame(event_type, raw, event_id), cursor, event_type in ENDING_TYPES
+        cursor, event_type = _event_id_and_type(raw)
+        frames.append(frame(event_type, raw, cursor))
+        ended = ended or event_type in ENDING_TYPES
+    return frames, cursor, ended
 
-
-__all__ = ["stream_events", "parse_last_event_id", "events"]

@@ -52,7 +52,7 @@ async def list_sessions(request: Request) -> Response:
 
     page = await state.store.list_page(ws, offset, size)
     sessions = []
-    for sid, row, fields in page[:size]:
+    for _, row, fields in page[:size]:
         owner = fields.get(F.OWNER)
         live = owner is not None and F.META in fields and await state.registry.is_live(owner)
         if row is None and not live:

@@ -5,12 +5,9 @@ Nothing here touches the machine's shared Redis on 6379.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import AsyncIterator, Iterator
@@ -18,7 +15,7 @@ from typing import AsyncIterator, Iterator
 import pytest
 import redis.asyncio as aioredis
 
-from tests.harness import ApiProcess, Harness, WorkerProcess
+from tests.harness import Harness
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 
-import pytest
 
 from acp_state import keys
 from acp_state.ids import workspace_id

@@ -1,0 +1,1 @@
+"""Benchmarks of acp-state, each figure beside a baseline measured in the same run."""

@@ -1,0 +1,108 @@
+"""Real processes for benchmarks: a throwaway redis-server and `acp-state` API / worker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """redis-server on a free loopback port, no persistence; never the shared 6379."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="acp-bench-redis-")
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit("redis-server is not installed")
+        self.process = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir, "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class AcpProcess:
+    """An `acp-state` subprocess, ready once it printed its banner line."""
+
+    def __init__(self, *argv: str, marker: str, log: Path) -> None:
+        self.argv = argv
+        self.marker = marker
+        self.log = log
+        self.proc: asyncio.subprocess.Process | None = None
+        self.banner = ""
+
+    async def start(self) -> AcpProcess:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), ACP_STATE_LOG="WARNING")
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "acp_state.cli", *self.argv,
+            stdout=asyncio.subprocess.PIPE, stderr=open(self.log, "ab"), env=env, cwd=str(ROOT),
+        )
+        assert self.proc.stdout is not None
+        while True:
+            line = (await asyncio.wait_for(self.proc.stdout.readline(), 60)).decode()
+            if not line:
+                raise RuntimeError(f"{self.argv[0]} exited; see {self.log}")
+            if self.marker in line:
+                self.banner = line.strip()
+                return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def stop(self) -> None:
+        if self.proc and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(self.proc.wait(), 30)
+
+
+async def api(redis_url: str, workspace: str, log_dir: Path, *extra: str) -> tuple[AcpProcess, int]:
+    port = free_port()
+    process = AcpProcess(
+        "api", "--redis-url", redis_url, "--port", str(port), "--workspace", workspace, *extra,
+        marker="listening", log=log_dir / f"api-{port}.log",
+    )
+    return await process.start(), port
+
+
+async def worker(redis_url: str, log_dir: Path, *extra: str) -> AcpProcess:
+    process = AcpProcess("worker", "--redis-url", redis_url, *extra, marker="serving", log=log_dir / f"worker-{time.monotonic_ns()}.log")
+    return await process.start()
+
+
+def percentile(samples: list[float], p: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
