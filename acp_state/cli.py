@@ -12,9 +12,9 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 from typing import Any, Awaitable, Callable
 
+from . import logs
 from .connection import MEMORY, connect
 from .store import RedisStore, Retention
 
@@ -79,6 +79,7 @@ def _worker_config(args: argparse.Namespace) -> Any:
         session_mode=args.session_mode,
         agent_stderr=args.agent_stderr,
         name=args.name,
+        metrics_port=getattr(args, "metrics_port", None),
     )
 
 
@@ -113,6 +114,7 @@ async def run_worker(args: argparse.Namespace) -> None:
     from worker.worker import Worker
 
     worker = Worker(RedisStore(connect(args.redis_url), _retention(args)), _worker_config(args))
+    logs.stamp(workerId=worker.incarnation)
 
     async def serve() -> None:
         running = asyncio.ensure_future(worker.run())
@@ -154,9 +156,17 @@ async def run_dev(args: argparse.Namespace) -> None:
     await _until_signal(both, stop)
 
 
+async def run_status(args: argparse.Namespace) -> None:
+    from .status import watch
+
+    await watch(RedisStore(connect(args.redis_url)), once=args.once, interval_s=args.interval)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="acp-state", description=__doc__)
     parser.add_argument("--log-level", default=os.environ.get("ACP_STATE_LOG", "INFO"))
+    parser.add_argument("--log-format", choices=["json", "text"], default=os.environ.get("ACP_STATE_LOG_FORMAT"),
+                        help="default: json for api and worker, text for dev and status")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def api_options(p: argparse.ArgumentParser, redis_default: str | None) -> None:
@@ -193,7 +203,12 @@ def _parser() -> argparse.ArgumentParser:
     api_options(api, None)
     worker = commands.add_parser("worker", help="run a bridge worker")
     worker.add_argument("--redis-url", required=True)
+    worker.add_argument("--metrics-port", type=int, help="serve GET /metrics on this port (127.0.0.1)")
     worker_options(worker)
+    status = commands.add_parser("status", help="a live table of workers and sessions by state")
+    status.add_argument("--redis-url", required=True)
+    status.add_argument("--once", action="store_true", help="print one table and exit")
+    status.add_argument("--interval", type=float, default=1.0)
     dev = commands.add_parser("dev", help="API + worker in one process on embedded Redis")
     api_options(dev, MEMORY)
     worker_options(dev)
@@ -202,10 +217,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    runner = {"api": run_api, "worker": run_worker, "dev": run_dev}[args.command]
+    default_format = "json" if args.command in ("api", "worker") else "text"
+    logs.configure(args.log_level, args.log_format or default_format)
+    runner = {"api": run_api, "worker": run_worker, "dev": run_dev, "status": run_status}[args.command]
     try:
         import uvloop
 

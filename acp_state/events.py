@@ -40,7 +40,7 @@ def in_transcript(envelope_body: str) -> bool:
     `user_message_chunk` updates, as agents replay it); terminals and bookkeeping are not,
     so a reload can append the stored `turn_error` itself.
     """
-    return envelope_body.startswith('"v":1,"type":"session_update"')
+    return event_type(envelope_body) == "session_update"
 
 
 def is_turn_content(update: dict[str, Any]) -> bool:
@@ -49,3 +49,9 @@ def is_turn_content(update: dict[str, Any]) -> bool:
         return False
     meta = update.get("_meta")
     return not (isinstance(meta, dict) and meta.get("source") == "user-shell")
+
+
+def event_type(envelope_body: str) -> str:
+    """The `type` of an envelope body from `body()` (it always follows `"v":1,"type":"`)."""
+    start = len('"v":1,"type":"')
+    return envelope_body[start : envelope_body.index('"', start)]

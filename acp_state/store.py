@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 
 from . import events, keys, scripts
 from .clock import now_ms
+from .metrics import REDIS_ROUNDTRIP
 
 # Inbox streams outlive neither their worker nor a day of silence.
 INBOX_TTL_MS = 24 * 3600 * 1000
@@ -117,7 +118,8 @@ class RedisStore:
         pipe = self.redis.pipeline(transaction=False)
         pipe.set(keys.lease(incarnation), orjson.dumps(report).decode(), px=lease_ms, get=True)
         pipe.zadd(keys.WORKERS, {incarnation: now_ms() + lease_ms})
-        previous, _ = await pipe.execute()
+        with REDIS_ROUNDTRIP.labels("heartbeat").time():
+            previous, _ = await pipe.execute()
         return previous is not None
 
     async def release(self, incarnation: str) -> None:
@@ -172,7 +174,8 @@ class RedisStore:
             for key_list, args, _ in batch:
                 await self._apply(keys=key_list, args=args, client=pipe)
             try:
-                results = await pipe.execute(raise_on_error=False)
+                with REDIS_ROUNDTRIP.labels("transitions").time():
+                    results = await pipe.execute(raise_on_error=False)
             except Exception as error:  # connection-level failure: every caller sees it
                 for *_, future in batch:
                     if not future.done():
@@ -269,7 +272,8 @@ class RedisStore:
         return ws, sid
 
     async def session_fields(self, ws: str, sid: str) -> dict[str, str]:
-        return await self.redis.hgetall(keys.session(ws, sid))
+        with REDIS_ROUNDTRIP.labels("session_read").time():
+            return await self.redis.hgetall(keys.session(ws, sid))
 
     async def send(
         self,

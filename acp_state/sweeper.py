@@ -12,6 +12,7 @@ import logging
 
 from . import events
 from .clock import now_ms
+from .metrics import SWEEPS, SWEPT_SESSIONS
 from .store import Store
 
 log = logging.getLogger("acp_state.sweeper")
@@ -45,7 +46,9 @@ async def sweep_once(store: Store) -> int:
                     for ws, sid in batch
                 )
             )
-            removed += sum(1 for r in results if r.applied == 1)
+            swept = sum(1 for r in results if r.applied == 1)
+            SWEPT_SESSIONS.inc(swept)
+            removed += swept
             if len(entries) > BATCH:
                 log.info(
                     "sweeping %s: %d/%d sessions",
@@ -54,6 +57,7 @@ async def sweep_once(store: Store) -> int:
                     len(entries),
                 )
         await store.forget_worker(incarnation, {ws for ws, _ in entries})
+        SWEEPS.inc()
         log.info(
             "swept dead worker %s: %d sessions in %d ms",
             incarnation,

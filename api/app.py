@@ -7,7 +7,8 @@ import contextlib
 from typing import AsyncIterator
 
 from starlette.applications import Starlette
-from starlette.routing import Route
+from starlette.middleware import Middleware
+from starlette.routing import Mount, Route
 
 from acp_state import ids
 from acp_state.connection import connect
@@ -16,8 +17,9 @@ from acp_state.registry import WorkerRegistry
 from acp_state.store import RedisStore, Store
 from acp_state.sweeper import run_sweeper
 
-from . import discovery, event_stream, history, permissions, sessions, workspaces
+from . import discovery, event_stream, history, metrics, permissions, sessions, web, workspaces
 from .locator import SessionLocator
+from .openapi import openapi_json
 from .responses import ApiError, api_error_handler
 from .settings import Settings
 from .state import AppState
@@ -36,6 +38,10 @@ ROUTES = [
     Route("/session/{id}/permission/{requestId}", permissions.vote_in_session, methods=["POST"]),
     Route("/permission/{requestId}", permissions.vote_legacy, methods=["POST"]),
     Route("/workspace/{id}/sessions", workspaces.list_sessions, methods=["GET"]),
+    Route("/openapi.json", openapi_json, methods=["GET"]),
+    Route("/metrics", metrics.metrics, methods=["GET"]),
+    Route("/", web.index, methods=["GET"]),  # the Web Shell
+    Mount("/static", web.static_files, name="static"),
 ]
 
 
@@ -65,4 +71,9 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             await sweeper
             await fanout.stop()
 
-    return Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers={ApiError: api_error_handler})
+    return Starlette(
+        routes=ROUTES,
+        lifespan=lifespan,
+        exception_handlers={ApiError: api_error_handler},
+        middleware=[Middleware(metrics.RequestMetrics)],
+    )

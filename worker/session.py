@@ -23,6 +23,7 @@ from acp_state.store import Applied, Store
 from acp_state.turn_errors import LOOP_DETECTED_MESSAGE, TurnError, from_exception
 
 from .loop_guard import LoopGuard, LoopLimits, skipped_update
+from .metrics import EVENTS, TRANSITIONS, TURN_ERRORS
 
 if TYPE_CHECKING:
     from .agent import AgentProcess
@@ -31,6 +32,9 @@ log = logging.getLogger("worker.session")
 
 DISPLAY_NAME_MAX = 256
 CANCELLED = {"outcome": {"outcome": "cancelled"}}
+
+# The one state a dashboard sorts sessions by, derived as the status route derives its fields.
+SESSION_STATES = ("waiting_permission", "waiting_question", "running", "failed", "idle")
 
 FOREGROUND = "foreground"
 # Automatic turns wait in their own queues and run before the next queued foreground prompt.
@@ -83,6 +87,7 @@ class LiveSession:
         single: bool,
         on_gone: Callable[[LiveSession], Awaitable[None]],
         loop_limits: LoopLimits | None = None,
+        on_state: Callable[[str | None, str | None], None] | None = None,
     ) -> None:
         self.store = store
         self.incarnation = incarnation
@@ -98,6 +103,8 @@ class LiveSession:
         self.display_name: str | None = None
         self.clients: set[str] = set()
         self.loop_limits = loop_limits or LoopLimits()
+        self._on_state = on_state
+        self.state: str | None = None  # None until published, and again once gone
         self.active: Prompt | None = None
         self.queue: deque[Prompt] = deque()  # foreground, channel and goal prompts
         self.automatic: dict[str, deque[Prompt]] = {kind: deque() for kind in AUTOMATIC_KINDS}
@@ -159,17 +166,40 @@ class LiveSession:
             ops["events"] = [events.body(reason_event, {"sessionId": self.sid})]
         return ops
 
+    def current_state(self) -> str:
+        kinds = [p.interaction["kind"] for p in self.pending.values()]
+        if any(kind != interactions.USER_QUESTION for kind in kinds):
+            return "waiting_permission"
+        if kinds:
+            return "waiting_question"
+        if self.active is not None:
+            return "running"
+        return "failed" if self.turn_error is not None else "idle"
+
+    def _track_state(self) -> None:
+        """Keep the worker's per-state counts exact, one session at a time (no scans)."""
+        new = None if self.closed else self.current_state()
+        if new != self.state:
+            if self._on_state is not None:
+                self._on_state(self.state, new)
+            self.state = new
+
     async def _write(self, ops: dict[str, Any]) -> Applied | None:
         """Apply one transition; a fenced write means the session was swept from under us."""
         if self.closed and ops.get("mode") != "delete":
             return None
+        TRANSITIONS.inc()
+        for body in ops.get("events", ()):
+            EVENTS.labels(events.event_type(body)).inc()
         try:
             result = await self.store.apply(self.ws, self.sid, self.incarnation, ops)
         except Exception:
-            log.exception("session %s: transition failed", self.sid)
+            log.exception("transition failed", extra={"sessionId": self.sid})
             return None
+        finally:
+            self._track_state()
         if result.applied == 0 and not self.closed:
-            log.warning("session %s: no longer ours in the store; closing it here", self.sid)
+            log.warning("session no longer ours in the store; closing it here", extra={"sessionId": self.sid})
             asyncio.ensure_future(self.close("swept", publish=False))
         return result
 
@@ -312,6 +342,7 @@ class LiveSession:
             ops["del"] = self._resolve_all_pending(ops["events"])
         self.turn_error = error
         self.turn_error_event = True
+        TURN_ERRORS.labels(error.error_kind or "none").inc()
         ops["set"][F.TURN_ERROR] = orjson.dumps(error.status_view()).decode()
         ops["events"].append(events.body("turn_error", error.event_data(self.sid, prompt.prompt_id), prompt.prompt_id))
         ops["tev"] = len(ops["events"])
@@ -324,7 +355,7 @@ class LiveSession:
             LOOP_DETECTED_MESSAGE, "LOOP_DETECTED", "loop_detected", loop_type, structured=True
         )
         prompt_id = self.active.prompt_id if self.active else None
-        log.warning("session %s: loop protection stopped prompt %s (%s)", self.sid, prompt_id, loop_type)
+        log.warning("loop protection stopped the turn (%s)", loop_type, extra={"sessionId": self.sid, "promptId": prompt_id})
         await self.agent.cancel(self.agent_sid)
         skipped = [
             events.body("session_update", {"sessionId": self.sid, "update": skipped_update(call_id)}, prompt_id)
@@ -374,6 +405,7 @@ class LiveSession:
         ops = self._flush_ops("session_closed", "session closed before the prompt completed")
         ops["del"] = self._resolve_all_pending(ops["events"])
         self.closed = True
+        self._track_state()
         ops["events"].append(events.body("session_closed", {"sessionId": self.sid, "reason": reason}))
         ops["mode"] = "delete"
         ops["catalog"] = self.catalog_row()
@@ -389,6 +421,7 @@ class LiveSession:
         ops = self._flush_ops("channel_closed", "agent channel exited before the prompt completed")
         ops["del"] = self._resolve_all_pending(ops["events"])
         self.closed = True
+        self._track_state()
         ops["events"].append(events.body("session_died", {"sessionId": self.sid, "reason": "channel_closed"}))
         ops["mode"] = "delete"
         ops["catalog"] = self.catalog_row()
@@ -421,7 +454,7 @@ class LiveSession:
         if self.closed:
             return CANCELLED
         if len(self.pending) >= interactions.MAX_PENDING_PER_SESSION:
-            log.warning("session %s: %d pending requests, refusing another", self.sid, len(self.pending))
+            log.warning("%d pending requests, refusing another", len(self.pending), extra={"sessionId": self.sid})
             return CANCELLED
         mapped = interactions.map_options(options)
         interactions.check_sentinel(mapped)

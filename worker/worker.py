@@ -8,6 +8,7 @@ reader drops them at once and a sweeper deletes them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -15,6 +16,8 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from typing import Any
+
+from prometheus_client import REGISTRY, make_asgi_app
 
 from acp_state import keys
 from acp_state.clock import iso, now_ms
@@ -24,7 +27,8 @@ from acp_state.votes import Vote
 
 from .agent import AgentProcess
 from .loop_guard import LoopLimits
-from .session import LiveSession, Prompt
+from .metrics import COMMANDS, LEASE_RENEWALS, LEASES_LOST, WorkerCollector
+from .session import SESSION_STATES, LiveSession, Prompt
 
 log = logging.getLogger("worker")
 
@@ -41,6 +45,8 @@ class WorkerConfig:
     agent_stderr: str | None = None
     name: str | None = None
     loop_limits: LoopLimits = field(default_factory=LoopLimits)
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
 
 def new_incarnation(name: str | None = None) -> str:
@@ -63,7 +69,17 @@ class Worker:
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self.started_ms = now_ms()
+        self.renewed_ms = self.started_ms
         self.ready = asyncio.Event()
+        self.state_counts: dict[str, int] = dict.fromkeys(SESSION_STATES, 0)
+        self._collector = WorkerCollector(self)
+        REGISTRY.register(self._collector)
+
+    def _count_state(self, old: str | None, new: str | None) -> None:
+        if old is not None:
+            self.state_counts[old] -= 1
+        if new is not None:
+            self.state_counts[new] += 1
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -77,17 +93,22 @@ class Worker:
             "sessions": len(self.sessions) + self._creating,
             "maxSessions": self.config.max_sessions,
             "agents": len(self.agents),
+            "states": self.state_counts,
+            "leaseMs": self.config.lease_ms,
+            "renewedAt": now_ms(),
         }
 
     async def run(self) -> None:
         """Register, then serve until `stop()`; always leaves Redis clean on the way out."""
         await self.store.heartbeat(self.incarnation, self.report(), self.config.lease_ms)
-        log.info("worker %s registered (lease %d ms)", self.incarnation, self.config.lease_ms)
+        log.info("worker registered (lease %d ms)", self.config.lease_ms)
         self._tasks = [
             asyncio.ensure_future(self._heartbeat_loop()),
             asyncio.ensure_future(self._command_loop()),
             asyncio.ensure_future(run_sweeper(self.store, self.config.lease_ms / 2000, self._stop)),
         ]
+        if self.config.metrics_port is not None:
+            self._tasks.append(asyncio.ensure_future(self._serve_metrics()))
         self.ready.set()
         try:
             await self._stop.wait()
@@ -109,7 +130,8 @@ class Worker:
         for ws in list(self._workspace_load):
             await self.store.drop_inbox(ws, self.incarnation)
         await self.store.release(self.incarnation)
-        log.info("worker %s stopped", self.incarnation)
+        REGISTRY.unregister(self._collector)
+        log.info("worker stopped")
 
     async def _heartbeat_loop(self) -> None:
         interval = self.config.lease_ms / 3000
@@ -120,10 +142,12 @@ class Worker:
             except Exception:
                 log.exception("heartbeat failed")
                 continue
+            LEASE_RENEWALS.inc()
             if not held:
+                LEASES_LOST.inc()
                 # Our lease lapsed (Redis restarted, or we stalled): Redis no longer holds our
                 # sessions. Rewrite them all; fenced writes meanwhile closed any swept one.
-                log.warning("lease of %s was lost; republishing %d sessions", self.incarnation, len(self.sessions))
+                log.warning("lease was lost; republishing %d sessions", len(self.sessions))
                 await asyncio.gather(*(s.republish() for s in list(self.sessions.values())))
                 for sid, s in list(self.sessions.items()):
                     await self.store.index_session(self.incarnation, s.ws, sid, True)
@@ -148,6 +172,7 @@ class Worker:
     def _dispatch(self, command: dict[str, Any]) -> None:
         """Route one command. Synchronous up to the hand-off, so per-session order holds."""
         kind = command.get("t")
+        COMMANDS.labels(str(kind)).inc()
         if kind == "create":
             self._creating += 1
             ws = command["ws"]
@@ -179,6 +204,29 @@ class Worker:
             session.clients.add(command["clientId"])
         elif kind == "close":
             asyncio.ensure_future(self._close(session, command))
+
+    async def _serve_metrics(self) -> None:
+        """`GET /metrics` of this worker (Prometheus text), on its own small HTTP listener."""
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def install_signal_handlers(self) -> None:  # the worker owns SIGTERM
+                pass
+
+            @contextlib.contextmanager
+            def capture_signals(self):  # type: ignore[override]
+                yield
+
+        config = uvicorn.Config(
+            make_asgi_app(), host=self.config.metrics_host, port=self.config.metrics_port or 0,
+            log_level="warning", lifespan="off",
+        )
+        server = Server(config)
+        try:
+            await server.serve()
+        except asyncio.CancelledError:
+            server.should_exit = True
+            raise
 
     async def _agent_for(self, cwd: str, sid: str) -> AgentProcess:
         """The child that will host the session: shared per workspace, or one per session."""
@@ -225,6 +273,7 @@ class Worker:
                 single=command.get("scope") == "single",
                 on_gone=self._session_gone,
                 loop_limits=self.config.loop_limits,
+                on_state=self._count_state,
             )
             agent.sessions[agent_sid] = session
             self.sessions[sid] = session
@@ -239,7 +288,7 @@ class Worker:
                 command["req"], {"ok": True, "createdAt": iso(session.created_ms), "incarnation": self.incarnation}
             )
         except Exception as error:
-            log.exception("creating session %s failed", sid)
+            log.exception("creating the session failed", extra={"sessionId": sid})
             await self.store.reply(command["req"], {"ok": False, "code": "agent_unavailable", "error": str(error)})
         finally:
             self._creating -= 1

@@ -1,0 +1,59 @@
+"""The API process's Prometheus metrics and its `GET /metrics` route."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, generate_latest
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .sessions import _state
+
+REQUESTS = Counter("acp_state_http_requests_total", "HTTP requests answered", ["route", "status"])
+SSE_CLIENTS = Gauge("acp_state_sse_clients", "SSE event streams open on this process")
+DEPLOYMENT_SESSIONS = Gauge(
+    "acp_state_deployment_sessions",
+    "Live sessions of every live worker by state, as of each worker's last heartbeat",
+    ["state"],
+)
+LIVE_WORKERS = Gauge("acp_state_live_workers", "Workers holding a valid lease")
+
+
+class RequestMetrics:
+    """Counts every request by route (the endpoint's name, never the raw path) and status."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record)
+        finally:
+            endpoint = scope.get("endpoint")
+            REQUESTS.labels(getattr(endpoint, "__name__", "unmatched"), str(status)).inc()
+
+
+async def metrics(request: Request) -> Response:
+    state = _state(request)
+    live = await state.registry.live()
+    reports = await state.store.worker_reports(live)
+    totals: dict[str, int] = {}
+    for report in reports.values():
+        for name, count in report.get("states", {}).items():
+            totals[name] = totals.get(name, 0) + count
+    for name, count in totals.items():
+        DEPLOYMENT_SESSIONS.labels(name).set(count)
+    LIVE_WORKERS.set(len(reports))
+    SSE_CLIENTS.set(state.fanout.listeners)
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)

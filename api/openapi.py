@@ -1,0 +1,477 @@
+"""`GET /openapi.json`: an OpenAPI 3.1 description of every route this API serves.
+
+Built from small helpers so each operation reads as one block. The shapes are the ones the
+route code really returns (checked by `tests/test_fuzz.py`, which validates every response
+of a schema-driven fuzz run against this document).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .event_stream import MAX_SAFE_INTEGER
+from .history import MAX_PAGE
+from .responses import MAX_BODY_BYTES, OrjsonResponse
+from .sessions import TURN_KINDS
+from .workspaces import MAX_SIZE
+
+Schema = dict[str, Any]
+
+TOKEN_PATTERN = "^[A-Za-z0-9._:-]{1,128}$"
+UUID_PATTERN = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-5][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}$"
+
+
+# --- schema helpers -----------------------------------------------------------------------
+
+
+def ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def string(**extra: Any) -> Schema:
+    return {"type": "string", **extra}
+
+
+def integer(**extra: Any) -> Schema:
+    return {"type": "integer", **extra}
+
+
+def boolean() -> Schema:
+    return {"type": "boolean"}
+
+
+def array(items: Schema, **extra: Any) -> Schema:
+    return {"type": "array", "items": items, **extra}
+
+
+def obj(
+    required: dict[str, Schema] | None = None,
+    optional: dict[str, Schema] | None = None,
+    *,
+    extra: bool | Schema = True,
+    **annotations: Any,
+) -> Schema:
+    """An object with `required` and `optional` properties; `extra` says what other members may be."""
+    properties = {**(required or {}), **(optional or {})}
+    schema: Schema = {"type": "object", "properties": properties, "additionalProperties": extra, **annotations}
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+# --- parameter helpers --------------------------------------------------------------------
+
+
+def path_param(name: str, description: str, schema: Schema | None = None) -> Schema:
+    return {"name": name, "in": "path", "required": True, "description": description, "schema": schema or string(minLength=1)}
+
+
+def query_param(name: str, description: str, schema: Schema) -> Schema:
+    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+
+
+SESSION_ID = path_param("id", "Session id (as returned by `POST /session`).")
+REQUEST_ID = path_param("requestId", "Permission request id (from the `permission_request` event or status).")
+WORKSPACE_ID = path_param("id", "Workspace id: the first 16 hex characters of sha256 of the workspace cwd.")
+CLIENT_ID = {
+    "name": "X-Qwen-Client-Id",
+    "in": "header",
+    "required": False,
+    "description": "The caller's client id. Anything but 1-128 characters of `[A-Za-z0-9._:-]` is a 400 "
+    "`invalid_client_id`.",
+    "schema": string(pattern=TOKEN_PATTERN),
+}
+LAST_EVENT_ID = {
+    "name": "Last-Event-ID",
+    "in": "header",
+    "required": False,
+    "description": "Resume after this event id: what was missed is replayed from the log, then `replay_complete`. "
+    f"Only decimal digits up to {MAX_SAFE_INTEGER} count; any other value opens a fresh stream.",
+    "schema": string(),
+}
+
+
+# --- response helpers ---------------------------------------------------------------------
+
+RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying.", "schema": string(pattern="^[0-9]+$")}}
+
+
+def json_response(description: str, schema: Schema, headers: Schema | None = None) -> Schema:
+    response: Schema = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def error(description: str, headers: Schema | None = None) -> Schema:
+    return json_response(description, ref("Error"), headers)
+
+
+def not_found(description: str) -> Schema:
+    """A 404 from a route (JSON) or from the router itself when no route matches (plain text)."""
+    response = error(description)
+    response["content"]["text/plain"] = {"schema": string()}
+    return response
+
+
+TOO_LARGE = {"413": error(f"The body exceeds {MAX_BODY_BYTES} bytes (`body_too_large`).")}
+
+
+def json_body(schema: Schema, required: bool = True) -> Schema:
+    return {"required": required, "content": {"application/json": {"schema": schema}}}
+
+
+def operation(operation_id: str, tag: str, summary: str, responses: Schema, *, parameters: list[Schema] | None = None,
+              body: Schema | None = None, description: str | None = None) -> Schema:
+    op: Schema = {"operationId": operation_id, "tags": [tag], "summary": summary}
+    if description:
+        op["description"] = description
+    if parameters:
+        op["parameters"] = parameters
+    if body is not None:
+        op["requestBody"] = body
+    op["responses"] = responses
+    return op
+
+
+# --- components ---------------------------------------------------------------------------
+
+
+def _error() -> Schema:
+    return obj(
+        {"error": string()},
+        {
+            "code": string(),
+            "sessionId": string(),
+            "requestId": string(),
+            "workspaceId": string(),
+            "workspaceCwd": {"description": "The cwd the request named, echoed as sent."},
+            "optionId": string(),
+            "retryAfterMs": integer(minimum=0),
+        },
+    )
+
+
+def _pending_interaction() -> Schema:
+    option = obj({"optionId": string()}, {"label": string(), "kind": string()})
+    common = {"requestId": string(), "createdAt": string(), "options": array(option)}
+    permission = obj(
+        {**common, "kind": {"const": "permission"}, "action": obj(
+            optional={"type": string(), "title": string(), "content": {}, "locations": {}, "input": {}}
+        )},
+    )
+    question = obj(
+        {**common, "kind": {"const": "user_question"}, "questions": array(obj({"answerKey": string()}))},
+        {"title": string()},
+    )
+    return {"oneOf": [permission, question]}
+
+
+def _status_fields() -> dict[str, Schema]:
+    return {
+        "clientCount": integer(minimum=0),
+        "hasActivePrompt": boolean(),
+        "activeWorkState": string(enum=["active", "idle"]),
+        "hasRunningBackgroundTasks": boolean(),
+        "isWaitingForPermission": boolean(),
+        "isWaitingForUserQuestion": boolean(),
+        "pendingInteractionCount": integer(minimum=0),
+        "hasTurnError": boolean(),
+        "pendingInteractions": array(ref("PendingInteraction")),
+    }
+
+
+SESSION_BASE = {"sessionId": string(), "workspaceCwd": string(), "createdAt": string(), "updatedAt": string()}
+
+
+def components() -> Schema:
+    envelope = obj({"v": {"const": 1}, "type": string(), "data": {}}, {"id": integer(), "promptId": string(), "_meta": obj()})
+    return {
+        "Error": _error(),
+        "EmptyObject": obj(extra=False),
+        "Health": obj({"status": {"const": "ok"}}, extra=False),
+        "Capabilities": obj(
+            {
+                "v": {"const": 1},
+                "protocolVersions": obj({"acp": integer()}),
+                "features": array(string()),
+                "limits": obj(
+                    {
+                        "maxQueuedPromptsPerSession": integer(),
+                        "maxPendingInteractionsPerSession": integer(),
+                        "maxRequestBodyBytes": integer(),
+                        "maxListPageSize": integer(),
+                    }
+                ),
+                "polling": obj({"statusIntervalMs": integer()}),
+                "workspaces": array(obj({"workspaceId": string(), "cwd": string()})),
+            }
+        ),
+        "CreateSessionRequest": obj(
+            optional={
+                "cwd": string(description="A registered workspace cwd; default: the API's first workspace."),
+                "workspaceCwd": string(description="Same as `cwd` (takes precedence)."),
+                "sessionScope": string(enum=["single", "thread"], default="single"),
+                "sessionId": string(pattern=UUID_PATTERN, description="Caller-chosen id (RFC 4122 UUID v1-5)."),
+            }
+        ),
+        "Session": obj(
+            {"sessionId": string(), "workspaceCwd": string(), "attached": boolean(), "clientId": string(), "createdAt": string()}
+        ),
+        "ContentBlock": {
+            **obj({"type": string()}, {"text": string()}),
+            "if": obj({"type": {"const": "text"}}),
+            "then": obj({"text": string()}),
+        },
+        "PromptRequest": obj(
+            {"prompt": array(ref("ContentBlock"), minItems=1)},
+            {
+                "turnKind": string(enum=list(TURN_KINDS), default="foreground"),
+                "_meta": obj(description="Passed to the agent; `qwen.channel.prompt` only from a channel caller."),
+            },
+        ),
+        "PromptAccepted": obj({"promptId": string(), "lastEventId": integer(minimum=0), "eventEpoch": string()}),
+        "TurnError": obj({"message": string()}, {"code": string(), "errorKind": string()}),
+        "PendingInteraction": _pending_interaction(),
+        "SessionStatus": obj({**SESSION_BASE, **_status_fields()}, {"displayName": string(), "turnError": ref("TurnError")}),
+        "SessionRow": {
+            "description": "A live session (status fields and `isArchived: false`) or a persisted one "
+            "(`clientCount: 0`, `hasActivePrompt: false`, `isArchived: false`, no other runtime fields).",
+            **obj(
+                {**SESSION_BASE, "clientCount": integer(minimum=0), "hasActivePrompt": boolean()},
+                {**_status_fields(), "isArchived": {"const": False}, "displayName": string(), "turnError": ref("TurnError")},
+            ),
+        },
+        "SessionList": obj({"sessions": array(ref("SessionRow"))}, {"nextCursor": string()}),
+        "TranscriptRecord": obj({"v": {"const": 1}, "type": string(), "data": {}}),
+        "Transcript": obj(
+            {"v": {"const": 1}, "sessionId": string(), "events": array(ref("TranscriptRecord")), "hasMore": boolean()},
+            {"nextCursor": string(), "startTime": string(), "lastUpdated": string()},
+        ),
+        "LoadRequest": obj(
+            optional={"historyPageSize": {"oneOf": [integer(minimum=1, maximum=MAX_PAGE), string(pattern="^[0-9]+$")]}}
+        ),
+        "RestoredSession": obj(
+            {
+                "sessionId": string(),
+                "workspaceCwd": string(),
+                "attached": {"const": True},
+                "clientId": string(),
+                "createdAt": string(),
+                "state": obj(),
+                "compactedReplay": array(envelope),
+                "liveJournal": array({}),
+                "historyHasMore": boolean(),
+                "lastEventId": integer(minimum=0),
+                "eventEpoch": string(),
+            }
+        ),
+        "VoteRequest": obj(
+            {
+                "outcome": {
+                    "oneOf": [
+                        obj({"outcome": {"const": "cancelled"}}),
+                        obj({"outcome": {"const": "selected"}, "optionId": string(minLength=1)}),
+                    ]
+                }
+            },
+            {"answers": obj(description="Answers to a user question, by `answerKey`.", extra=string())},
+        ),
+    }
+
+
+# --- paths --------------------------------------------------------------------------------
+
+NO_SESSION = "No live session with this id (unknown, closed, or its worker's lease lapsed)."
+BAD_CLIENT = error("`X-Qwen-Client-Id` is malformed (`invalid_client_id`).")
+
+
+def paths() -> Schema:
+    return {
+        "/openapi.json": {
+            "get": operation("getOpenApi", "Discovery", "This document", {"200": json_response("OpenAPI 3.1", obj())})
+        },
+        "/health": {
+            "get": operation("getHealth", "Discovery", "Liveness probe", {"200": json_response("Up.", ref("Health"))})
+        },
+        "/capabilities": {
+            "get": operation(
+                "getCapabilities", "Discovery", "Features, limits and registered workspaces",
+                {"200": json_response("What this API serves.", ref("Capabilities"))},
+            )
+        },
+        "/session": {
+            "post": operation(
+                "createOrAttachSession", "Sessions", "Create a session, or attach to the workspace's shared one",
+                {
+                    "200": json_response("Created (`attached: false`) or attached (`attached: true`).", ref("Session")),
+                    **TOO_LARGE,
+                    "400": error("Bad body, header, workspace (`workspace_mismatch`), scope or session id."),
+                    "409": error("A live session already has the requested `sessionId` (`session_exists`)."),
+                    "503": error("No worker has capacity, the shared session is being replaced, or the agent failed to "
+                                 "start.", RETRY_AFTER),
+                    "504": error("The worker did not start the session in time (`agent_init_timeout`)."),
+                },
+                parameters=[CLIENT_ID],
+                body=json_body(ref("CreateSessionRequest")),
+            )
+        },
+        "/session/{id}": {
+            "delete": operation(
+                "closeSession", "Sessions", "Close a live session",
+                {
+                    "204": {"description": "Closed."},
+                    "400": BAD_CLIENT,
+                    "404": not_found(NO_SESSION),
+                    "504": error("The worker did not confirm the close in time (`close_timeout`)."),
+                },
+                parameters=[SESSION_ID, CLIENT_ID],
+            )
+        },
+        "/session/{id}/prompt": {
+            "post": operation(
+                "promptSession", "Prompts and events", "Send a prompt (runs now, or queues behind the running one)",
+                {
+                    "200": json_response("Admitted; its events carry `promptId`.", ref("PromptAccepted")),
+                    **TOO_LARGE,
+                    "400": error("Bad body or header (`invalid_prompt`, `invalid_turn_kind`, `invalid_client_id`, ...)."),
+                    "404": not_found(NO_SESSION),
+                    "503": error("The session's prompt queue is full (`prompt_queue_full`).", RETRY_AFTER),
+                },
+                parameters=[SESSION_ID, CLIENT_ID],
+                body=json_body(ref("PromptRequest")),
+            )
+        },
+        "/session/{id}/cancel": {
+            "post": operation(
+                "cancelSession", "Prompts and events", "Cancel the running prompt",
+                {"200": json_response("Sent.", ref("EmptyObject")), "400": BAD_CLIENT, "404": not_found(NO_SESSION)},
+                parameters=[SESSION_ID, CLIENT_ID],
+                description="Any request body is ignored.",
+            )
+        },
+        "/session/{id}/status": {
+            "get": operation(
+                "getSessionStatus", "Prompts and events", "Runtime status of a live session",
+                {"200": json_response("The live status.", ref("SessionStatus")), "404": not_found(NO_SESSION)},
+                parameters=[SESSION_ID],
+            )
+        },
+        "/session/{id}/events": {
+            "get": operation(
+                "streamSessionEvents", "Prompts and events", "The session's events as Server-Sent Events",
+                {
+                    "200": {
+                        "description": "An endless `text/event-stream`: `retry:`, then `session_snapshot` (fresh) or the "
+                        "replay and `replay_complete` (with `Last-Event-ID`), then live events; `history_truncated` "
+                        "announces history the log no longer holds. Each frame's `data:` is one JSON envelope.",
+                        "content": {"text/event-stream": {"schema": string()}},
+                    },
+                    "404": not_found("No such session, or it is not live and no `Last-Event-ID` was sent."),
+                },
+                parameters=[
+                    SESSION_ID,
+                    LAST_EVENT_ID,
+                    query_param("eventEpoch", "The epoch the client's `Last-Event-ID` belongs to.", string()),
+                    query_param("maxQueued", "Live events buffered for a slow reader (16-2048).",
+                                string(pattern="^[0-9]+$")),
+                ],
+            )
+        },
+        "/session/{id}/transcript": {
+            "get": operation(
+                "getSessionTranscript", "Prompts and events", "One page of the session's transcript, newest page first",
+                {
+                    "200": json_response("A page, oldest record first.", ref("Transcript")),
+                    "400": error("Bad `limit` (`invalid_limit`) or `cursor` (`invalid_cursor`)."),
+                    "404": not_found("No transcript for this session id."),
+                },
+                parameters=[
+                    SESSION_ID,
+                    query_param("limit", "Page size.", integer(minimum=1, maximum=MAX_PAGE, default=100)),
+                    query_param("cursor", "`nextCursor` of the previous page.", string(pattern="^[0-9]{1,20}-[0-9]{1,20}$")),
+                ],
+            )
+        },
+        "/session/{id}/load": {
+            "post": operation(
+                "loadSession", "Sessions", "Attach to a live session and get its replay",
+                {
+                    "200": json_response("Attached, with the newest transcript page or the live log.", ref("RestoredSession")),
+                    **TOO_LARGE,
+                    "400": error("Bad body (`invalid_request`, `invalid_limit`) or header."),
+                    "404": not_found(NO_SESSION),
+                },
+                parameters=[SESSION_ID, CLIENT_ID],
+                body=json_body(ref("LoadRequest"), required=False),
+            )
+        },
+        "/session/{id}/permission/{requestId}": {
+            "post": operation(
+                "voteOnPermission", "Permissions", "Answer a pending permission request or user question",
+                {
+                    "200": json_response("The vote won the request.", ref("EmptyObject")),
+                    **TOO_LARGE,
+                    "400": error("Malformed `outcome`, option not offered (`invalid_option_id`), or an unregistered or "
+                                 "malformed client id (`invalid_client_id`)."),
+                    "404": not_found("No such session, or no such pending request in it."),
+                },
+                parameters=[SESSION_ID, REQUEST_ID, CLIENT_ID],
+                body=json_body(ref("VoteRequest")),
+            )
+        },
+        "/permission/{requestId}": {
+            "post": operation(
+                "voteOnPermissionLegacy", "Permissions", "Answer a pending request by its id alone (legacy route)",
+                {
+                    "200": json_response("The vote won the request.", ref("EmptyObject")),
+                    **TOO_LARGE,
+                    "400": error("Malformed `outcome`, option not offered, or a bad client id."),
+                    "404": not_found("No such pending request."),
+                },
+                parameters=[REQUEST_ID, CLIENT_ID],
+                body=json_body(ref("VoteRequest")),
+            )
+        },
+        "/workspace/{id}/sessions": {
+            "get": operation(
+                "listWorkspaceSessions", "Sessions", "The workspace's sessions, newest first, live ones with runtime fields",
+                {
+                    "200": json_response("One page.", ref("SessionList")),
+                    "400": error("Bad `size` (`invalid_size`), `archiveState` or `cursor` (`invalid_cursor`)."),
+                    "404": not_found("No registered workspace with this id (`workspace_not_found`)."),
+                },
+                parameters=[
+                    WORKSPACE_ID,
+                    query_param("size", "Page size.", integer(minimum=1, maximum=MAX_SIZE, default=20)),
+                    query_param("archiveState", "Which sessions.", string(enum=["active", "archived"], default="active")),
+                    query_param("cursor", "`nextCursor` of the previous page.", string()),
+                ],
+            )
+        },
+    }
+
+
+def build() -> Schema:
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "acp-state API",
+            "version": "1",
+            "description": "The `qwen serve` session routes, answered from Redis by any number of stateless API "
+            "processes. Errors are `{error, code?, ...context}`.",
+            "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
+        },
+        "paths": paths(),
+        "components": {"schemas": components()},
+    }
+
+
+SPEC = build()
+
+
+async def openapi_json(_: Request) -> Response:
+    return OrjsonResponse(SPEC)

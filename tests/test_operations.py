@@ -1,0 +1,103 @@
+"""The operator's view: /metrics (parsed with the official Prometheus parser), the status
+table, and JSON logs that carry worker, session and prompt ids."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import httpx
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import free_port
+from tests.harness import ROOT, Harness
+from tests.test_runtime_status import create, prompt, status
+
+
+def classify(summary: dict) -> str:
+    """The dashboard order of the Web Shell, from the status route's fields."""
+    if summary["isWaitingForPermission"]:
+        return "waiting_permission"
+    if summary["isWaitingForUserQuestion"]:
+        return "waiting_question"
+    if summary["hasActivePrompt"]:
+        return "running"
+    return "failed" if summary["hasTurnError"] else "idle"
+
+
+def samples(text: str, name: str) -> dict[tuple, float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                found[tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+async def test_metrics_match_the_status_routes(harness: Harness, workspace: str) -> None:
+    events = await harness.events()
+    metrics_port = free_port()
+    await harness.worker("--metrics-port", str(metrics_port), "--lease-ms", "900")
+    api = await harness.api()
+    scenarios = {"#permission": "permission_request", "#question": "permission_request", "#fail": "turn_error",
+                 "hello": "turn_complete", "#slow 30": "session_update"}
+    sids = []
+    for text, event in scenarios.items():
+        sid = (await create(api, workspace))["sessionId"]
+        accepted = await prompt(api, sid, text)
+        await events.wait_type(sid, event, promptId=accepted["promptId"])
+        sids.append(sid)
+
+    expected = {state: 0 for state in ("waiting_permission", "waiting_question", "running", "failed", "idle")}
+    for sid in sids:
+        expected[classify(await status(api, sid))] += 1
+    assert all(count == 1 for count in expected.values()), expected
+
+    async with httpx.AsyncClient() as client:
+        scraped = (await client.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
+    by_state = {dict(labels)["state"]: value for labels, value in samples(scraped, "acp_state_sessions").items()}
+    assert by_state == expected
+    pending = {dict(k)["kind"]: v for k, v in samples(scraped, "acp_state_pending_interactions").items()}
+    assert pending == {"permission": 1.0, "user_question": 1.0}
+    errors = samples(scraped, "acp_state_turn_errors_total")
+    assert errors[(("error_kind", "none"),)] == 1.0
+    assert sum(samples(scraped, "acp_state_lease_renewals_total").values()) >= 1
+
+    api_text = (await api.client.get("/metrics")).text
+    requests = samples(api_text, "acp_state_http_requests_total")
+    assert requests[(("route", "create_session"), ("status", "200"))] == len(sids)
+    assert samples(api_text, "acp_state_live_workers") == {(): 1.0}
+
+    # The deployment view comes from the lease reports: equal after the next heartbeat.
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        api_text = (await api.client.get("/metrics")).text
+        deployment = {dict(k)["state"]: v for k, v in samples(api_text, "acp_state_deployment_sessions").items()}
+        if deployment == expected or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    assert deployment == expected
+
+
+async def test_status_table_and_json_logs(harness: Harness, workspace: str) -> None:
+    events = await harness.events()
+    worker = await harness.worker("--lease-ms", "900")
+    api = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+    accepted = await prompt(api, sid, "#fail")
+    await events.wait_type(sid, "turn_error", promptId=accepted["promptId"])
+
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "acp_state.cli", "status", "--redis-url", harness.redis_url, "--once",
+        stdout=asyncio.subprocess.PIPE, cwd=str(ROOT),
+    )
+    table = (await process.stdout.read()).decode()  # type: ignore[union-attr]
+    assert await process.wait() == 0
+    assert worker.incarnation in table and "live workers: " in table and "sessions by state" in table
+
+    await worker.terminate()
+    lines = [orjson.loads(line) for line in worker.log_path.read_text().splitlines() if line.startswith("{")]
+    assert lines, "the worker logs JSON lines"
+    assert all(line["workerId"] == worker.incarnation for line in lines)
+    assert {"worker registered (lease 900 ms)", "worker stopped"} <= {line["msg"] for line in lines}
