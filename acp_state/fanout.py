@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 import orjson
 import redis.asyncio as aioredis
+
+from . import keys
 
 log = logging.getLogger("acp_state.fanout")
 
@@ -51,15 +54,29 @@ class Subscription:
 
 
 class Fanout:
-    def __init__(self, redis: aioredis.Redis, probe_channel: str) -> None:
+    """Also the change feed of the process's caches: `on_change(channel, message)` sees every
+    event and invalidation of the deployment (one pattern subscription) before any listener
+    of this process gets the event, and `on_reset()` when messages may have been lost."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        probe_channel: str,
+        on_change: Callable[[str, str], None] | None = None,
+        on_reset: Callable[[], None] | None = None,
+    ) -> None:
         self._pubsub = redis.pubsub()
         self._probe = probe_channel
+        self._on_change = on_change
+        self._on_reset = on_reset
         self._subscriptions: dict[str, set[Subscription]] = {}
         self._confirmed: dict[str, asyncio.Event] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self._pubsub.subscribe(self._probe)
+        if self._on_change is not None:
+            await self._pubsub.psubscribe(keys.EVENT_CHANNELS, keys.INVALIDATION_CHANNELS)
         self._task = asyncio.ensure_future(self._pump())
 
     async def stop(self) -> None:
@@ -107,6 +124,11 @@ class Fanout:
             if message is None:
                 continue
             kind, channel = message["type"], message["channel"]
+            if kind in ("message", "pmessage") and self._on_change is not None:
+                # Redis sends a channel's subscribers the message before its pattern
+                # subscribers: invalidate first, so no listener of this process can see an
+                # event and then read a cached state from before it.
+                self._on_change(channel, message["data"])
             if kind == "subscribe" and channel in self._confirmed:
                 self._confirmed[channel].set()
             elif kind == "message" and channel in self._subscriptions:
@@ -119,8 +141,12 @@ class Fanout:
                     subscription.deliver(delivery)
 
     async def _resubscribe(self) -> None:
+        if self._on_reset is not None:
+            self._on_reset()  # changes published while we were away were never seen
         try:
             await self._pubsub.subscribe(self._probe, *self._subscriptions)
+            if self._on_change is not None:
+                await self._pubsub.psubscribe(keys.EVENT_CHANNELS, keys.INVALIDATION_CHANNELS)
         except Exception:
             log.warning("re-subscribe failed", exc_info=True)
             return

@@ -65,6 +65,21 @@ def transcript(ws: str, sid: str) -> str:
     return f"{PREFIX}:{{{ws}}}:tr:{sid}"
 
 
+def invalidations(ws: str) -> str:
+    """Pub/sub channel: a session's status changed without an event (vote, attach); the
+    message is the session id. Readers drop their cached copy."""
+    return f"{PREFIX}:{{{ws}}}:inv"
+
+
+EVENT_CHANNELS = f"{PREFIX}:*:ev:*"
+INVALIDATION_CHANNELS = f"{PREFIX}:*:inv"
+
+
+def workspace_of_channel(channel: str) -> str:
+    """The workspace id inside a channel's hash tag."""
+    return channel[channel.index("{") + 1 : channel.index("}")]
+
+
 def catalog(ws: str) -> str:
     """HASH sessionId -> persisted row JSON (durable, outside the lease)."""
     return f"{PREFIX}:{{{ws}}}:cat"

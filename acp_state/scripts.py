@@ -96,7 +96,10 @@ return {'ok', redis.call('HGET', KEYS[1], 'seq') or '0', redis.call('HGET', KEYS
 # in the reference's order (spec §1.4): unknown request, client id, sentinel, offered option.
 #   KEYS: 1 session hash, 2 inbox stream
 #   ARGV: 1 incarnation, 2 requestId, 3 'selected'|'cancelled', 4 optionId, 5 clientId or '',
-#         6 command JSON, 7 inbox TTL ms, 8 inbox max length, 9 cancel sentinel
+#         6 command JSON, 7 inbox TTL ms, 8 inbox max length, 9 cancel sentinel,
+#         10 the workspace's invalidation channel, 11 sessionId
+# The status changed without an event of its own, so readers' caches are told on the
+# workspace's invalidation channel.
 #   -> 'ok' | 'gone' | 'unknown' | 'client' | 'option'
 VOTE = """
 if redis.call('HGET', KEYS[1], 'inc') ~= ARGV[1] then return 'gone' end
@@ -114,18 +117,21 @@ end
 redis.call('HDEL', KEYS[1], 'pi:' .. ARGV[2], 'pv:' .. ARGV[2])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'c', ARGV[6])
 redis.call('PEXPIRE', KEYS[2], ARGV[7])
+redis.call('PUBLISH', ARGV[10], ARGV[11])
 return 'ok'
 """
 
 # Register a client id on a live session (attach) and tell the owner, fenced by the owner.
 #   KEYS: 1 session hash, 2 inbox stream
-#   ARGV: 1 incarnation, 2 clientId, 3 command JSON, 4 inbox TTL ms, 5 inbox max length
+#   ARGV: 1 incarnation, 2 clientId, 3 command JSON, 4 inbox TTL ms, 5 inbox max length,
+#         6 the workspace's invalidation channel, 7 sessionId
 #   -> 1 | 0 (gone)
 ATTACH = """
 if redis.call('HGET', KEYS[1], 'inc') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'c:' .. ARGV[2], '1')
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'c', ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
+redis.call('PUBLISH', ARGV[6], ARGV[7])
 return 1
 """
 

@@ -322,6 +322,8 @@ class RedisStore:
                 INBOX_TTL_MS,
                 INBOX_MAXLEN,
                 sentinel,
+                keys.invalidations(ws),
+                sid,
             ],
         )
 
@@ -331,7 +333,7 @@ class RedisStore:
         return bool(
             await self._attach(
                 keys=[keys.session(ws, sid), keys.inbox(ws, incarnation)],
-                args=[incarnation, client_id, command, INBOX_TTL_MS, INBOX_MAXLEN],
+                args=[incarnation, client_id, command, INBOX_TTL_MS, INBOX_MAXLEN, keys.invalidations(ws), sid],
             )
         )
 

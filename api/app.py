@@ -18,6 +18,7 @@ from acp_state.store import RedisStore, Store
 from acp_state.sweeper import run_sweeper
 
 from . import discovery, event_stream, history, metrics, permissions, sessions, web, workspaces
+from .cache import StateCache
 from .locator import SessionLocator
 from .openapi import openapi_json
 from .responses import ApiError, api_error_handler
@@ -52,13 +53,14 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         own_store = store or RedisStore(connect(settings.redis_url))
         registry = WorkerRegistry(own_store)
-        fanout = Fanout(own_store.redis, f"acp:probe:{ids.new_id()}")
+        cache = StateCache()
+        fanout = Fanout(own_store.redis, f"acp:probe:{ids.new_id()}", cache.on_change, cache.clear)
         await fanout.start()
         app.state.acp = AppState(
             settings=settings,
             store=own_store,
             registry=registry,
-            locator=SessionLocator(own_store, registry),
+            locator=SessionLocator(own_store, registry, cache),
             workspaces=settings.workspace_cwds(),
             fanout=fanout,
         )

@@ -24,7 +24,8 @@ from .sessions import _state, client_id_header
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 500
-_STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+_STREAM_ID = re.compile(r"\A([0-9]{1,20})-([0-9]{1,20})\Z")
+MAX_STREAM_PART = 2**64 - 1
 
 
 def _page_size(value: Any, default: int = DEFAULT_PAGE) -> int:
@@ -34,6 +35,18 @@ def _page_size(value: Any, default: int = DEFAULT_PAGE) -> int:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PAGE:
         raise ApiError(400, f"page size must be an integer from 1 to {MAX_PAGE}", "invalid_limit")
+    return value
+
+
+def _cursor(value: str | None) -> str | None:
+    """A transcript cursor: an entry id `<ms>-<seq>` (two 64-bit unsigned integers) above
+    `0-0`. Anything else would make Redis refuse the range (a 500), so it is a 400 here."""
+    if value is None:
+        return None
+    match = _STREAM_ID.match(value)
+    parts = [int(part) for part in match.groups()] if match else []
+    if not parts or max(parts) > MAX_STREAM_PART or parts == [0, 0]:
+        raise ApiError(400, "cursor is not one this daemon issued", "invalid_cursor")
     return value
 
 
@@ -47,9 +60,7 @@ async def transcript(request: Request) -> Response:
     state = _state(request)
     sid = request.path_params["id"]
     limit = _page_size(request.query_params.get("limit"))
-    cursor = request.query_params.get("cursor")
-    if cursor is not None and not _STREAM_ID.match(cursor):
-        raise ApiError(400, "cursor is not one this daemon issued", "invalid_cursor")
+    cursor = _cursor(request.query_params.get("cursor"))
     ws = await state.locator.workspace_of(sid) if ids.is_token(sid) else None
     if ws is None:
         raise not_found(sid)
@@ -81,7 +92,7 @@ async def load(request: Request) -> Response:
         raise ApiError(400, "request body must be a JSON object", "invalid_request")
     page_size = _page_size(body.get("historyPageSize"))
     ref = await state.locator.live(sid)
-    if not await state.store.attach(ref.ws, sid, ref.incarnation, client_id):
+    if not await state.store.attach(ref.ws, sid, ref.owner, client_id):
         raise not_found(sid)
     fields, page, log_envelopes = await state.store.load_snapshot(ref.ws, sid, page_size)
     if not fields:

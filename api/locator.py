@@ -7,24 +7,16 @@ read then costs exactly one Redis round trip (HGETALL of the session hash).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
 
 from acp_state import ids
 from acp_state.keys import F
 from acp_state.registry import WorkerRegistry
 from acp_state.store import Store
 
+from .cache import CachedSession, StateCache
 from .responses import ApiError
 
 CACHE_SIZE = 100_000
-
-
-@dataclass(frozen=True)
-class LiveRef:
-    ws: str
-    sid: str
-    incarnation: str
-    fields: dict[str, str]
 
 
 def not_found(sid: str) -> ApiError:
@@ -32,9 +24,10 @@ def not_found(sid: str) -> ApiError:
 
 
 class SessionLocator:
-    def __init__(self, store: Store, registry: WorkerRegistry) -> None:
+    def __init__(self, store: Store, registry: WorkerRegistry, cache: StateCache) -> None:
         self.store = store
         self.registry = registry
+        self.cache = cache
         self._workspaces: OrderedDict[str, str] = OrderedDict()
 
     async def workspace_of(self, sid: str) -> str | None:
@@ -51,15 +44,29 @@ class SessionLocator:
     def remember(self, sid: str, ws: str) -> None:
         self._workspaces[sid] = ws
 
-    async def live(self, sid: str) -> LiveRef:
-        """The live session, or a 404 (unknown id, closed, or its worker's lease lapsed)."""
+    async def live(self, sid: str) -> CachedSession:
+        """The live session, or a 404 (unknown id, closed, or its worker's lease lapsed).
+
+        Served from the invalidation-driven cache when it holds the session: no round trip.
+        """
+        entry = self.cache.session(sid)
+        if entry is None:
+            entry = await self._read(sid)
+        if not await self.registry.is_live(entry.owner):
+            raise not_found(sid)
+        return entry
+
+    async def _read(self, sid: str) -> CachedSession:
         if not ids.is_token(sid):
             raise not_found(sid)
         ws = await self.workspace_of(sid)
         if ws is None:
             raise not_found(sid)
+        token = self.cache.begin_read(sid)
         fields = await self.store.session_fields(ws, sid)
         owner = fields.get(F.OWNER)
-        if not owner or F.META not in fields or not await self.registry.is_live(owner):
+        if not owner or F.META not in fields:
             raise not_found(sid)
-        return LiveRef(ws, sid, owner, fields)
+        entry = CachedSession(ws, owner, fields)
+        self.cache.keep_session(sid, token, entry)
+        return entry

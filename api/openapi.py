@@ -297,6 +297,12 @@ def paths() -> Schema:
         "/health": {
             "get": operation("getHealth", "Discovery", "Liveness probe", {"200": json_response("Up.", ref("Health"))})
         },
+        "/metrics": {
+            "get": operation(
+                "getMetrics", "Discovery", "Prometheus metrics of this API process",
+                {"200": {"description": "Prometheus text exposition.", "content": {"text/plain": {"schema": string()}}}},
+            )
+        },
         "/capabilities": {
             "get": operation(
                 "getCapabilities", "Discovery", "Features, limits and registered workspaces",

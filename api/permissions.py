@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from acp_state import ids, votes
 
-from .locator import LiveRef
+from .cache import CachedSession
 from .responses import ApiError, OrjsonResponse, json_body
 from .sessions import _state, client_id_header
 
@@ -23,11 +23,13 @@ def _parse(body: object) -> votes.Vote:
         raise ApiError(400, str(error)) from None
 
 
-async def _cast(request: Request, ref: LiveRef, rid: str, vote: votes.Vote, client_id: str | None) -> Response:
+async def _cast(
+    request: Request, sid: str, ref: CachedSession, rid: str, vote: votes.Vote, client_id: str | None
+) -> Response:
     state = _state(request)
     command = {
         "t": "vote",
-        "sid": ref.sid,
+        "sid": sid,
         "rid": rid,
         "selected": vote.selected,
         "optionId": vote.option_id,
@@ -35,12 +37,12 @@ async def _cast(request: Request, ref: LiveRef, rid: str, vote: votes.Vote, clie
         "clientId": client_id,
     }
     outcome = await state.store.vote(
-        ref.ws, ref.sid, ref.incarnation, rid, vote.selected, vote.option_id or "", client_id or "", command
+        ref.ws, sid, ref.owner, rid, vote.selected, vote.option_id or "", client_id or "", command
     )
     if outcome == "ok":
         return OrjsonResponse({})
     if outcome in ("unknown", "gone"):
-        raise ApiError(404, "No pending permission request for session", sessionId=ref.sid, requestId=rid)
+        raise ApiError(404, "No pending permission request for session", sessionId=sid, requestId=rid)
     if outcome == "client":
         raise ApiError(400, "X-Qwen-Client-Id is not registered on this session", "invalid_client_id")
     raise ApiError(
@@ -56,7 +58,7 @@ async def vote_in_session(request: Request) -> Response:
     ref = await state.locator.live(sid)
     if not ids.is_token(rid):
         raise ApiError(404, "No pending permission request for session", sessionId=sid, requestId=rid)
-    return await _cast(request, ref, rid, vote, client_id)
+    return await _cast(request, sid, ref, rid, vote, client_id)
 
 
 async def vote_legacy(request: Request) -> Response:
@@ -73,4 +75,4 @@ async def vote_legacy(request: Request) -> Response:
         ref = await state.locator.live(sid)
     except ApiError:
         raise ApiError(404, "No pending permission request", requestId=rid) from None
-    return await _cast(request, ref, rid, vote, client_id)
+    return await _cast(request, sid, ref, rid, vote, client_id)

@@ -7,6 +7,7 @@ import random
 import secrets
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -191,7 +192,7 @@ async def prompt(request: Request) -> Response:
         "kind": kind,
         "clientId": client_id,
     }
-    admission = await state.store.send(ref.ws, sid, ref.incarnation, command, admit_limit=1 + MAX_QUEUED_PROMPTS)
+    admission = await state.store.send(ref.ws, sid, ref.owner, command, admit_limit=1 + MAX_QUEUED_PROMPTS)
     if admission.status == "gone":
         raise ApiError(404, f'No session with id "{sid}"', "session_not_found", sessionId=sid)
     if admission.status == "full":
@@ -206,7 +207,7 @@ async def cancel(request: Request) -> Response:
     sid = request.path_params["id"]
     client_id_header(request)
     ref = await state.locator.live(sid)
-    admission = await state.store.send(ref.ws, sid, ref.incarnation, {"t": "cancel", "sid": sid})
+    admission = await state.store.send(ref.ws, sid, ref.owner, {"t": "cancel", "sid": sid})
     if admission.status != "ok":
         raise ApiError(404, f'No session with id "{sid}"', "session_not_found", sessionId=sid)
     return OrjsonResponse({})
@@ -219,7 +220,7 @@ async def close(request: Request) -> Response:
     ref = await state.locator.live(sid)
     request_id = ids.new_id()
     command = {"t": "close", "sid": sid, "req": request_id, "reason": "closed_by_client"}
-    admission = await state.store.send(ref.ws, sid, ref.incarnation, command)
+    admission = await state.store.send(ref.ws, sid, ref.owner, command)
     if admission.status != "ok":
         raise ApiError(404, f'No session with id "{sid}"', "session_not_found", sessionId=sid)
     reply = await state.store.await_reply(request_id, state.settings.close_timeout_s)
@@ -231,5 +232,8 @@ async def close(request: Request) -> Response:
 
 
 async def status(request: Request) -> Response:
+    """One HGETALL on a cache miss; none while the cached state is current."""
     ref = await _state(request).locator.live(request.path_params["id"])
-    return OrjsonResponse(live_summary(ref.fields))
+    if ref.status_body is None:
+        ref.status_body = orjson.dumps(live_summary(ref.fields))
+    return Response(ref.status_body, media_type="application/json")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -11,6 +12,7 @@ from acp_state import ids
 from acp_state.keys import F
 from acp_state.summary import live_summary, merged_row, persisted_row
 
+from .cache import CachedPage
 from .responses import ApiError, OrjsonResponse
 from .sessions import _state
 
@@ -50,19 +52,27 @@ async def list_sessions(request: Request) -> Response:
     size = int(size_text)
     offset = decode_cursor(query["cursor"]) if "cursor" in query else 0
 
+    cached = state.locator.cache.page(ws, offset, size)
+    if cached is not None and all([await state.registry.is_live(owner) for owner in cached.owners]):
+        return Response(cached.body, media_type="application/json")
+    token = state.locator.cache.begin_read(ws)
     page = await state.store.list_page(ws, offset, size)
-    sessions = []
+    sessions, owners = [], set()
     for _, row, fields in page[:size]:
         owner = fields.get(F.OWNER)
         live = owner is not None and F.META in fields and await state.registry.is_live(owner)
         if row is None and not live:
             continue
         if live:
+            owners.add(owner)
             summary = live_summary(fields)
             sessions.append(merged_row(row, summary) if row else summary)
         else:
             sessions.append(persisted_row(row))  # type: ignore[arg-type]
-    body: dict[str, object] = {"sessions": sessions}
+    listing: dict[str, object] = {"sessions": sessions}
     if len(page) > size:
-        body["nextCursor"] = encode_cursor(offset + size)
-    return OrjsonResponse(body)
+        listing["nextCursor"] = encode_cursor(offset + size)
+    body = orjson.dumps(listing)
+    # Kept until a change in the workspace arrives, or one of these owners' leases lapses.
+    state.locator.cache.keep_page(ws, offset, size, token, CachedPage(body, frozenset(owners)))
+    return Response(body, media_type="application/json")

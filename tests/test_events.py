@@ -146,3 +146,31 @@ async def wait_for_log(path, text: str, timeout: float = 30) -> None:
     while text not in path.read_text():
         assert asyncio.get_running_loop().time() < deadline, f"{text!r} never logged"
         await asyncio.sleep(0.05)
+
+
+async def test_cached_status_is_never_older_than_a_delivered_event(harness: Harness, workspace: str) -> None:
+    """Status is cached in each API process and invalidated through pub/sub: once this
+    process delivered an event, its status route reflects that event's change."""
+    await harness.worker()
+    api = await harness.api()
+    voter = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+    sse = await SseClient(api, sid).start()
+    for _ in range(10):
+        accepted = await prompt(api, sid, "#permission")
+        request = await sse.wait_for(
+            lambda f, p=accepted["promptId"]: f["event"] == "permission_request" and f["data"].get("promptId") == p
+        )
+        for _ in range(3):  # read (and cache) the waiting state
+            waiting = (await api.client.get(f"/session/{sid}/status")).json()
+            assert waiting["isWaitingForPermission"] is True
+        rid = request["data"]["data"]["requestId"]
+        body = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
+        assert (await voter.client.post(f"/session/{sid}/permission/{rid}", json=body)).status_code == 200
+        await sse.wait_for(is_type("permission_resolved", requestId=rid))
+        after = (await api.client.get(f"/session/{sid}/status")).json()
+        assert after["isWaitingForPermission"] is False and after["pendingInteractionCount"] == 0
+        done = await sse.wait_for(lambda f, p=accepted["promptId"]: f["event"] == "turn_complete" and f["data"].get("promptId") == p)
+        assert done
+        assert (await api.client.get(f"/session/{sid}/status")).json()["hasActivePrompt"] is False
+    await sse.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
@@ -149,7 +150,7 @@ class LiveSession:
             F.UPDATED: iso(self.updated_ms),
             F.ACTIVE: "1" if self.active else "0",
             F.ADMITTED: str((1 if self.active else 0) + len(self._waiting())),
-            F.EPOCH: ids.new_id(),
+            F.EPOCH: secrets.token_hex(8),
             F.SEQ: "0",
         }
         for client in self.clients:
@@ -206,9 +207,9 @@ class LiveSession:
     async def publish_created(self, client_id: str | None) -> Applied | None:
         if client_id:
             self.clients.add(client_id)
-        ops = self.snapshot_ops()
-        ops["events"] = [events.body("session_created", {"sessionId": self.sid, "workspaceCwd": self.cwd})]
-        return await self._write(ops)
+        # No event: an idle session then costs no replay log (a stream's first node alone
+        # takes ~4 KB of Redis memory); the log starts with the session's first event.
+        return await self._write(self.snapshot_ops())
 
     async def republish(self) -> None:
         """Redis lost our state (restart, failover): write it again under a new epoch."""

@@ -1,0 +1,97 @@
+"""Invalidation-driven caches of one API process: session state and listing pages.
+
+Every change to a session's status reaches this process on its shared pub/sub connection
+(the session's events, or an invalidation message for changes without one), and drops the
+cached copy before any SSE listener of this process sees the event. A read that raced a
+change is served but not kept. Liveness is never cached here: a hit is still checked
+against the owner's lease deadline.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Counter
+
+from acp_state import keys
+
+CACHE_HITS = Counter("acp_state_state_cache_hits_total", "Session reads served from this process's cache")
+CACHE_MISSES = Counter("acp_state_state_cache_misses_total", "Session reads that went to Redis")
+
+MAX_SESSIONS = 100_000
+MAX_PAGES = 10_000
+
+
+@dataclass
+class CachedSession:
+    ws: str
+    owner: str
+    fields: dict[str, str]
+    status_body: bytes | None = None
+
+
+@dataclass
+class CachedPage:
+    body: bytes
+    owners: frozenset[str]
+
+
+class StateCache:
+    def __init__(self) -> None:
+        self._sessions: OrderedDict[str, CachedSession] = OrderedDict()
+        self._pages: OrderedDict[tuple[str, int, int], CachedPage] = OrderedDict()
+        # Reads in flight, by key: an invalidation while one is in flight voids its result.
+        self._reading: dict[Any, object] = {}
+
+    # ---- the change feed ----------------------------------------------------------------
+
+    def on_change(self, channel: str, message: str) -> None:
+        ws = keys.workspace_of_channel(channel)
+        sid = message if channel.endswith(":inv") else channel.rsplit(":", 1)[1]
+        self._sessions.pop(sid, None)
+        self._reading.pop(sid, None)
+        self._drop_pages(ws)
+
+    def clear(self) -> None:
+        self._sessions.clear()
+        self._pages.clear()
+        self._reading.clear()
+
+    def _drop_pages(self, ws: str) -> None:
+        for key in [k for k in self._pages if k[0] == ws]:
+            del self._pages[key]
+        self._reading.pop(ws, None)
+
+    # ---- sessions -----------------------------------------------------------------------
+
+    def session(self, sid: str) -> CachedSession | None:
+        entry = self._sessions.get(sid)
+        (CACHE_MISSES if entry is None else CACHE_HITS).inc()
+        return entry
+
+    def begin_read(self, key: Any) -> object:
+        token = object()
+        self._reading[key] = token
+        return token
+
+    def keep_session(self, sid: str, token: object, entry: CachedSession) -> None:
+        if self._reading.get(sid) is not token:
+            return  # changed while we read: serve this once, do not keep it
+        del self._reading[sid]
+        self._sessions[sid] = entry
+        if len(self._sessions) > MAX_SESSIONS:
+            self._sessions.popitem(last=False)
+
+    # ---- listing pages ------------------------------------------------------------------
+
+    def page(self, ws: str, offset: int, size: int) -> CachedPage | None:
+        return self._pages.get((ws, offset, size))
+
+    def keep_page(self, ws: str, offset: int, size: int, token: object, page: CachedPage) -> None:
+        if self._reading.get(ws) is not token:
+            return
+        self._pages[(ws, offset, size)] = page
+        if len(self._pages) > MAX_PAGES:
+            self._pages.popitem(last=False)

@@ -1,0 +1,76 @@
+// A small client for the daemon routes. URLs are relative to the page, so the shell works
+// behind a path prefix and against any API process of a deployment.
+
+const CLIENT_ID_KEY = "acp-shell.clientId";
+
+/** A non-2xx answer: `status`, the daemon's `code`, and its message. */
+export class ApiError extends Error {
+  constructor(status, body, fallback) {
+    super((body && typeof body.error === "string" && body.error) || fallback || `HTTP ${status}`);
+    this.status = status;
+    this.code = body && typeof body.code === "string" ? body.code : undefined;
+    this.body = body;
+  }
+}
+
+/** This browser's client id (X-Qwen-Client-Id): kept, so a reload does not add clients. */
+export function clientId() {
+  let id = null;
+  try {
+    id = localStorage.getItem(CLIENT_ID_KEY);
+  } catch {
+    /* storage disabled */
+  }
+  if (!id || !/^[A-Za-z0-9._:-]{1,128}$/.test(id)) {
+    const bytes = crypto.getRandomValues(new Uint8Array(16)); // works outside secure contexts too
+    id = "web-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+    try {
+      localStorage.setItem(CLIENT_ID_KEY, id);
+    } catch {
+      /* a fresh id per page then */
+    }
+  }
+  return id;
+}
+
+async function request(method, path, body) {
+  const headers = { "X-Qwen-Client-Id": clientId() };
+  const init = { method, headers };
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (error) {
+    throw new ApiError(0, null, error.message || "network error");
+  }
+  const text = await response.text();
+  let data = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = null;
+  }
+  if (!response.ok) throw new ApiError(response.status, data, text.slice(0, 200));
+  return data;
+}
+
+const seg = encodeURIComponent;
+
+export const api = {
+  capabilities: () => request("GET", "capabilities"),
+  listSessions: (workspaceId, size = 100) =>
+    request("GET", `workspace/${seg(workspaceId)}/sessions?size=${size}`),
+  createSession: (cwd) => request("POST", "session", { cwd, sessionScope: "thread" }),
+  status: (sid) => request("GET", `session/${seg(sid)}/status`),
+  load: (sid, historyPageSize = 100) => request("POST", `session/${seg(sid)}/load`, { historyPageSize }),
+  transcript: (sid, limit = 100) => request("GET", `session/${seg(sid)}/transcript?limit=${limit}`),
+  prompt: (sid, text) => request("POST", `session/${seg(sid)}/prompt`, { prompt: [{ type: "text", text }] }),
+  cancel: (sid) => request("POST", `session/${seg(sid)}/cancel`, {}),
+  vote: (sid, requestId, body) => request("POST", `session/${seg(sid)}/permission/${seg(requestId)}`, body),
+  /** The SSE URL; `eventEpoch` lets the server say when a resumed id is from an older epoch. */
+  eventsUrl: (sid, eventEpoch) =>
+    `session/${seg(sid)}/events` + (eventEpoch ? `?eventEpoch=${seg(eventEpoch)}` : ""),
+};

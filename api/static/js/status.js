@@ -1,0 +1,52 @@
+// Session status: one label per row, the urgency order of the workspace view, and badges.
+
+import { h } from "./dom.js";
+import { t } from "./i18n.js";
+
+/** Most urgent first: needs approval, waiting for an answer, running, failed, idle, ended. */
+export const STATUS_ORDER = ["needsApproval", "needsAnswer", "running", "failed", "idle", "ended"];
+
+const ICONS = {
+  needsApproval: "!",
+  needsAnswer: "?",
+  running: "▸",
+  failed: "×",
+  idle: "·",
+  ended: "–",
+};
+
+/**
+ * The status of a listing row or a status summary. Rows of sessions that are not live carry
+ * no runtime fields (spec §1.3): they are "ended".
+ */
+export function sessionStatus(row) {
+  if (!row || row.pendingInteractionCount === undefined) return "ended";
+  if (row.isWaitingForPermission) return "needsApproval";
+  if (row.isWaitingForUserQuestion) return "needsAnswer";
+  if (row.hasActivePrompt) return "running";
+  if (row.hasTurnError) return "failed";
+  return "idle";
+}
+
+/** Urgency first, then the most recently updated, then the id (a stable order). */
+export function compareSessions(a, b) {
+  const rank = STATUS_ORDER.indexOf(sessionStatus(a)) - STATUS_ORDER.indexOf(sessionStatus(b));
+  if (rank !== 0) return rank;
+  const recency = (Date.parse(b.updatedAt) || 0) - (Date.parse(a.updatedAt) || 0);
+  if (recency !== 0) return recency;
+  return String(a.sessionId).localeCompare(String(b.sessionId));
+}
+
+export function sortSessions(rows) {
+  return [...rows].sort(compareSessions);
+}
+
+/** A badge that says its status in words; the colour and the glyph only repeat it. */
+export function statusBadge(status) {
+  return h(
+    "span",
+    { class: `badge badge-${status}`, dataset: { status } },
+    h("span", { class: "badge-icon", "aria-hidden": "true" }, ICONS[status] ?? "·"),
+    h("span", { class: "badge-label" }, t(`status.${status}`)),
+  );
+}
