@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
-
 from prometheus_client import Counter
 
 from acp_state import keys
@@ -42,8 +40,11 @@ class StateCache:
     def __init__(self) -> None:
         self._sessions: OrderedDict[str, CachedSession] = OrderedDict()
         self._pages: OrderedDict[tuple[str, int, int], CachedPage] = OrderedDict()
-        # Reads in flight, by key: an invalidation while one is in flight voids its result.
-        self._reading: dict[Any, object] = {}
+        # A read may be kept only if its key was not invalidated after the read began:
+        # every invalidation takes the next number of a process-wide counter.
+        self._clock = 0
+        self._invalidated: OrderedDict[str, int] = OrderedDict()
+        self._cleared_at = 0  # reads that began before this are never kept
 
     # ---- the change feed ----------------------------------------------------------------
 
@@ -51,18 +52,33 @@ class StateCache:
         ws = keys.workspace_of_channel(channel)
         sid = message if channel.endswith(":inv") else channel.rsplit(":", 1)[1]
         self._sessions.pop(sid, None)
-        self._reading.pop(sid, None)
-        self._drop_pages(ws)
-
-    def clear(self) -> None:
-        self._sessions.clear()
-        self._pages.clear()
-        self._reading.clear()
-
-    def _drop_pages(self, ws: str) -> None:
         for key in [k for k in self._pages if k[0] == ws]:
             del self._pages[key]
-        self._reading.pop(ws, None)
+        self._mark(sid)
+        self._mark(ws)
+
+    def clear(self) -> None:
+        """Messages may have been lost: nothing cached can be trusted any more."""
+        self._sessions.clear()
+        self._pages.clear()
+        self._clock += 1
+        self._invalidated.clear()
+        self._cleared_at = self._clock
+
+    def _mark(self, key: str) -> None:
+        self._clock += 1
+        self._invalidated[key] = self._clock
+        self._invalidated.move_to_end(key)
+        if len(self._invalidated) > MAX_SESSIONS:
+            self._invalidated.popitem(last=False)
+            # Forgetting an old mark could let an old read in: void reads older than it.
+            self._cleared_at = self._clock
+
+    def begin_read(self, key: str) -> int:
+        return self._clock
+
+    def _current(self, key: str, started: int) -> bool:
+        return started >= self._cleared_at and self._invalidated.get(key, 0) <= started
 
     # ---- sessions -----------------------------------------------------------------------
 
@@ -71,15 +87,9 @@ class StateCache:
         (CACHE_MISSES if entry is None else CACHE_HITS).inc()
         return entry
 
-    def begin_read(self, key: Any) -> object:
-        token = object()
-        self._reading[key] = token
-        return token
-
-    def keep_session(self, sid: str, token: object, entry: CachedSession) -> None:
-        if self._reading.get(sid) is not token:
+    def keep_session(self, sid: str, started: int, entry: CachedSession) -> None:
+        if not self._current(sid, started):
             return  # changed while we read: serve this once, do not keep it
-        del self._reading[sid]
         self._sessions[sid] = entry
         if len(self._sessions) > MAX_SESSIONS:
             self._sessions.popitem(last=False)
@@ -89,8 +99,8 @@ class StateCache:
     def page(self, ws: str, offset: int, size: int) -> CachedPage | None:
         return self._pages.get((ws, offset, size))
 
-    def keep_page(self, ws: str, offset: int, size: int, token: object, page: CachedPage) -> None:
-        if self._reading.get(ws) is not token:
+    def keep_page(self, ws: str, offset: int, size: int, started: int, page: CachedPage) -> None:
+        if not self._current(ws, started):
             return
         self._pages[(ws, offset, size)] = page
         if len(self._pages) > MAX_PAGES:

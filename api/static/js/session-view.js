@@ -178,6 +178,8 @@ class SessionView {
     const model = new Transcript();
     model.applyAll(body.compactedReplay);
     this.model = model;
+    this.rendered.clear(); // a new model: item keys may now name other items
+    this.logEl.replaceChildren();
     this.cursor = Number(body.lastEventId) || 0;
     if (body.eventEpoch) this.epoch = body.eventEpoch;
     this.loading = false;
@@ -323,6 +325,8 @@ class SessionView {
       const model = new Transcript();
       model.applyAll(page.events);
       this.model = model;
+      this.rendered.clear();
+      this.logEl.replaceChildren();
     } catch (error) {
       this.showAlert(error.status === 404 ? t("session.notFound") : t("session.loadError", { message: error.message }));
     }

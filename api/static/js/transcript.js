@@ -138,7 +138,7 @@ export class Transcript {
     if (!item) {
       item = this._push({
         kind: "tool",
-        key: `tool:${id}:${this._keys}`,
+        key: `tool:${id}`, // stable across reloads: the user's open/closed choice survives
         toolCallId: id,
         promptId,
         title: "",
