@@ -61,9 +61,22 @@ def _api_settings(args: argparse.Namespace) -> Any:
         host=args.host,
         port=args.port,
         workspaces=workspaces,
-        channel_tokens=list(args.channel_token),
+        tokens=_tokens(args),
         sse_send_timeout_s=args.sse_send_timeout_s,
     )
+
+
+def _tokens(args: argparse.Namespace) -> list[Any]:
+    from api.auth import Token, is_loopback
+
+    try:
+        tokens = [Token.parse(spec) for spec in args.token]
+        tokens += [Token.parse(f"{secret},role=channel") for secret in args.channel_token]
+    except ValueError as error:
+        raise SystemExit(f"acp-state: bad --token: {error}") from None
+    if not tokens and not is_loopback(args.host):
+        raise SystemExit(f"acp-state: refusing to serve {args.host} without a bearer token (--token)")
+    return tokens
 
 
 def _worker_config(args: argparse.Namespace) -> Any:
@@ -174,8 +187,11 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--host", default="127.0.0.1")
         p.add_argument("--port", type=int, default=4170)
         p.add_argument("--workspace", action="append", help="a workspace cwd (repeatable; default: .)")
+        p.add_argument("--token", action="append", default=[], metavar="SECRET[,role=R][,workspace=PATH]",
+                       help="a bearer token (repeatable); role user (default), channel or admin; "
+                            "workspace scopes it to one workspace. Required off loopback.")
         p.add_argument("--channel-token", action="append", default=[],
-                       help="bearer token of a channel caller, who may mark prompts as channel prompts")
+                       help="a bearer token of the channel role (may mark prompts as channel prompts)")
         p.add_argument("--sse-send-timeout-s", type=float, default=10.0,
                        help="drop an SSE client whose socket stays full this long")
 

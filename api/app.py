@@ -18,6 +18,7 @@ from acp_state.store import RedisStore, Store
 from acp_state.sweeper import run_sweeper
 
 from . import discovery, event_stream, history, metrics, permissions, sessions, web, workspaces
+from .auth import AuthMiddleware
 from .cache import StateCache
 from .locator import SessionLocator
 from .openapi import openapi_json
@@ -77,5 +78,5 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         routes=ROUTES,
         lifespan=lifespan,
         exception_handlers={ApiError: api_error_handler},
-        middleware=[Middleware(metrics.RequestMetrics)],
+        middleware=[Middleware(metrics.RequestMetrics), Middleware(AuthMiddleware, tokens=settings.tokens)],
     )

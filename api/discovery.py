@@ -5,6 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .auth import principal_of
 from .responses import MAX_BODY_BYTES, OrjsonResponse
 from .sessions import MAX_QUEUED_PROMPTS, _state
 
@@ -31,6 +32,7 @@ async def health(_: Request) -> Response:
 
 async def capabilities(request: Request) -> Response:
     state = _state(request)
+    principal = principal_of(request)
     return OrjsonResponse(
         {
             "v": 1,
@@ -43,6 +45,8 @@ async def capabilities(request: Request) -> Response:
                 "maxListPageSize": 100,
             },
             "polling": {"statusIntervalMs": 1000},
-            "workspaces": [{"workspaceId": ws, "cwd": cwd} for ws, cwd in state.workspaces.items()],
+            "workspaces": [
+                {"workspaceId": ws, "cwd": cwd} for ws, cwd in state.workspaces.items() if principal.may(ws)
+            ],
         }
     )

@@ -18,12 +18,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Send
 
-from acp_state import keys
+from acp_state import ids, keys
 from acp_state.clock import now_ms
 from acp_state.fanout import Subscription
 from acp_state.keys import F
 from acp_state.summary import live_summary
 
+from .auth import principal_of
 from .locator import not_found
 from .sessions import _state
 
@@ -67,7 +68,7 @@ async def stream_events(request: Request) -> Response:
     buffer_text = request.query_params.get("maxQueued", "256")
     buffer = min(2048, max(16, int(buffer_text))) if buffer_text.isdigit() else 256
 
-    ws = await state.locator.workspace_of(sid)
+    ws = await state.locator.workspace_of(sid, principal_of(request)) if ids.is_token(sid) else None
     if ws is None:
         raise not_found(sid)
     subscription = await state.fanout.subscribe(keys.events(ws, sid), buffer)

@@ -18,6 +18,7 @@ from acp_state import ids
 from acp_state.keys import F
 from acp_state.summary import live_summary
 
+from .auth import principal_of
 from .locator import not_found
 from .responses import ApiError, OrjsonResponse, json_body
 from .sessions import _state, client_id_header
@@ -61,7 +62,7 @@ async def transcript(request: Request) -> Response:
     sid = request.path_params["id"]
     limit = _page_size(request.query_params.get("limit"))
     cursor = _cursor(request.query_params.get("cursor"))
-    ws = await state.locator.workspace_of(sid) if ids.is_token(sid) else None
+    ws = await state.locator.workspace_of(sid, principal_of(request)) if ids.is_token(sid) else None
     if ws is None:
         raise not_found(sid)
     entries, row = await state.store.transcript_page(ws, sid, cursor, limit)
@@ -91,7 +92,7 @@ async def load(request: Request) -> Response:
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", "invalid_request")
     page_size = _page_size(body.get("historyPageSize"))
-    ref = await state.locator.live(sid)
+    ref = await state.locator.live(sid, principal_of(request))
     if not await state.store.attach(ref.ws, sid, ref.owner, client_id):
         raise not_found(sid)
     fields, page, log_envelopes = await state.store.load_snapshot(ref.ws, sid, page_size)

@@ -13,6 +13,7 @@ from acp_state.keys import F
 from acp_state.registry import WorkerRegistry
 from acp_state.store import Store
 
+from .auth import Principal
 from .cache import CachedSession, StateCache
 from .responses import ApiError
 
@@ -30,7 +31,12 @@ class SessionLocator:
         self.cache = cache
         self._workspaces: OrderedDict[str, str] = OrderedDict()
 
-    async def workspace_of(self, sid: str) -> str | None:
+    async def workspace_of(self, sid: str, principal: Principal) -> str | None:
+        """The session's workspace id, or None if unknown or outside the caller's scope."""
+        ws = await self._workspace_of(sid)
+        return ws if ws is not None and principal.may(ws) else None
+
+    async def _workspace_of(self, sid: str) -> str | None:
         ws = self._workspaces.get(sid)
         if ws is None:
             ws = await self.store.locate(sid)
@@ -44,7 +50,7 @@ class SessionLocator:
     def remember(self, sid: str, ws: str) -> None:
         self._workspaces[sid] = ws
 
-    async def live(self, sid: str) -> CachedSession:
+    async def live(self, sid: str, principal: Principal) -> CachedSession:
         """The live session, or a 404 (unknown id, closed, or its worker's lease lapsed).
 
         Served from the invalidation-driven cache when it holds the session: no round trip.
@@ -52,14 +58,14 @@ class SessionLocator:
         entry = self.cache.session(sid)
         if entry is None:
             entry = await self._read(sid)
-        if not await self.registry.is_live(entry.owner):
+        if not principal.may(entry.ws) or not await self.registry.is_live(entry.owner):
             raise not_found(sid)
         return entry
 
     async def _read(self, sid: str) -> CachedSession:
         if not ids.is_token(sid):
             raise not_found(sid)
-        ws = await self.workspace_of(sid)
+        ws = await self._workspace_of(sid)
         if ws is None:
             raise not_found(sid)
         token = self.cache.begin_read(sid)

@@ -7,6 +7,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .auth import principal_of
+from .responses import ApiError
 from .sessions import _state
 
 REQUESTS = Counter("acp_state_http_requests_total", "HTTP requests answered", ["route", "status"])
@@ -45,6 +47,8 @@ class RequestMetrics:
 
 
 async def metrics(request: Request) -> Response:
+    if principal_of(request).role != "admin":
+        raise ApiError(403, "metrics need an admin token", "forbidden")
     state = _state(request)
     live = await state.registry.live()
     reports = await state.store.worker_reports(live)

@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from acp_state import ids, votes
 
+from .auth import principal_of
 from .cache import CachedSession
 from .responses import ApiError, OrjsonResponse, json_body
 from .sessions import _state, client_id_header
@@ -55,7 +56,7 @@ async def vote_in_session(request: Request) -> Response:
     sid, rid = request.path_params["id"], request.path_params["requestId"]
     vote = _parse(await json_body(request))
     client_id = client_id_header(request)
-    ref = await state.locator.live(sid)
+    ref = await state.locator.live(sid, principal_of(request))
     if not ids.is_token(rid):
         raise ApiError(404, "No pending permission request for session", sessionId=sid, requestId=rid)
     return await _cast(request, sid, ref, rid, vote, client_id)
@@ -72,7 +73,7 @@ async def vote_legacy(request: Request) -> Response:
     ws, sid = where
     state.locator.remember(sid, ws)
     try:
-        ref = await state.locator.live(sid)
+        ref = await state.locator.live(sid, principal_of(request))
     except ApiError:
         raise ApiError(404, "No pending permission request", requestId=rid) from None
     return await _cast(request, sid, ref, rid, vote, client_id)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import secrets
 from typing import Any
 
 import orjson
@@ -15,6 +14,7 @@ from acp_state import ids
 from acp_state.ids import workspace_id
 from acp_state.summary import live_summary
 
+from .auth import principal_of
 from .responses import ApiError, OrjsonResponse, json_body, unavailable
 from .state import AppState
 
@@ -83,6 +83,8 @@ async def create_session(request: Request) -> Response:
         cwd = state.settings.workspaces[0]
     if not isinstance(cwd, str) or workspace_id(cwd) not in state.workspaces:
         raise ApiError(400, "cwd is not a workspace registered with this daemon", "workspace_mismatch", workspaceCwd=cwd)
+    if not principal_of(request).may(workspace_id(cwd)):
+        raise ApiError(404, "no such workspace", "workspace_not_found", workspaceCwd=cwd)
     scope = body.get("sessionScope", "single")
     if scope not in ("single", "thread"):
         raise ApiError(400, "sessionScope must be 'single' or 'thread'", "invalid_session_scope")
@@ -148,13 +150,6 @@ def _prompt_blocks(body: Any) -> tuple[list[dict[str, Any]], str]:
     return blocks, text
 
 
-def _is_channel_caller(request: Request) -> bool:
-    tokens = _state(request).settings.channel_tokens
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    return bool(tokens) and scheme.lower() == "bearer" and any(secrets.compare_digest(token, t) for t in tokens)
-
-
 def _turn_kind(request: Request, body: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """The prompt's `_meta` (the channel marker stripped from untrusted callers) and its kind.
 
@@ -166,7 +161,7 @@ def _turn_kind(request: Request, body: dict[str, Any]) -> tuple[dict[str, Any] |
     if kind not in TURN_KINDS:
         raise ApiError(400, f"turnKind must be one of {', '.join(TURN_KINDS)}", "invalid_turn_kind")
     if meta is not None and CHANNEL_PROMPT_META_KEY in meta:
-        if meta[CHANNEL_PROMPT_META_KEY] is True and _is_channel_caller(request):
+        if meta[CHANNEL_PROMPT_META_KEY] is True and principal_of(request).role == "channel":
             kind = "channel"
         else:
             del meta[CHANNEL_PROMPT_META_KEY]
@@ -180,7 +175,7 @@ async def prompt(request: Request) -> Response:
     body = await json_body(request)
     blocks, text = _prompt_blocks(body)
     meta, kind = _turn_kind(request, body)
-    ref = await state.locator.live(sid)
+    ref = await state.locator.live(sid, principal_of(request))
     prompt_id = ids.new_id()
     command = {
         "t": "prompt",
@@ -206,7 +201,7 @@ async def cancel(request: Request) -> Response:
     state = _state(request)
     sid = request.path_params["id"]
     client_id_header(request)
-    ref = await state.locator.live(sid)
+    ref = await state.locator.live(sid, principal_of(request))
     admission = await state.store.send(ref.ws, sid, ref.owner, {"t": "cancel", "sid": sid})
     if admission.status != "ok":
         raise ApiError(404, f'No session with id "{sid}"', "session_not_found", sessionId=sid)
@@ -217,7 +212,7 @@ async def close(request: Request) -> Response:
     state = _state(request)
     sid = request.path_params["id"]
     client_id_header(request)
-    ref = await state.locator.live(sid)
+    ref = await state.locator.live(sid, principal_of(request))
     request_id = ids.new_id()
     command = {"t": "close", "sid": sid, "req": request_id, "reason": "closed_by_client"}
     admission = await state.store.send(ref.ws, sid, ref.owner, command)
@@ -233,7 +228,7 @@ async def close(request: Request) -> Response:
 
 async def status(request: Request) -> Response:
     """One HGETALL on a cache miss; none while the cached state is current."""
-    ref = await _state(request).locator.live(request.path_params["id"])
+    ref = await _state(request).locator.live(request.path_params["id"], principal_of(request))
     if ref.status_body is None:
         ref.status_body = orjson.dumps(live_summary(ref.fields))
     return Response(ref.status_body, media_type="application/json")

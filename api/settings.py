@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from acp_state.ids import workspace_id
 
+from .auth import Token
+
 
 @dataclass
 class Settings:
@@ -17,7 +19,7 @@ class Settings:
     create_timeout_s: float = 60.0
     close_timeout_s: float = 15.0
     sweep_interval_s: float = 5.0
-    channel_tokens: list[str] = field(default_factory=list)
+    tokens: list[Token] = field(default_factory=list)
     sse_send_timeout_s: float = 10.0
 
     def workspace_cwds(self) -> dict[str, str]:

@@ -12,6 +12,7 @@ from acp_state import ids
 from acp_state.keys import F
 from acp_state.summary import live_summary, merged_row, persisted_row
 
+from .auth import principal_of
 from .cache import CachedPage
 from .responses import ApiError, OrjsonResponse
 from .sessions import _state
@@ -38,7 +39,7 @@ def decode_cursor(cursor: str) -> int:
 async def list_sessions(request: Request) -> Response:
     state = _state(request)
     ws = request.path_params["id"]
-    if not ids.is_workspace_id(ws) or ws not in state.workspaces:
+    if not ids.is_workspace_id(ws) or ws not in state.workspaces or not principal_of(request).may(ws):
         raise ApiError(404, f'No workspace with id "{ws}"', "workspace_not_found", workspaceId=ws)
     query = request.query_params
     size_text = query.get("size", str(DEFAULT_SIZE))

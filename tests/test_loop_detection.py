@@ -124,7 +124,8 @@ async def test_cancel_wins_when_it_races_the_loop_stop(harness: Harness, workspa
 
 async def test_non_interactive_turns_end_end_turn(harness: Harness, workspace: str) -> None:
     await harness.worker()
-    api = await harness.api("--channel-token", "channel-secret")
+    api = await harness.api("--token", "user-secret-0123456789", "--channel-token", "channel-secret-0123456789")
+    api.client.headers["Authorization"] = "Bearer user-secret-0123456789"
     sid = (await create(api, workspace))["sessionId"]
     sse = await SseClient(api, sid).start()
     channel_meta = {"_meta": {"qwen.channel.prompt": True}}
@@ -132,10 +133,9 @@ async def test_non_interactive_turns_end_end_turn(harness: Harness, workspace: s
         ({"turnKind": "cron"}, None, "turn_complete"),
         ({"turnKind": "notification"}, None, "turn_complete"),
         ({"turnKind": "goal"}, None, "turn_complete"),
-        (channel_meta, {"Authorization": "Bearer channel-secret"}, "turn_complete"),
-        # The same marker from anyone else is stripped: an interactive prompt, rejected.
+        (channel_meta, {"Authorization": "Bearer channel-secret-0123456789"}, "turn_complete"),
+        # The same marker from a user token is stripped: an interactive prompt, rejected.
         (channel_meta, None, "turn_error"),
-        (channel_meta, {"Authorization": "Bearer guess"}, "turn_error"),
         # Delivery meta schedules delivery but never opts a turn out.
         ({"_meta": {"qwen.daemon.channelDelivery": {"kind": "channel"}}}, None, "turn_error"),
     ]

@@ -1,0 +1,110 @@
+"""Who is calling: bearer tokens with a role and an optional workspace scope.
+
+A loopback bind may run tokenless, as the reference does (every caller is then trusted);
+any other bind refuses to start without a token. A scoped token sees nothing of another
+workspace: such sessions answer 404, exactly like sessions that do not exist.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from acp_state.ids import workspace_id
+
+from .responses import OrjsonResponse
+
+ROLES = ("user", "channel", "admin")
+OPEN_PATHS = ("/health",)
+
+
+@dataclass(frozen=True)
+class Principal:
+    role: str
+    workspaces: frozenset[str] | None = None  # workspace ids; None = every workspace
+
+    def may(self, ws: str) -> bool:
+        return self.workspaces is None or ws in self.workspaces
+
+
+TRUSTED_LOOPBACK = Principal("admin")
+
+
+@dataclass(frozen=True)
+class Token:
+    secret: str
+    role: str = "user"
+    workspace: str | None = None  # a workspace cwd
+
+    @classmethod
+    def parse(cls, spec: str) -> Token:
+        """`SECRET[,role=user|channel|admin][,workspace=/abs/path]`."""
+        secret, *options = spec.split(",")
+        fields: dict[str, str] = {}
+        for option in options:
+            name, _, value = option.partition("=")
+            if name not in ("role", "workspace") or not value:
+                raise ValueError(f"unknown token option {option!r}")
+            fields[name] = value
+        if len(secret) < 16:
+            raise ValueError("a token needs at least 16 characters")
+        role = fields.get("role", "user")
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}")
+        return cls(secret, role, fields.get("workspace"))
+
+    def principal(self) -> Principal:
+        scope = None if self.workspace is None else frozenset({workspace_id(self.workspace)})
+        return Principal(self.role, scope)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class AuthMiddleware:
+    """Resolves the bearer token to a Principal in `request.state.principal`, or answers 401."""
+
+    def __init__(self, app: ASGIApp, tokens: list[Token]) -> None:
+        self.app = app
+        self.tokens = [(t.secret.encode(), t.principal()) for t in tokens]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        principal = TRUSTED_LOOPBACK if not self.tokens else self._match(scope)
+        if principal is None and scope["path"] not in OPEN_PATHS:
+            response = OrjsonResponse(
+                {"error": "a valid bearer token is required", "code": "unauthorized"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+            await response(scope, receive, send)
+            return
+        scope.setdefault("state", {})["principal"] = principal or Principal("user", frozenset())
+        await self.app(scope, receive, send)
+
+    def _match(self, scope: Scope) -> Principal | None:
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, presented = header.partition(b" ")
+        if scheme.lower() != b"bearer" or not presented:
+            return None
+        found = None
+        for secret, principal in self.tokens:  # compare with every token: no timing oracle
+            if secrets.compare_digest(presented, secret):
+                found = principal
+        return found
+
+
+def principal_of(request: Request) -> Principal:
+    return request.state.principal
