@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from typing import AsyncIterator
 
+from redis import exceptions as redis_errors
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
@@ -22,7 +23,7 @@ from .auth import AuthMiddleware
 from .cache import StateCache
 from .locator import SessionLocator
 from .openapi import openapi_json
-from .responses import ApiError, api_error_handler
+from .responses import ApiError, api_error_handler, store_unavailable_handler
 from .settings import Settings
 from .state import AppState
 
@@ -77,6 +78,10 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
     return Starlette(
         routes=ROUTES,
         lifespan=lifespan,
-        exception_handlers={ApiError: api_error_handler},
+        exception_handlers={
+            ApiError: api_error_handler,
+            redis_errors.ConnectionError: store_unavailable_handler,
+            redis_errors.TimeoutError: store_unavailable_handler,
+        },
         middleware=[Middleware(metrics.RequestMetrics), Middleware(AuthMiddleware, tokens=settings.tokens)],
     )

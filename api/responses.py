@@ -41,6 +41,12 @@ async def api_error_handler(_: Request, error: Exception) -> Response:
     return OrjsonResponse(error.body, status_code=error.status, headers=error.headers)
 
 
+async def store_unavailable_handler(_: Request, error: Exception) -> Response:
+    """Redis is unreachable: nothing was taken, say so and when to try again (never a drop)."""
+    body = {"error": "the state store is unavailable; retry shortly", "code": "store_unavailable", "retryAfterMs": 1000}
+    return OrjsonResponse(body, status_code=503, headers={"Retry-After": "1"})
+
+
 async def json_body(request: Request, *, required: bool = True) -> Any:
     """The request's JSON body, size-capped; 400/413 with a reason otherwise."""
     declared = request.headers.get("content-length")

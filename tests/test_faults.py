@@ -1,0 +1,95 @@
+"""Faults injected with real processes: Redis restarting empty while workers hold sessions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tests.conftest import RedisServer, free_port
+from tests.harness import Harness, SseClient
+from tests.test_runtime_status import create, prompt
+
+LEASE_MS = 1200
+
+
+@pytest.fixture
+async def own_redis():
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_redis_restart_with_data_loss(own_redis: RedisServer, workspace: str) -> None:
+    harness = Harness(own_redis.url, workspace, free_port)
+    try:
+        await harness.worker("--lease-ms", str(LEASE_MS))
+        api = await harness.api()
+        sid = (await create(api, workspace))["sessionId"]
+        idle = (await create(api, workspace))["sessionId"]
+        waiting = await prompt(api, sid, "#permission")
+        sse = await SseClient(api, sid).start()
+        request = await sse.wait_for(lambda f: f["event"] == "permission_request")
+        epoch_before = waiting["eventEpoch"]
+
+        own_redis.process.kill()  # no persistence: everything Redis held is gone
+        own_redis.process.wait()
+        down = await api.client.post(f"/session/{idle}/prompt", json={"prompt": [{"type": "text", "text": "x"}]})
+        assert down.status_code == 503 and down.headers["Retry-After"] == "1"
+        assert down.json()["code"] == "store_unavailable"
+        rid = request["data"]["data"]["requestId"]
+        vote = await api.client.post(
+            f"/session/{sid}/permission/{rid}", json={"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
+        )
+        assert vote.status_code == 503
+
+        restarted = RedisServer()
+        restarted.port, restarted.dir = own_redis.port, own_redis.dir
+        restarted.start()
+        own_redis.process = restarted.process
+        came_back = time.monotonic()
+        # The workers rewrite what they hold from memory: status, pending interaction included.
+        while True:
+            status = await api.client.get(f"/session/{sid}/status")
+            if status.status_code == 200 and status.json()["isWaitingForPermission"]:
+                break
+            assert time.monotonic() - came_back < 2 * LEASE_MS / 1000 + 2, "not rewritten within two heartbeats"
+            await asyncio.sleep(0.05)
+        assert (await api.client.get(f"/session/{idle}/status")).status_code == 200
+        # The event history is gone, and the epoch says so.
+        again = await prompt(api, idle, "hello")
+        assert again["eventEpoch"] != epoch_before
+        # The agent still waits for its vote; the rewritten request takes it.
+        vote = await api.client.post(
+            f"/session/{sid}/permission/{rid}", json={"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
+        )
+        assert vote.status_code == 200, vote.text
+        fresh = await SseClient(api, sid, last_event_id=0).start()
+        done = await fresh.wait_for(lambda f: f["event"] == "turn_complete", timeout=20)
+        assert done["data"]["data"]["stopReason"] == "end_turn"
+        await sse.close()
+        await fresh.close()
+    finally:
+        await harness.stop_all()
+
+
+async def test_dropped_pubsub_connection_is_re_established_and_gaps_filled(harness: Harness, redis_client, workspace: str) -> None:
+    await harness.worker()
+    api = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+    sse = await SseClient(api, sid).start()
+    await sse.wait_for(lambda f: f["event"] == "session_snapshot")
+    first = await prompt(api, sid, "#burst 5")
+    await sse.wait_for(lambda f: f["event"] == "turn_complete" and f["data"].get("promptId") == first["promptId"])
+
+    killed = await redis_client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+    assert killed >= 1
+    second = await prompt(api, sid, "#burst 50")  # published while the API may be reconnecting
+    await sse.wait_for(
+        lambda f: f["event"] == "turn_complete" and f["data"].get("promptId") == second["promptId"], timeout=20
+    )
+    ids = [f["id"] for f in sse.events()]
+    assert ids == list(range(ids[0], ids[-1] + 1)), "nothing lost, nothing twice"
+    await sse.close()
