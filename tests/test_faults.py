@@ -93,3 +93,51 @@ async def test_dropped_pubsub_connection_is_re_established_and_gaps_filled(harne
     ids = [f["id"] for f in sse.events()]
     assert ids == list(range(ids[0], ids[-1] + 1)), "nothing lost, nothing twice"
     await sse.close()
+
+
+async def test_kill9_of_a_worker_hosting_1000_sessions(harness: Harness, redis_client, workspace: str) -> None:
+    from acp_state import keys
+    from acp_state.clock import now_ms
+    from acp_state.ids import workspace_id
+
+    events = await harness.events()
+    victim = await harness.worker("--lease-ms", str(LEASE_MS), "--max-sessions", "1000")
+    api = await harness.api()
+    semaphore = asyncio.Semaphore(16)
+
+    async def one() -> str:
+        async with semaphore:
+            return (await create(api, workspace))["sessionId"]
+
+    sids = await asyncio.gather(*(one() for _ in range(1000)))
+    watched = [await SseClient(api, sid).start() for sid in sids[:10]]
+    survivor = await harness.worker("--lease-ms", str(LEASE_MS))
+
+    killed_at = now_ms()
+    await victim.kill9()
+    deadline = int(await redis_client.zscore(keys.WORKERS, victim.incarnation))
+    await asyncio.sleep(max(0, deadline - now_ms()) / 1000 + 0.01)
+    ws = workspace_id(workspace)
+    for sid in sids[:50]:
+        assert (await api.client.get(f"/session/{sid}/status")).status_code == 404
+    page = (await api.client.get(f"/workspace/{ws}/sessions?size=100")).json()["sessions"]
+    assert len(page) == 100 and all("pendingInteractions" not in row for row in page)
+    hidden_at = now_ms()
+
+    for client in watched:
+        died = await client.wait_for(lambda f: f["event"] == "session_died", timeout=30)
+        assert died["data"]["data"]["reason"] == "worker_lost"
+    await events.wait_for(lambda e: sum(1 for x in events.events if x["type"] == "session_died") >= 1000, timeout=60)
+    swept_at = now_ms()
+    assert sorted({e["data"]["sessionId"] for e in events.events if e["type"] == "session_died"}) == sorted(sids)
+    assert [k async for k in redis_client.scan_iter(match=f"*{victim.incarnation}*")] == []
+    assert await redis_client.scard(keys.live(ws)) == 0
+    assert not [k async for k in redis_client.scan_iter(match=f"acp:{{{ws}}}:s:*")]
+    fresh = (await create(api, workspace))["sessionId"]
+    assert await redis_client.hget(keys.session(ws, fresh), "inc") == survivor.incarnation
+    print(
+        f"\nkill -9 with 1000 sessions: lease {LEASE_MS} ms; hidden from readers {hidden_at - killed_at} ms "
+        f"after the kill; all session_died and keys swept {swept_at - killed_at} ms after the kill"
+    )
+    for client in watched:
+        await client.close()

@@ -174,9 +174,11 @@ class Worker:
         kind = command.get("t")
         COMMANDS.labels(str(kind)).inc()
         if kind == "create":
-            self._creating += 1
-            ws = command["ws"]
-            self._cursors.setdefault(keys.inbox(ws, self.incarnation), "0")
+            if len(self.sessions) + self._creating >= self.config.max_sessions:
+                asyncio.ensure_future(self.store.reply(command["req"], {"ok": False, "code": "worker_full"}))
+                return
+            self._creating += 1  # capacity is reserved now, before the agent starts
+            self._cursors.setdefault(keys.inbox(command["ws"], self.incarnation), "0")
             asyncio.ensure_future(self._create(command))
             return
         session = self.sessions.get(command.get("sid", ""))
@@ -257,9 +259,6 @@ class Worker:
     async def _create(self, command: dict[str, Any]) -> None:
         ws, sid, cwd = command["ws"], command["sid"], command["cwd"]
         try:
-            if len(self.sessions) + self._creating > self.config.max_sessions:
-                await self.store.reply(command["req"], {"ok": False, "code": "worker_full"})
-                return
             agent = await self._agent_for(cwd, sid)
             agent_sid = await agent.new_session(cwd)
             session = LiveSession(
