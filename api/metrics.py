@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
@@ -26,6 +28,7 @@ class RequestMetrics:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._counters: dict[tuple[str, int], Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -42,8 +45,11 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, record)
         finally:
-            endpoint = scope.get("endpoint")
-            REQUESTS.labels(getattr(endpoint, "__name__", "unmatched"), str(status)).inc()
+            key = (getattr(scope.get("endpoint"), "__name__", "unmatched"), status)
+            counter = self._counters.get(key)
+            if counter is None:  # label lookups take a lock: resolve each pair once
+                counter = self._counters[key] = REQUESTS.labels(key[0], str(status))
+            counter.inc()
 
 
 async def metrics(request: Request) -> Response:
