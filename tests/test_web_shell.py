@@ -72,8 +72,12 @@ OpenPage = Callable[..., Awaitable[Page]]
 
 
 @pytest.fixture
-async def open_page(browser: Browser) -> AsyncIterator[OpenPage]:
-    """Open the shell of `api` in a fresh browser context (own storage) with `locale`."""
+async def open_page(browser: Browser, tmp_path: Path) -> AsyncIterator[OpenPage]:
+    """Open the shell of `api` in a fresh browser context (own storage) with `locale`.
+
+    Each page's last state is saved as `page-<n>.png` in the test's tmp_path, next to the
+    worker and API logs, so a failure can be looked at afterwards.
+    """
     contexts = []
 
     async def opener(api: ApiProcess, locale: str = "en-US", path: str = "/") -> Page:
@@ -87,7 +91,12 @@ async def open_page(browser: Browser) -> AsyncIterator[OpenPage]:
         return page
 
     yield opener
-    for context in contexts:
+    for n, context in enumerate(contexts):
+        for page in context.pages:
+            try:
+                await page.screenshot(path=str(tmp_path / f"page-{n}.png"), full_page=True, timeout=5000)
+            except Exception:  # noqa: BLE001 - a diagnostic only
+                pass
         await context.close()
 
 

@@ -73,6 +73,11 @@ function lookup(key) {
   return undefined;
 }
 
+/** Whether a catalogue has `key` (for values that come from the agent, like a tool status). */
+export function hasMessage(key) {
+  return lookup(key) !== undefined;
+}
+
 /**
  * The message for `key` in the current language with `{name}` placeholders filled.
  * With a numeric `params.count`, the plural form `key.one` / `key.other` is chosen.

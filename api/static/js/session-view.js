@@ -9,7 +9,7 @@
 
 import { api } from "./api.js";
 import { h, pretty, replaceChildren, uid } from "./dom.js";
-import { language, onLanguageChange, t } from "./i18n.js";
+import { hasMessage, language, onLanguageChange, t } from "./i18n.js";
 import { sessionStatus, statusBadge } from "./status.js";
 import { Transcript, toolOutput } from "./transcript.js";
 
@@ -526,28 +526,41 @@ class SessionView {
 
   renderTool(item) {
     const override = this.toolOpen.get(item.key);
-    const defaultOpen = !item.collapsedByError && ["pending", "in_progress", "failed"].includes(item.status);
+    // Collapsed unless it failed (a pending call's input is on its permission card), and
+    // collapsed once a turn error follows: the error explains the turn.
+    const defaultOpen = !item.collapsedByError && item.status === "failed";
     const usable = override && (!item.collapsedByError || override.afterError);
     const open = usable ? override.open : defaultOpen;
     const output = toolOutput(item.content);
+    const hasBody = item.input !== undefined || Boolean(output);
     const details = h(
       "details",
-      { class: `tool tool-${item.status}`, dataset: { toolCallId: item.toolCallId, status: item.status }, open },
+      {
+        class: `tool tool-${item.status}${hasBody ? "" : " tool-empty"}`,
+        dataset: { toolCallId: item.toolCallId, status: item.status },
+        open: open && hasBody,
+      },
       h(
         "summary",
         { class: "tool-summary" },
-        h("span", { class: `tool-status tool-status-${item.status}` }, t(`tool.status.${item.status}`)),
+        h(
+          "span",
+          { class: `tool-status tool-status-${item.status}` },
+          hasMessage(`tool.status.${item.status}`) ? t(`tool.status.${item.status}`) : item.status,
+        ),
         h("span", { class: "tool-title" }, item.title || t("tool.untitled")),
         item.toolKind ? h("span", { class: "tool-kind" }, t("tool.kind", { kind: item.toolKind })) : null,
       ),
-      h(
-        "div",
-        { class: "tool-body" },
-        item.input !== undefined
-          ? h("div", { class: "tool-section" }, h("h3", {}, t("tool.input")), h("pre", {}, pretty(item.input)))
-          : null,
-        output ? h("div", { class: "tool-section" }, h("h3", {}, t("tool.output")), h("pre", {}, output)) : null,
-      ),
+      hasBody
+        ? h(
+            "div",
+            { class: "tool-body" },
+            item.input !== undefined
+              ? h("div", { class: "tool-section" }, h("h3", {}, t("tool.input")), h("pre", {}, pretty(item.input)))
+              : null,
+            output ? h("div", { class: "tool-section" }, h("h3", {}, t("tool.output")), h("pre", {}, output)) : null,
+          )
+        : null,
     );
     details.addEventListener("toggle", () => {
       if (details.open === defaultOpen && !this.toolOpen.has(item.key)) return; // our own initial state

@@ -11,7 +11,7 @@ const ICONS = {
   needsAnswer: "?",
   running: "▸",
   failed: "×",
-  idle: "·",
+  idle: "•",
   ended: "–",
 };
 
