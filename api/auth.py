@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import secrets
 from dataclasses import dataclass
+from urllib.parse import unquote_to_bytes
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -19,7 +20,9 @@ from acp_state.ids import workspace_id
 from .responses import OrjsonResponse
 
 ROLES = ("user", "channel", "admin")
-OPEN_PATHS = ("/health",)
+# Served to anyone: the probe and the Web Shell's files (the page asks for a token itself).
+OPEN_PATHS = ("/health", "/")
+OPEN_PREFIXES = ("/static/",)
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,8 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         principal = TRUSTED_LOOPBACK if not self.tokens else self._match(scope)
-        if principal is None and scope["path"] not in OPEN_PATHS:
+        path = scope["path"]
+        if principal is None and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES):
             response = OrjsonResponse(
                 {"error": "a valid bearer token is required", "code": "unauthorized"},
                 status_code=401,
@@ -97,13 +101,26 @@ class AuthMiddleware:
     def _match(self, scope: Scope) -> Principal | None:
         header = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, presented = header.partition(b" ")
-        if scheme.lower() != b"bearer" or not presented:
+        if scheme.lower() != b"bearer":
+            presented = _query_token(scope)
+        if not presented:
             return None
         found = None
         for secret, principal in self.tokens:  # compare with every token: no timing oracle
             if secrets.compare_digest(presented, secret):
                 found = principal
         return found
+
+
+def _query_token(scope: Scope) -> bytes:
+    """`?access_token=` on the event stream only: a browser's EventSource cannot send headers."""
+    if scope["method"] != "GET" or not scope["path"].endswith("/events"):
+        return b""
+    for pair in scope.get("query_string", b"").split(b"&"):
+        name, _, value = pair.partition(b"=")
+        if name == b"access_token":
+            return unquote_to_bytes(value)
+    return b""
 
 
 def principal_of(request: Request) -> Principal:

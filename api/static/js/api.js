@@ -1,7 +1,31 @@
 // A small client for the daemon routes. URLs are relative to the page, so the shell works
 // behind a path prefix and against any API process of a deployment.
 
+import { t } from "./i18n.js";
+
 const CLIENT_ID_KEY = "acp-shell.clientId";
+const TOKEN_KEY = "acp-shell.token";
+
+/** The bearer token this browser uses, when the daemon requires one. */
+function token() {
+  try {
+    return localStorage.getItem(TOKEN_KEY) || "";
+  } catch {
+    return "";
+  }
+}
+
+/** Ask once for a token after a 401; returns whether a new one was given. */
+function askForToken() {
+  const given = typeof window.prompt === "function" ? window.prompt(t("auth.prompt")) : null;
+  if (!given) return false;
+  try {
+    localStorage.setItem(TOKEN_KEY, given.trim());
+  } catch {
+    return false;
+  }
+  return true;
+}
 
 /** A non-2xx answer: `status`, the daemon's `code`, and its message. */
 export class ApiError extends Error {
@@ -33,8 +57,9 @@ export function clientId() {
   return id;
 }
 
-async function request(method, path, body) {
+async function request(method, path, body, retried = false) {
   const headers = { "X-Qwen-Client-Id": clientId() };
+  if (token()) headers.Authorization = `Bearer ${token()}`;
   const init = { method, headers };
   if (body !== undefined) {
     headers["Content-Type"] = "application/json";
@@ -53,6 +78,7 @@ async function request(method, path, body) {
   } catch {
     data = null;
   }
+  if (response.status === 401 && !retried && askForToken()) return request(method, path, body, true);
   if (!response.ok) throw new ApiError(response.status, data, text.slice(0, 200));
   return data;
 }
@@ -71,6 +97,13 @@ export const api = {
   cancel: (sid) => request("POST", `session/${seg(sid)}/cancel`, {}),
   vote: (sid, requestId, body) => request("POST", `session/${seg(sid)}/permission/${seg(requestId)}`, body),
   /** The SSE URL; `eventEpoch` lets the server say when a resumed id is from an older epoch. */
-  eventsUrl: (sid, eventEpoch) =>
-    `session/${seg(sid)}/events` + (eventEpoch ? `?eventEpoch=${seg(eventEpoch)}` : ""),
+  // EventSource cannot send headers: the token rides in `access_token`, which only this
+  // route accepts.
+  eventsUrl: (sid, eventEpoch) => {
+    const query = new URLSearchParams();
+    if (eventEpoch) query.set("eventEpoch", eventEpoch);
+    if (token()) query.set("access_token", token());
+    const text = query.toString();
+    return `session/${seg(sid)}/events` + (text ? `?${text}` : "");
+  },
 };

@@ -2,6 +2,7 @@
 // Plural forms use the suffixes of Intl.PluralRules (".one", ".other").
 export default {
   "app.title": "Web Shell · acp-state",
+  "auth.prompt": "This daemon needs an access token. Paste your token:",
   "app.brand": "acp-state",
   "app.product": "Web Shell",
   "lang.label": "Language",

@@ -1,5 +1,6 @@
 // 简体中文目录。缺少的键会回退到英文。
 export default {
+  "auth.prompt": "此守护进程需要访问令牌。请粘贴你的令牌：",
   "app.title": "Web Shell · acp-state",
   "app.brand": "acp-state",
   "app.product": "Web Shell",
