@@ -4,53 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from tests.redis_server import RedisServer as _RedisServer
+from tests.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
+class RedisServer(_RedisServer):
     """redis-server on a free loopback port, no persistence; never the shared 6379."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="acp-bench-redis-")
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise SystemExit("redis-server is not installed")
-        self.process = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        super().__init__()
+        self.start()
 
 
 class AcpProcess:

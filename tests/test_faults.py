@@ -45,9 +45,7 @@ async def test_redis_restart_with_data_loss(own_redis: RedisServer, workspace: s
         )
         assert vote.status_code == 503
 
-        restarted = RedisServer()
-        restarted.port, restarted.dir = own_redis.port, own_redis.dir
-        restarted.start()
+        restarted = RedisServer(port=own_redis.port, folder=own_redis.dir).start()
         own_redis.process = restarted.process
         came_back = time.monotonic()
         # The workers rewrite what they hold from memory: status, pending interaction included.

@@ -623,6 +623,20 @@ class SessionView {
     if (added && stick) scrollToEnd(); // a new question for the user: bring it into view
   }
 
+  /** One button per offered option: selecting it votes for that option. */
+  optionButton(card, interaction, option) {
+    return h(
+      "button",
+      {
+        type: "button",
+        class: `btn ${optionClass(option)}`,
+        dataset: { optionId: option.optionId },
+        onClick: () => this.vote(card, interaction.requestId, { outcome: { outcome: "selected", optionId: option.optionId } }),
+      },
+      option.label || option.optionId,
+    );
+  }
+
   renderPermission(interaction) {
     const action = interaction.action || {};
     const titleId = uid("perm");
@@ -632,19 +646,7 @@ class SessionView {
       "aria-labelledby": titleId,
     });
     const options = Array.isArray(interaction.options) ? interaction.options : [];
-    const buttons = options.map((option) =>
-      h(
-        "button",
-        {
-          type: "button",
-          class: `btn ${optionClass(option)}`,
-          dataset: { optionId: option.optionId },
-          onClick: () =>
-            this.vote(card, interaction.requestId, { outcome: { outcome: "selected", optionId: option.optionId } }),
-        },
-        option.label || option.optionId,
-      ),
-    );
+    const buttons = options.map((option) => this.optionButton(card, interaction, option));
     const details = [];
     if (action.type) details.push(h("dt", {}, t("permission.kind")), h("dd", {}, h("code", {}, action.type)));
     replaceChildren(
@@ -702,19 +704,7 @@ class SessionView {
         submit
           ? h("button", { type: "submit", class: "btn btn-primary", dataset: { optionId: submit.optionId } }, submit.label || t("question.submit"))
           : null,
-        others.map((option) =>
-          h(
-            "button",
-            {
-              type: "button",
-              class: `btn ${optionClass(option)}`,
-              dataset: { optionId: option.optionId },
-              onClick: () =>
-                this.vote(card, interaction.requestId, { outcome: { outcome: "selected", optionId: option.optionId } }),
-            },
-            option.label || option.optionId,
-          ),
-        ),
+        others.map((option) => this.optionButton(card, interaction, option)),
         h("span", { class: "card-status", role: "status" }),
       ),
       h("p", { class: "card-error", role: "alert", hidden: true }),
