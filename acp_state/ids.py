@@ -25,16 +25,16 @@ def new_id() -> str:
 
 
 def is_session_id(value: object) -> bool:
-    return isinstance(value, str) and bool(_SESSION_ID.match(value))
+    return isinstance(value, str) and bool(_SESSION_ID.fullmatch(value))
 
 
 def is_token(value: object) -> bool:
     """True for a client id or request id the reference would accept."""
-    return isinstance(value, str) and bool(_TOKEN.match(value))
+    return isinstance(value, str) and bool(_TOKEN.fullmatch(value))
 
 
 def is_workspace_id(value: object) -> bool:
-    return isinstance(value, str) and bool(_WORKSPACE_ID.match(value))
+    return isinstance(value, str) and bool(_WORKSPACE_ID.fullmatch(value))
 
 
 def workspace_id(cwd: str) -> str:

@@ -26,6 +26,7 @@ from acp_state.summary import live_summary
 
 from .auth import principal_of
 from .locator import not_found
+from .responses import parse_decimal
 from .sessions import _state
 
 log = logging.getLogger("api.events")
@@ -38,10 +39,7 @@ ENDING_TYPES = ("session_closed", "session_died")
 
 def parse_last_event_id(value: str | None) -> int | None:
     """Decimal digits only and at most 2^53-1; anything else is ignored (a fresh stream)."""
-    if value is None or not value.isascii() or not value.isdigit():
-        return None
-    number = int(value)
-    return number if number <= MAX_SAFE_INTEGER else None
+    return parse_decimal(value, MAX_SAFE_INTEGER)
 
 
 def frame(event_type: str, data: str, event_id: int | None = None) -> bytes:
@@ -65,8 +63,8 @@ async def stream_events(request: Request) -> Response:
     sid = request.path_params["id"]
     last_id = parse_last_event_id(request.headers.get("last-event-id"))
     epoch_hint = request.query_params.get("eventEpoch")
-    buffer_text = request.query_params.get("maxQueued", "256")
-    buffer = min(2048, max(16, int(buffer_text))) if buffer_text.isdigit() else 256
+    queued = parse_decimal(request.query_params.get("maxQueued"), MAX_SAFE_INTEGER)
+    buffer = min(2048, max(16, queued)) if queued is not None else 256
 
     ws = await state.locator.workspace_of(sid, principal_of(request)) if ids.is_token(sid) else None
     if ws is None:

@@ -20,7 +20,7 @@ from acp_state.summary import live_summary
 
 from .auth import principal_of
 from .locator import not_found
-from .responses import ApiError, OrjsonResponse, json_body
+from .responses import ApiError, OrjsonResponse, json_body, parse_decimal
 from .sessions import _state, client_id_header
 
 DEFAULT_PAGE = 100
@@ -32,8 +32,8 @@ MAX_STREAM_PART = 2**64 - 1
 def _page_size(value: Any, default: int = DEFAULT_PAGE) -> int:
     if value is None:
         return default
-    if isinstance(value, str) and value.isdigit():
-        value = int(value)
+    if isinstance(value, str):
+        value = parse_decimal(value, MAX_PAGE)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PAGE:
         raise ApiError(400, f"page size must be an integer from 1 to {MAX_PAGE}", "invalid_limit")
     return value

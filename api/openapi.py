@@ -124,8 +124,16 @@ def json_body(schema: Schema, required: bool = True) -> Schema:
     return {"required": required, "content": {"application/json": {"schema": schema}}}
 
 
+UNAUTHORIZED = error("A bearer token is required (any bind but a tokenless loopback one) and was missing or wrong.")
+STORE_DOWN = "Redis is unreachable (`store_unavailable`): nothing was taken, retry after `Retry-After`."
+
+
 def operation(operation_id: str, tag: str, summary: str, responses: Schema, *, parameters: list[Schema] | None = None,
-              body: Schema | None = None, description: str | None = None) -> Schema:
+              body: Schema | None = None, description: str | None = None, store: bool = True,
+              auth: bool = True) -> Schema:
+    """One operation. Any may answer the HTTP server's plain-text 400 for a malformed request
+    (say a NUL byte in a header); one behind the token check (`auth`) may answer 401, one
+    that reads Redis (`store`) 503."""
     op: Schema = {"operationId": operation_id, "tags": [tag], "summary": summary}
     if description:
         op["description"] = description
@@ -133,7 +141,14 @@ def operation(operation_id: str, tag: str, summary: str, responses: Schema, *, p
         op["parameters"] = parameters
     if body is not None:
         op["requestBody"] = body
-    op["responses"] = responses
+    op["responses"] = {**responses, "401": UNAUTHORIZED} if auth else dict(responses)
+    bad = op["responses"].get("400", {"description": "The HTTP server rejected a malformed request.", "content": {}})
+    op["responses"]["400"] = {**bad, "content": {**bad["content"], "text/plain": {"schema": string()}}}
+    if not auth:
+        op["security"] = [{}]
+    if store:
+        busy = responses.get("503", {}).get("description")
+        op["responses"]["503"] = error(f"{busy} Or: {STORE_DOWN}" if busy else STORE_DOWN, RETRY_AFTER)
     return op
 
 
@@ -292,10 +307,15 @@ BAD_CLIENT = error("`X-Qwen-Client-Id` is malformed (`invalid_client_id`).")
 def paths() -> Schema:
     return {
         "/openapi.json": {
-            "get": operation("getOpenApi", "Discovery", "This document", {"200": json_response("OpenAPI 3.1", obj())})
+            "get": operation(
+                "getOpenApi", "Discovery", "This document", {"200": json_response("OpenAPI 3.1", obj())}, store=False
+            )
         },
         "/health": {
-            "get": operation("getHealth", "Discovery", "Liveness probe", {"200": json_response("Up.", ref("Health"))})
+            "get": operation(
+                "getHealth", "Discovery", "Liveness probe (open even where tokens are required)",
+                {"200": json_response("Up.", ref("Health"))}, store=False, auth=False,
+            )
         },
         "/metrics": {
             "get": operation(
@@ -306,7 +326,8 @@ def paths() -> Schema:
         "/capabilities": {
             "get": operation(
                 "getCapabilities", "Discovery", "Features, limits and registered workspaces",
-                {"200": json_response("What this API serves.", ref("Capabilities"))},
+                {"200": json_response("What this API serves (workspaces: those the caller's token may see).", ref("Capabilities"))},
+                store=False,
             )
         },
         "/session": {
@@ -316,6 +337,7 @@ def paths() -> Schema:
                     "200": json_response("Created (`attached: false`) or attached (`attached: true`).", ref("Session")),
                     **TOO_LARGE,
                     "400": error("Bad body, header, workspace (`workspace_mismatch`), scope or session id."),
+                    "404": error("The caller's token is scoped to another workspace (`workspace_not_found`)."),
                     "409": error("A live session already has the requested `sessionId` (`session_exists`)."),
                     "503": error("No worker has capacity, the shared session is being replaced, or the agent failed to "
                                  "start.", RETRY_AFTER),
@@ -471,8 +493,19 @@ def build() -> Schema:
             "processes. Errors are `{error, code?, ...context}`.",
             "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
         },
+        "security": [{}, {"bearerAuth": []}],
         "paths": paths(),
-        "components": {"schemas": components()},
+        "components": {
+            "securitySchemes": {
+                "bearerAuth": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "`--token SECRET[,role=user|channel|admin][,workspace=PATH]`; a loopback bind "
+                    "without tokens needs none. A workspace-scoped token sees other workspaces' sessions as 404.",
+                }
+            },
+            "schemas": components(),
+        },
     }
 
 

@@ -47,6 +47,20 @@ async def store_unavailable_handler(_: Request, error: Exception) -> Response:
     return OrjsonResponse(body, status_code=503, headers={"Retry-After": "1"})
 
 
+def parse_decimal(text: str | None, maximum: int) -> int | None:
+    """`text` as a decimal integer of ASCII digits from 0 to `maximum`, else None.
+
+    `str.isdigit()` alone admits digits `int()` rejects ("²") or reads ("١٢"), and `int()`
+    refuses more than 4,300 digits: query parameters and headers go through here instead."""
+    if text is None or not text.isascii() or not text.isdigit():
+        return None
+    significant = text.lstrip("0") or "0"
+    if len(significant) > len(str(maximum)):
+        return None
+    number = int(significant)
+    return number if number <= maximum else None
+
+
 async def json_body(request: Request, *, required: bool = True) -> Any:
     """The request's JSON body, size-capped; 400/413 with a reason otherwise."""
     declared = request.headers.get("content-length")

@@ -14,7 +14,7 @@ from acp_state.summary import live_summary, merged_row, persisted_row
 
 from .auth import principal_of
 from .cache import CachedPage
-from .responses import ApiError, OrjsonResponse
+from .responses import ApiError, OrjsonResponse, parse_decimal
 from .sessions import _state
 
 DEFAULT_SIZE = 20
@@ -42,15 +42,14 @@ async def list_sessions(request: Request) -> Response:
     if not ids.is_workspace_id(ws) or ws not in state.workspaces or not principal_of(request).may(ws):
         raise ApiError(404, f'No workspace with id "{ws}"', "workspace_not_found", workspaceId=ws)
     query = request.query_params
-    size_text = query.get("size", str(DEFAULT_SIZE))
-    if not size_text.isdigit() or not 1 <= int(size_text) <= MAX_SIZE:
+    size = parse_decimal(query.get("size", str(DEFAULT_SIZE)), MAX_SIZE)
+    if size is None or size < 1:
         raise ApiError(400, f"size must be an integer from 1 to {MAX_SIZE}", "invalid_size")
     archive_state = query.get("archiveState", "active")
     if archive_state not in ("active", "archived"):
         raise ApiError(400, "archiveState must be 'active' or 'archived'", "invalid_archive_state")
     if archive_state == "archived":
         return OrjsonResponse({"sessions": []})  # nothing is ever archived here
-    size = int(size_text)
     offset = decode_cursor(query["cursor"]) if "cursor" in query else 0
 
     cached = state.locator.cache.page(ws, offset, size)

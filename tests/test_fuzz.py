@@ -1,23 +1,31 @@
 """Schema-driven fuzzing of every route (schemathesis), against a real API process, a real
 worker and the suite's real Redis.
 
-The fuzzer draws requests from `GET /openapi.json` itself, valid ones and ones that break
-the schema, and swaps in real ids for most of them (a live session, a pending permission
-request, the workspace id, the registered cwd) so the requests reach the code behind the
-404s. Every response must be below 500 and match the document (status code, content type,
-body schema, headers); afterwards the API still answers, a session created before the run
-reads exactly as before and still completes a prompt, and the API exits 0 on SIGTERM.
+The cases come from the API's own `GET /openapi.json`: valid ones (positive) and ones that
+break the schema (negative). Each case is sent as generated, then again with real values
+swapped in (a live session, a closed one, the pending permission request, the workspace id,
+the registered cwd, cursors the API issued), so requests reach the code behind the 404s.
+Every response must be below 500 and match the document (status code, content type, body
+schema, headers). Afterwards the API still answers, a session created before the run reads
+exactly as before and still completes a prompt, and the API exits 0 on SIGTERM (the harness
+checks the exit code).
+
+Generating cases costs more CPU than serving them, so two processes fuzz side by side, one
+per generation mode. `FUZZ_SEED=<n>` replays a run; a failure prints the curl command that
+reproduces it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import multiprocessing
 import os
 import random
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import hypothesis
 import hypothesis.errors
@@ -40,8 +48,8 @@ from tests.harness import Harness
 from tests.test_runtime_status import create, prompt, status
 
 TARGET_REQUESTS = 10_000
-TIME_LIMIT_S = 150  # the whole test must stay under ~3 minutes on 2 cores
-ROUND_EXAMPLES = 100  # examples per operation and generation mode in one round
+TIME_LIMIT_S = 140  # the whole test must stay under ~3 minutes on 2 cores
+ROUND_EXAMPLES = 50  # cases per operation in one round
 REQUEST_TIMEOUT_S = (5, 20)
 SSE_TIMEOUT_S = (5, 5)
 CHECKS = [
@@ -51,31 +59,64 @@ CHECKS = [
     response_headers_conformance,
     response_schema_conformance,
 ]
-MODES = (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE)
+# Values that break naive parsers, sent in place of query parameters, headers and body
+# members: non-ASCII digits (`str.isdigit()` is true, `int()` fails or differs), numbers
+# past `int()`'s digit limit or 64 bits, signs, spaces, NUL, key-space characters, long strings.
+HOSTILE_TEXT = [
+    "²", "١٢", "１２", "0" * 5000 + "1", "9" * 5000, "1" * 30, "18446744073709551616-0", "0-0", "-1", "+1",
+    " 1", "1\n", "1e3", "0x10", "NaN", "", "\x00", "a\x00b", "{x}", "acp:*", "*", "../../etc/passwd", "é" * 300,
+    "A" * 5000,
+]
+HOSTILE_JSON = [*HOSTILE_TEXT, "\ud800", 10**30, -(2**63), -1, 0, 1.5, True, None, [], {}, [[[[]]]], {"": {}}]
+HOSTILE_HEADERS = ("X-Qwen-Client-Id", "Last-Event-ID")
 # Requests the client library refuses to send (e.g. a header value with a line break):
 # nothing reached the server, so nothing is counted.
 UNSENDABLE = (requests.exceptions.InvalidHeader, requests.exceptions.InvalidURL, UnicodeError, ValueError)
 
 
+class OutOfTime(Exception):
+    """The fuzz run's time limit passed."""
+
+
 @dataclass
 class Fuzzer:
-    """Runs schemathesis cases one by one, with real ids swapped in, and keeps the tally."""
+    """Sends schemathesis cases one by one, with real values swapped in, and keeps the tally."""
 
     base_url: str
+    spec: dict[str, Any]
     schema: Any
     workspace: str
     sentinel: str  # read-only routes only: its state must come out of the run unchanged
     voter: str  # holds a pending permission request for the vote routes
     voter_client: str
-    pool: list[str]  # sessions the mutating routes may prompt, cancel, load and close
+    pool: list[str]  # sessions the mutating routes may prompt, cancel, load and close; pool[0] stays
+    closed: list[str]  # sessions closed since their creation
     http: requests.Session = field(default_factory=requests.Session)
     rid: str | None = None
+    cursors: dict[str, str] = field(default_factory=dict)
     sent: collections.Counter = field(default_factory=collections.Counter)
     statuses: collections.Counter = field(default_factory=collections.Counter)
     server_errors: list[str] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
-    unsent: int = 0
+    unsent: collections.Counter = field(default_factory=collections.Counter)
+    cases: int = 0
     _strategies: dict[Any, Any] = field(default_factory=dict)
+    _declared: dict[str, tuple[list[str], list[str]]] | None = None
+
+    @property
+    def declared(self) -> dict[str, tuple[list[str], list[str]]]:
+        """Per operation label: its query parameters and its body's top-level members."""
+        if self._declared is None:
+            schemas = self.spec["components"]["schemas"]
+            self._declared = {}
+            for path, item in self.spec["paths"].items():
+                for method, operation in item.items():
+                    query = [p["name"] for p in operation.get("parameters", []) if p["in"] == "query"]
+                    body = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+                    ref = body.get("schema", {}).get("$ref", "")
+                    members = list(schemas[ref.rsplit("/", 1)[-1]]["properties"]) if ref else []
+                    self._declared[f"{method.upper()} {path}"] = (query, members)
+        return self._declared
 
     @property
     def total(self) -> int:
@@ -83,22 +124,20 @@ class Fuzzer:
 
     # --- the harness's own requests (not counted) ---------------------------------------
 
-    def _get(self, path: str) -> requests.Response:
-        return self.http.get(self.base_url + path, timeout=REQUEST_TIMEOUT_S)
-
     def pending_rid(self) -> str:
         """The voter's pending request id, asking the agent for a new one when none is left."""
         if self.rid is not None:
             return self.rid
-        body = {"prompt": [{"type": "text", "text": "#permission"}]}
         deadline = time.monotonic() + 10
         asked = False
         while time.monotonic() < deadline:
-            pending = self._get(f"/session/{self.voter}/status").json()["pendingInteractions"]
+            reply = self.http.get(f"{self.base_url}/session/{self.voter}/status", timeout=REQUEST_TIMEOUT_S)
+            pending = reply.json()["pendingInteractions"]
             if pending:
                 self.rid = pending[0]["requestId"]
                 return self.rid
             if not asked:
+                body = {"prompt": [{"type": "text", "text": "#permission"}]}
                 reply = self.http.post(f"{self.base_url}/session/{self.voter}/prompt", json=body, timeout=REQUEST_TIMEOUT_S)
                 assert reply.status_code == 200, reply.text
                 asked = True
@@ -114,93 +153,133 @@ class Fuzzer:
             self.pool.append(reply.json()["sessionId"])
         return self.pool[-1]
 
-    # --- real ids ----------------------------------------------------------------------
+    # --- real values -------------------------------------------------------------------
 
-    def use_real_ids(self, case: Any, pick: int) -> None:
-        path = case.operation.path
-        params = case.path_parameters
-        if path.startswith("/session/{id}"):
-            if path.endswith("/permission/{requestId}"):
-                params["id"] = self.voter
-            elif case.operation.method.upper() == "GET":
-                params["id"] = self.sentinel if pick % 2 else (self.pool[0] if self.pool else self.sentinel)
-            elif path == "/session/{id}":
-                params["id"] = self.victim()
-            elif self.pool:
-                params["id"] = self.pool[pick % len(self.pool)]
-        if "requestId" in params:
+    def variants(self, case: Any, pick: int) -> Iterator[None]:
+        """Rewrite `case` in place with real values, once per variant, yielding after each:
+        live and closed sessions, the pending request, the workspace, the cwd, cursors."""
+        path, params = case.operation.path, case.path_parameters
+        method = case.operation.method.upper()
+        if path == "/session":
+            if isinstance(case.body, dict):
+                case.body.pop("workspaceCwd", None)
+                case.body["cwd"] = self.workspace
+                yield
+        elif path == "/workspace/{id}/sessions":
+            params["id"] = workspace_id(self.workspace)
+            if pick == 3 and self.cursors.get(path):
+                case.query = {**(case.query or {}), "cursor": self.cursors[path]}
+            yield
+        elif "requestId" in params:
+            if "id" in params:
+                params["id"] = self.voter  # a live session, a request it does not have
+                yield
             params["requestId"] = self.pending_rid()
             if pick == 3:  # a registered client id: the vote gets past the client check
                 case.headers = {**(case.headers or {}), "X-Qwen-Client-Id": self.voter_client}
-        if path == "/workspace/{id}/sessions":
-            params["id"] = workspace_id(self.workspace)
-        if path == "/session" and isinstance(case.body, dict):
-            case.body.pop("workspaceCwd", None)
-            case.body["cwd"] = self.workspace
+            yield
+        elif "id" in params:
+            if method == "GET":
+                params["id"] = self.sentinel if pick % 2 else self.pool[0]
+                if pick == 3 and self.cursors.get(path):
+                    case.query = {**(case.query or {}), "cursor": self.cursors[path]}
+            elif path == "/session/{id}":
+                params["id"] = self.victim()
+            else:
+                params["id"] = self.pool[pick % len(self.pool)]
+            yield
+            params["id"] = self.closed[pick % len(self.closed)]
+            yield
+
+    def hostile(self, case: Any, salt: int) -> None:
+        """Replace about half of the case's query parameters, headers and body members
+        (declared or not yet generated) with values from HOSTILE_TEXT / HOSTILE_JSON."""
+        rng = random.Random(salt)
+        query_names, body_names = self.declared[case.operation.label]
+        query = dict(case.query or {})
+        for name in query_names:
+            if rng.random() < 0.5:
+                query[name] = rng.choice(HOSTILE_TEXT)
+        case.query = query
+        headers = dict(case.headers or {})
+        for name in HOSTILE_HEADERS:
+            if rng.random() < 0.3:
+                headers[name] = rng.choice(HOSTILE_TEXT)
+        case.headers = headers
+        if body_names and isinstance(case.body, dict):
+            for name in body_names:
+                if rng.random() < 0.5:
+                    case.body[name] = rng.choice(HOSTILE_JSON)
 
     def learn(self, case: Any, response: Any) -> None:
-        """Keep the real ids current: sessions the fuzzer created or closed, votes that won."""
+        """Keep the real values current: sessions created or closed, votes that won, cursors."""
         path, code = case.operation.path, response.status_code
-        if path == "/session" and code == 200 and not response.json()["attached"]:
+        if code == 200 and path in ("/workspace/{id}/sessions", "/session/{id}/transcript"):
+            self.cursors[path] = response.json().get("nextCursor") or self.cursors.get(path)
+        elif path == "/session" and code == 200 and not response.json()["attached"]:
             self.pool.append(response.json()["sessionId"])
         elif path == "/session/{id}" and code == 204:
             closed = case.path_parameters["id"]
             self.pool[:] = [sid for sid in self.pool if sid != closed]
-        elif "requestId" in case.path_parameters and case.path_parameters["requestId"] == self.rid and code in (200, 404):
+            self.closed = [*self.closed[-20:], closed]
+        elif case.path_parameters.get("requestId") == self.rid and code in (200, 404):
             self.rid = None  # won, or gone: ask for a new one before the next real vote
 
     # --- sending -----------------------------------------------------------------------
 
     def send(self, case: Any) -> None:
         label = case.operation.label
+        streamed = False
         try:
             if case.operation.path == "/session/{id}/events":
-                response = self._open_stream(case)
+                response, streamed = self._open_stream(case)
             else:
                 response = case.call(base_url=self.base_url, session=self.http, timeout=REQUEST_TIMEOUT_S)
-        except UNSENDABLE:
-            self.unsent += 1
+        except UNSENDABLE as refused:
+            self.unsent[type(refused).__name__] += 1
             return
         except requests.RequestException as error:  # the server hung or dropped the connection
             self.sent[label] += 1
-            self.server_errors.append(f"{label}: {type(error).__name__}: {error}\n    {case.as_curl_command(base_url=self.base_url)}")
+            self.server_errors.append(f"{label}: {type(error).__name__}: {error}\n    {self._curl(case)}")
             return
         self.sent[label] += 1
-        self.statuses[response.status_code] += 1
-        if case.operation.path == "/session/{id}/events":
-            return
-        try:
-            case.validate_response(response, checks=CHECKS)
-        except (Exception, BaseExceptionGroup) as failure:  # schemathesis raises a failure or a group of them
-            where = self.server_errors if response.status_code >= 500 else self.mismatches
-            where.append(f"{label} -> {response.status_code}: {failure}\n    {case.as_curl_command(base_url=self.base_url)}")
+        self.statuses[label, response.status_code] += 1
+        if not streamed:
+            try:
+                case.validate_response(response, checks=CHECKS)
+            except (Exception, BaseExceptionGroup) as failure:  # a schemathesis failure, or a group of them
+                where = self.server_errors if response.status_code >= 500 else self.mismatches
+                where.append(f"{label} -> {response.status_code}: {failure}\n    {self._curl(case)}")
         if response.status_code < 300 or response.status_code == 404:
             self.learn(case, response)
 
-    def _open_stream(self, case: Any) -> Any:
-        """An SSE request: status and content type only, then hang up (the stream is endless)."""
+    def _open_stream(self, case: Any) -> tuple[Any, bool]:
+        """An SSE request. An event stream never ends: check its status, content type and
+        first frame, then hang up (True). Any other answer is read whole and validated."""
         kwargs = case.as_transport_kwargs(base_url=self.base_url)
-        with self.http.request(**kwargs, stream=True, timeout=SSE_TIMEOUT_S) as response:
-            media = response.headers.get("content-type", "")
-            expected = "text/event-stream" if response.status_code == 200 else ("application/json", "text/plain")
-            if response.status_code >= 500:
-                self.server_errors.append(f"{case.operation.label} -> {response.status_code}\n    {case.as_curl_command(base_url=self.base_url)}")
-            elif response.status_code not in (200, 404) or not media.startswith(expected):
-                self.mismatches.append(f"{case.operation.label} -> {response.status_code} {media}")
-            elif response.status_code == 200:
-                first = next(response.iter_content(chunk_size=None))
-                assert first.startswith(b"retry: "), first
-        return response
+        response = self.http.request(**kwargs, stream=True, timeout=SSE_TIMEOUT_S)
+        if response.status_code != 200 or not response.headers.get("content-type", "").startswith("text/event-stream"):
+            response.content  # noqa: B018 - a finite body: read it for validation
+            return response, False
+        with response:
+            first = next(response.iter_content(chunk_size=None))
+            if not first.startswith(b"retry: "):
+                self.mismatches.append(f"{case.operation.label}: stream opened with {first[:80]!r}\n    {self._curl(case)}")
+        return response, True
+
+    def _curl(self, case: Any) -> str:
+        return case.as_curl_command(base_url=self.base_url)
 
     # --- the run -------------------------------------------------------------------------
 
     def run_operation(self, operation: Any, mode: schemathesis.GenerationMode, seed: int, deadline: float) -> None:
-        """Up to ROUND_EXAMPLES cases of one operation; each is sent as generated and, where
-        it names a session, a request id, a workspace or a cwd, once more with real ones."""
-        key = (operation.label, mode)
+        """Up to ROUND_EXAMPLES cases of one operation; each is sent as generated, then once
+        per variant with real values (see `variants`), then with hostile values (`hostile`)."""
+        key = operation.label
         if key not in self._strategies:
             self._strategies[key] = operation.as_strategy(generation_mode=mode)
-        has_real_ids = "{" in operation.path or operation.path == "/session"
+        hostile = self.declared[key] != ([], [])
+        varies = hostile or "{" in operation.path  # else one request per distinct case is all there is
 
         @hypothesis.seed(seed)
         @hypothesis.settings(
@@ -211,13 +290,20 @@ class Fuzzer:
             suppress_health_check=list(HealthCheck),
             verbosity=hypothesis.Verbosity.quiet,
         )
-        @hypothesis.given(case=self._strategies[key], pick=st.integers(1, 3))
-        def one(case: Any, pick: int) -> None:
+        @hypothesis.given(
+            case=self._strategies[key],
+            pick=st.integers(1, 3) if varies else st.just(1),
+            salt=st.integers(0, 2**32) if hostile else st.just(0),
+        )
+        def one(case: Any, pick: int, salt: int) -> None:
             if time.monotonic() > deadline:
                 raise OutOfTime
+            self.cases += 1
             self.send(case)
-            if has_real_ids:
-                self.use_real_ids(case, pick)
+            for _ in self.variants(case, pick):
+                self.send(case)
+            if hostile:
+                self.hostile(case, salt)
                 self.send(case)
 
         try:
@@ -225,23 +311,30 @@ class Fuzzer:
         except hypothesis.errors.Unsatisfiable:
             assert not mode.is_positive  # an operation without parameters has nothing to break
 
-    def run(self, target: int, time_limit_s: float, seed: int) -> float:
+    def run(self, mode: schemathesis.GenerationMode, target: int, time_limit_s: float, seed: int) -> None:
         operations = [result.ok() for result in self.schema.get_all_operations()]
-        started = time.monotonic()
-        deadline = started + time_limit_s
+        deadline = time.monotonic() + time_limit_s
         try:
             while self.total < target:
                 for operation in operations:
-                    for mode in MODES:
-                        seed += 1
-                        self.run_operation(operation, mode, seed, deadline)
+                    seed += 1
+                    self.run_operation(operation, mode, seed, deadline)
         except OutOfTime:
             pass
-        return time.monotonic() - started
+
+    def tally(self) -> dict[str, Any]:
+        names = ("sent", "statuses", "server_errors", "mismatches", "unsent", "cases")
+        return {name: getattr(self, name) for name in names}
 
 
-class OutOfTime(Exception):
-    """The fuzz run's time limit passed."""
+def fuzz_shard(options: dict[str, Any]) -> dict[str, Any]:
+    """One fuzzing process: one generation mode over every operation (run in a subprocess)."""
+    mode = schemathesis.GenerationMode(options.pop("mode"))
+    target, seed = options.pop("target"), options.pop("seed")
+    fuzzer = Fuzzer(schema=schemathesis.openapi.from_dict(options["spec"]), **options)
+    started = time.monotonic()
+    fuzzer.run(mode, target, TIME_LIMIT_S, seed)
+    return {**fuzzer.tally(), "mode": mode.value, "elapsed": time.monotonic() - started}
 
 
 async def test_fuzz_every_route_without_server_errors(harness: Harness, workspace: str) -> None:
@@ -251,46 +344,72 @@ async def test_fuzz_every_route_without_server_errors(harness: Harness, workspac
     document = await api.client.get("/openapi.json")
     assert document.status_code == 200
     spec = document.json()
-    described = {(path, method.upper()) for path, item in spec["paths"].items() for method in item}
+    described = {f"{method.upper()} {path}" for path, item in spec["paths"].items() for method in item}
     served = {
-        (route.path, method)
+        f"{method} {route.path}"
         for route in ROUTES
         if isinstance(route, Route) and route.endpoint.__module__ != web.__name__  # the Web Shell is no API
         for method in route.methods or ()
         if method != "HEAD"
     }
     assert described == served, "the OpenAPI document describes exactly the API routes the app serves"
-    schema = schemathesis.openapi.from_dict(spec)
 
     events = await harness.events()
     sentinel = (await create(api, workspace))["sessionId"]
     finished = await prompt(api, sentinel, "hello before the fuzz")
     await events.wait_type(sentinel, "turn_complete", promptId=finished["promptId"])
     before = await status(api, sentinel)
-    voter = await create(api, workspace)
-    target = (await create(api, workspace))["sessionId"]
+    closed = (await create(api, workspace))["sessionId"]
+    assert (await api.client.delete(f"/session/{closed}")).status_code == 204
 
-    fuzzer = Fuzzer(
-        base_url=f"http://127.0.0.1:{api.port}",
-        schema=schema,
-        workspace=workspace,
-        sentinel=sentinel,
-        voter=voter["sessionId"],
-        voter_client=voter["clientId"],
-        pool=[target],
-    )
     seed = int(os.environ.get("FUZZ_SEED") or random.randrange(2**32))
-    elapsed = await asyncio.to_thread(fuzzer.run, TARGET_REQUESTS, TIME_LIMIT_S, seed)
-    per_route = "\n".join(f"  {count:6d}  {label}" for label, count in sorted(fuzzer.sent.items()))
-    print(f"\nfuzz (FUZZ_SEED={seed}): {fuzzer.total} requests in {elapsed:.1f}s ({fuzzer.total / elapsed:.0f}/s), "
-          f"{fuzzer.unsent} unsendable skipped, statuses {dict(sorted(fuzzer.statuses.items()))}\n{per_route}")
+    shards = []
+    for index, mode in enumerate(schemathesis.GenerationMode):
+        voter = await create(api, workspace)
+        shards.append(
+            {
+                "mode": mode.value,
+                "spec": spec,
+                "target": TARGET_REQUESTS // 2,
+                "seed": seed + 100_000 * index,
+                "base_url": f"http://127.0.0.1:{api.port}",
+                "workspace": workspace,
+                "sentinel": sentinel,
+                "voter": voter["sessionId"],
+                "voter_client": voter["clientId"],
+                "pool": [(await create(api, workspace))["sessionId"]],
+                "closed": [closed],
+            }
+        )
+    loop = asyncio.get_running_loop()
+    with ProcessPoolExecutor(len(shards), mp_context=multiprocessing.get_context("spawn")) as processes:
+        results = await asyncio.gather(*(loop.run_in_executor(processes, fuzz_shard, shard) for shard in shards))
 
-    assert not fuzzer.server_errors, f"{len(fuzzer.server_errors)} server errors:\n" + "\n".join(fuzzer.server_errors[:20])
-    assert not fuzzer.mismatches, f"{len(fuzzer.mismatches)} responses off the document:\n" + "\n".join(fuzzer.mismatches[:20])
-    assert fuzzer.total >= TARGET_REQUESTS, f"only {fuzzer.total} requests in {TIME_LIMIT_S}s"
-    assert set(fuzzer.sent) == {f"{method} {path}" for path, method in described}, "every route was fuzzed"
+    sent = sum((r["sent"] for r in results), collections.Counter())
+    total, cases = sum(sent.values()), sum(r["cases"] for r in results)
+    statuses = sum((r["statuses"] for r in results), collections.Counter())
+    server_errors = [e for r in results for e in r["server_errors"]]
+    mismatches = [m for r in results for m in r["mismatches"]]
+    elapsed = max(r["elapsed"] for r in results)
+    print(
+        f"\nfuzz (FUZZ_SEED={seed}): {total} requests from {cases} generated cases in {elapsed:.1f}s "
+        f"({total / elapsed:.0f}/s; " + ", ".join(f"{r['mode']} {sum(r['sent'].values())} in {r['elapsed']:.0f}s" for r in results)
+        + f"), not sendable (skipped): {dict(sum((r['unsent'] for r in results), collections.Counter()))}\n"
+        + "\n".join(
+            f"  {count:6d}  {label:45s} "
+            + " ".join(f"{code}:{n}" for (name, code), n in sorted(statuses.items()) if name == label)
+            for label, count in sorted(sent.items())
+        )
+    )
+    assert not server_errors, f"{len(server_errors)} server errors:\n" + "\n".join(server_errors[:20])
+    assert not mismatches, f"{len(mismatches)} responses off the document:\n" + "\n".join(mismatches[:20])
+    assert total >= TARGET_REQUESTS, f"only {total} requests in {TIME_LIMIT_S}s"
+    assert set(sent) == described, "every route was fuzzed"
 
-    # No crash: the process answers, and (the harness checks it) exits 0 on SIGTERM.
+    # No crash: nothing failed inside the API process (not even after a response started),
+    # it still answers, and (the harness checks it) it exits 0 on SIGTERM.
+    log = api.log_path.read_text(errors="replace")
+    assert "Traceback" not in log, log[log.index("Traceback") - 300 :][:3000]
     assert (await api.client.get("/health")).json() == {"status": "ok"}
     # State intact: the untouched session reads exactly as before and still works.
     assert await status(api, sentinel) == before
@@ -305,4 +424,3 @@ async def test_fuzz_every_route_without_server_errors(harness: Harness, workspac
         if event["data"]["update"].get("sessionUpdate") == "agent_message_chunk"
     ]
     assert texts == ["hello before the fuzz", "hello after the fuzz"]
-

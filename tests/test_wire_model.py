@@ -481,6 +481,7 @@ def test_workspace_id_matches_reference() -> None:
     ("15788ed8-0c4e-4b1a-cc0e-2f4a6b8d0e1f", False),  # variant
     ("15788ed80c4e4b1a9c0e2f4a6b8d0e1f", False),
     ("{15788ed8-0c4e-4b1a-9c0e-2f4a6b8d0e1f}", False),
+    ("15788ed8-0c4e-4b1a-9c0e-2f4a6b8d0e1f\n", False),  # `$` alone would let a trailing newline in
     ("", False), (None, False), (123, False),
 ])
 def test_session_id(value: object, valid: bool) -> None:
@@ -494,7 +495,7 @@ def test_new_ids_are_valid_session_ids() -> None:
 
 @pytest.mark.parametrize("value, valid", [
     ("web-shell:tab_1.a", True), ("x" * 128, True), ("x" * 129, False), ("", False),
-    ("has space", False), ("a{b}", False), ("a/b", False), ("é", False), (None, False),
+    ("has space", False), ("a{b}", False), ("a/b", False), ("é", False), (None, False), ("abc\n", False),
 ])
 def test_client_and_request_token(value: object, valid: bool) -> None:
     assert ids.is_token(value) is valid
@@ -502,7 +503,7 @@ def test_client_and_request_token(value: object, valid: bool) -> None:
 
 @pytest.mark.parametrize("value, valid", [
     ("214b51c6c4dca81d", True), ("214B51C6C4DCA81D", False), ("214b51c6c4dca81", False),
-    ("214b51c6c4dca81dd", False), ("214b51c6c4dca81g", False), (None, False),
+    ("214b51c6c4dca81dd", False), ("214b51c6c4dca81g", False), (None, False), ("214b51c6c4dca81d\n", False),
 ])
 def test_workspace_id_validator(value: object, valid: bool) -> None:
     assert ids.is_workspace_id(value) is valid
