@@ -41,9 +41,11 @@ def _state(request: Request) -> AppState:
 async def _place(state: AppState, command: dict[str, Any]) -> dict[str, Any]:
     """Send a create to a live worker with spare capacity; try the next one if it is full."""
     reports = await state.store.worker_reports(await state.registry.live())
-    candidates = [r for r in reports.values() if r.get("sessions", 0) < r.get("maxSessions", 0)]
+    candidates = list(reports.values())
     random.shuffle(candidates)  # equal loads spread instead of piling onto one worker
-    candidates.sort(key=lambda r: r["sessions"] / max(r["maxSessions"], 1))
+    # Least loaded first. Reports are as old as the last heartbeat, so a worker that looked
+    # full is still asked last: the worker itself is the judge of its capacity.
+    candidates.sort(key=lambda r: r.get("sessions", 0) / max(r.get("maxSessions", 1), 1))
     for report in candidates:
         request_id = ids.new_id()
         await state.store.send_control(report["incarnation"], dict(command, req=request_id))
