@@ -28,6 +28,16 @@ def redis_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A Redis of the test's own: for faults that take it down, and for exact command counts
+    that other tests' leftovers (a dead worker being swept) must not touch."""
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 async def redis_client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
     yield client

@@ -14,14 +14,6 @@ from tests.test_runtime_status import create, prompt
 LEASE_MS = 1200
 
 
-@pytest.fixture
-async def own_redis():
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
-
-
 async def test_redis_restart_with_data_loss(own_redis: RedisServer, workspace: str) -> None:
     harness = Harness(own_redis.url, workspace, free_port)
     try:
@@ -99,7 +91,10 @@ async def test_kill9_of_a_worker_hosting_1000_sessions(harness: Harness, redis_c
     from acp_state.ids import workspace_id
 
     events = await harness.events()
-    victim = await harness.worker("--lease-ms", str(LEASE_MS), "--max-sessions", "1000")
+    # A longer lease here: a worker busy starting 1,000 sessions on a loaded 2-core machine
+    # must not miss its own heartbeat before the kill.
+    lease_ms = 3000
+    victim = await harness.worker("--lease-ms", str(lease_ms), "--max-sessions", "1000")
     api = await harness.api()
     semaphore = asyncio.Semaphore(16)
 
@@ -109,7 +104,7 @@ async def test_kill9_of_a_worker_hosting_1000_sessions(harness: Harness, redis_c
 
     sids = await asyncio.gather(*(one() for _ in range(1000)))
     watched = [await SseClient(api, sid).start() for sid in sids[:10]]
-    survivor = await harness.worker("--lease-ms", str(LEASE_MS))
+    survivor = await harness.worker("--lease-ms", str(lease_ms))
 
     killed_at = now_ms()
     await victim.kill9()
@@ -134,7 +129,7 @@ async def test_kill9_of_a_worker_hosting_1000_sessions(harness: Harness, redis_c
     fresh = (await create(api, workspace))["sessionId"]
     assert await redis_client.hget(keys.session(ws, fresh), "inc") == survivor.incarnation
     print(
-        f"\nkill -9 with 1000 sessions: lease {LEASE_MS} ms; hidden from readers {hidden_at - killed_at} ms "
+        f"\nkill -9 with 1000 sessions: lease {lease_ms} ms; hidden from readers {hidden_at - killed_at} ms "
         f"after the kill; all session_died and keys swept {swept_at - killed_at} ms after the kill"
     )
     for client in watched:

@@ -258,6 +258,7 @@ class Worker:
 
     async def _create(self, command: dict[str, Any]) -> None:
         ws, sid, cwd = command["ws"], command["sid"], command["cwd"]
+        reserved = True
         try:
             agent = await self._agent_for(cwd, sid)
             agent_sid = await agent.new_session(cwd)
@@ -276,6 +277,8 @@ class Worker:
             )
             agent.sessions[agent_sid] = session
             self.sessions[sid] = session
+            self._creating -= 1  # the reservation is now a session: count it once
+            reserved = False
             self._workspace_load[ws] = self._workspace_load.get(ws, 0) + 1
             await self.store.index_session(self.incarnation, ws, sid, True)
             result = await session.publish_created(command.get("clientId"))
@@ -290,7 +293,8 @@ class Worker:
             log.exception("creating the session failed", extra={"sessionId": sid})
             await self.store.reply(command["req"], {"ok": False, "code": "agent_unavailable", "error": str(error)})
         finally:
-            self._creating -= 1
+            if reserved:
+                self._creating -= 1
 
     async def _close(self, session: LiveSession, command: dict[str, Any]) -> None:
         await session.close(command.get("reason", "closed_by_client"))
