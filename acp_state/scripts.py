@@ -19,7 +19,8 @@ local ops = cjson.decode(ARGV[2])
 local owner = redis.call('HGET', KEYS[1], 'inc')
 if ops.mode == 'create' then
   if owner and owner ~= inc then return {-1, 0, ''} end
-  if not owner then redis.call('DEL', KEYS[2]) end
+  -- A whole snapshot (first publish, or a rewrite under a new epoch): start clean.
+  redis.call('DEL', KEYS[1], KEYS[2])
   redis.call('HSET', KEYS[1], 'inc', inc)
   redis.call('SADD', KEYS[3], ops.sid)
   if ops.single then redis.call('SET', KEYS[6], ops.sid) end

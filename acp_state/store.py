@@ -147,8 +147,8 @@ class RedisStore:
         row = ops.pop("catalog", None)
         if row is not None:
             now = now_ms()
+            ops["score"] = str(row.pop("updatedAtMs", now))
             ops["catalog"] = orjson.dumps(row).decode()
-            ops["score"] = str(row.get("updatedAtMs", now))
             ops["retention"] = self.retention.catalog_ms
             ops["cutoff"] = str(now - self.retention.catalog_ms)
         key_list = [

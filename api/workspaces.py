@@ -58,7 +58,9 @@ async def list_sessions(request: Request) -> Response:
     token = state.locator.cache.begin_read(ws)
     page = await state.store.list_page(ws, offset, size)
     sessions, owners = [], set()
-    for _, row, fields in page[:size]:
+    cwd = state.workspaces[ws]
+    for sid, stored, fields in page[:size]:
+        row = {"sessionId": sid, "workspaceCwd": cwd, **stored} if stored else None
         owner = fields.get(F.OWNER)
         live = owner is not None and F.META in fields and await state.registry.is_live(owner)
         if row is None and not live:

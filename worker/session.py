@@ -132,12 +132,11 @@ class LiveSession:
         return orjson.dumps(meta).decode()
 
     def catalog_row(self) -> dict[str, Any]:
+        """The durable row; its session id is the catalog field and its cwd the workspace's."""
         row: dict[str, Any] = {
-            "sessionId": self.sid,
-            "workspaceCwd": self.cwd,
             "createdAt": iso(self.created_ms),
             "updatedAt": iso(self.updated_ms),
-            "updatedAtMs": self.updated_ms,
+            "updatedAtMs": self.updated_ms,  # the listing order (the catalog zset's score)
         }
         if self.display_name:
             row["displayName"] = self.display_name
@@ -145,14 +144,16 @@ class LiveSession:
 
     def snapshot_ops(self, reason_event: str | None = None) -> dict[str, Any]:
         """The whole state as one `create` transition (first publish, or rewrite after loss)."""
-        fields: dict[str, str] = {
-            F.META: self._meta(),
-            F.UPDATED: iso(self.updated_ms),
-            F.ACTIVE: "1" if self.active else "0",
-            F.ADMITTED: str((1 if self.active else 0) + len(self._waiting())),
-            F.EPOCH: secrets.token_hex(8),
-            F.SEQ: "0",
-        }
+        # Fields at their zero value are left out (absent reads as 0, idle, createdAt): an
+        # idle session's hash stays small.
+        fields: dict[str, str] = {F.META: self._meta(), F.EPOCH: secrets.token_hex(8)}
+        if self.updated_ms != self.created_ms:
+            fields[F.UPDATED] = iso(self.updated_ms)
+        if self.active:
+            fields[F.ACTIVE] = "1"
+        admitted = (1 if self.active else 0) + len(self._waiting())
+        if admitted:
+            fields[F.ADMITTED] = str(admitted)
         for client in self.clients:
             fields[F.CLIENT + client] = "1"
         if self.turn_error is not None:
