@@ -31,7 +31,10 @@ def _serve_http(app: Any, host: str, port: int) -> Any:
             yield
 
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5
+        app, host=host, port=port, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+        # Longer than the usual client pool's idle time, so clients close idle connections
+        # first and never write into one the server is closing.
+        timeout_keep_alive=30,
     )
     return Server(config)
 

@@ -44,6 +44,7 @@ async def soak(minutes: float, sessions: int) -> dict[str, Any]:
     latencies: dict[str, list[float]] = {"status": [], "listing": [], "prompt": [], "vote": [], "turn": []}
     counts = dict.fromkeys(latencies, 0)
     errors: list[str] = []
+    transport_errors: list[str] = []
     rss: list[dict[str, float]] = []
     try:
         base_memory = (await redis.info("memory"))["used_memory"]
@@ -54,7 +55,11 @@ async def soak(minutes: float, sessions: int) -> dict[str, Any]:
 
         async def timed(kind: str, call) -> Any:
             started = time.perf_counter()
-            response = await call
+            try:
+                response = await call
+            except httpx.TransportError as error:  # a keep-alive connection closed under us
+                transport_errors.append(f"{kind} {type(error).__name__}")
+                return httpx.Response(599)
             latencies[kind].append((time.perf_counter() - started) * 1000)
             counts[kind] += 1
             if response.status_code >= 500:
@@ -69,11 +74,14 @@ async def soak(minutes: float, sessions: int) -> dict[str, Any]:
                 started = time.perf_counter()
                 text = "#permission" if n % 2 else "hello"
                 accepted = await timed("prompt", client.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": text}]}))
-                if accepted.status_code != 200:
+                if accepted.status_code != 200:  # 503 queue full, or a dropped connection
                     await asyncio.sleep(0.05)
                     continue
                 while time.monotonic() < stop_at:
-                    status = (await timed("status", other.get(f"/session/{sid}/status"))).json()
+                    answer = await timed("status", other.get(f"/session/{sid}/status"))
+                    if answer.status_code != 200:
+                        continue
+                    status = answer.json()
                     pending = status.get("pendingInteractions") or []
                     if pending:
                         rid = pending[0]["requestId"]
@@ -117,6 +125,7 @@ async def soak(minutes: float, sessions: int) -> dict[str, Any]:
         "p99_ms": {k: round(percentile(v, 99), 2) for k, v in latencies.items() if v},
         "p50_ms": {k: round(percentile(v, 50), 2) for k, v in latencies.items() if v},
         "server_errors": len(errors),
+        "client_transport_errors": len(transport_errors),
         "first_errors": errors[:5],
         "redis_bytes_per_session": round(memory_per_session),
         "rss_mb_first_last": {k: [round(first[k]), round(last[k])] for k in first if k != "t"},
