@@ -15,7 +15,7 @@ from acp_state import ids
 from acp_state.connection import connect
 from acp_state.fanout import Fanout
 from acp_state.registry import WorkerRegistry
-from acp_state.store import RedisStore, Store
+from acp_state.store import RedisStore
 from acp_state.sweeper import run_sweeper
 
 from . import discovery, event_stream, history, metrics, permissions, sessions, web, workspaces
@@ -48,7 +48,7 @@ ROUTES = [
 ]
 
 
-def create_app(settings: Settings, store: Store | None = None) -> Starlette:
+def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette:
     """Build the app; without `store` it connects to `settings.redis_url` at startup."""
 
     @contextlib.asynccontextmanager

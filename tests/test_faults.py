@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
 
 from tests.conftest import RedisServer, free_port
 from tests.harness import Harness, SseClient
