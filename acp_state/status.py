@@ -13,15 +13,14 @@ from typing import Any
 
 from .clock import now_ms
 from .store import Store
-
-STATES = ("waiting_permission", "waiting_question", "running", "failed", "idle")
+from .summary import SESSION_STATES
 
 
 def render(deadlines: dict[str, int], reports: dict[str, dict[str, Any]], now: int) -> str:
     lines = [
         f"{'worker':44} {'lease age':>10} {'expires in':>10} {'sessions':>9} {'load':>6} {'agents':>6}",
     ]
-    totals = dict.fromkeys(STATES, 0)
+    totals = dict.fromkeys(SESSION_STATES, 0)
     live = 0
     for incarnation, deadline in sorted(deadlines.items()):
         report = reports.get(incarnation)

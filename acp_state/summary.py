@@ -10,6 +10,21 @@ from .interactions import USER_QUESTION
 from .keys import F
 
 
+# The one state a dashboard sorts live sessions by, most urgent first.
+SESSION_STATES = ("waiting_permission", "waiting_question", "running", "failed", "idle")
+
+
+def state_of(summary: dict[str, Any]) -> str:
+    """A live summary's state in SESSION_STATES, from the status route's own fields."""
+    if summary["isWaitingForPermission"]:
+        return "waiting_permission"
+    if summary["isWaitingForUserQuestion"]:
+        return "waiting_question"
+    if summary["hasActivePrompt"]:
+        return "running"
+    return "failed" if summary["hasTurnError"] else "idle"
+
+
 def live_summary(fields: dict[str, str]) -> dict[str, Any]:
     """Assemble `GET /session/:id/status` from the session hash (HGETALL)."""
     meta = orjson.loads(fields[F.META])

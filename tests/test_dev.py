@@ -25,14 +25,15 @@ async def test_dev_command_serves_a_session(workspace: str) -> None:
             assert (await client.get("/health")).json() == {"status": "ok"}
             created = (await client.post("/session", json={"cwd": workspace})).json()
             sid = created["sessionId"]
-            accepted = await client.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "hi"}]})
-            assert accepted.status_code == 200
-            # A polling client's view: the turn runs, then the session is idle again.
-            for _ in range(200):
-                summary = (await client.get(f"/session/{sid}/status")).json()
-                if not summary["hasActivePrompt"] and summary["updatedAt"] > summary["createdAt"]:
-                    break
-                await asyncio.sleep(0.05)
+            accepted = (await client.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "hi"}]})).json()
+            # Await the turn's end on the event stream (replayed from the start), then read status.
+            headers = {"Last-Event-ID": "0"}
+            async with client.stream("GET", f"/session/{sid}/events", headers=headers, timeout=30) as stream:
+                async for line in stream.aiter_lines():
+                    if line.startswith("data: ") and '"type":"turn_complete"' in line:
+                        assert accepted["promptId"] in line and '"stopReason":"end_turn"' in line
+                        break
+            summary = (await client.get(f"/session/{sid}/status")).json()
             assert summary["hasActivePrompt"] is False and summary["displayName"] == "hi"
             assert summary["clientCount"] == 1
     finally:

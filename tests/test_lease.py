@@ -47,7 +47,6 @@ async def test_kill9_worker_leaves_live_status_within_its_lease(harness: Harness
     for sid in sids:
         assert not await redis_client.exists(keys.session(ws, sid))
     assert await redis_client.smembers(keys.live(ws)) == set()
-    assert all(d["type"] == "session_died" for d in events.events if d["type"] == "session_died")
     assert sum(1 for e in events.events if e["type"] == "session_died") == len(sids)
 
     # New sessions land on the survivor.

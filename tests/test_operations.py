@@ -10,20 +10,10 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from acp_state.summary import SESSION_STATES, state_of
 from tests.conftest import free_port
 from tests.harness import ROOT, Harness
 from tests.test_runtime_status import create, prompt, status
-
-
-def classify(summary: dict) -> str:
-    """The dashboard order of the Web Shell, from the status route's fields."""
-    if summary["isWaitingForPermission"]:
-        return "waiting_permission"
-    if summary["isWaitingForUserQuestion"]:
-        return "waiting_question"
-    if summary["hasActivePrompt"]:
-        return "running"
-    return "failed" if summary["hasTurnError"] else "idle"
 
 
 def samples(text: str, name: str) -> dict[tuple, float]:
@@ -49,9 +39,9 @@ async def test_metrics_match_the_status_routes(harness: Harness, workspace: str)
         await events.wait_type(sid, event, promptId=accepted["promptId"])
         sids.append(sid)
 
-    expected = {state: 0 for state in ("waiting_permission", "waiting_question", "running", "failed", "idle")}
+    expected = dict.fromkeys(SESSION_STATES, 0)
     for sid in sids:
-        expected[classify(await status(api, sid))] += 1
+        expected[state_of(await status(api, sid))] += 1
     assert all(count == 1 for count in expected.values()), expected
 
     async with httpx.AsyncClient() as client:

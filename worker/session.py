@@ -34,9 +34,6 @@ log = logging.getLogger("worker.session")
 DISPLAY_NAME_MAX = 256
 CANCELLED = {"outcome": {"outcome": "cancelled"}}
 
-# The one state a dashboard sorts sessions by, derived as the status route derives its fields.
-SESSION_STATES = ("waiting_permission", "waiting_question", "running", "failed", "idle")
-
 FOREGROUND = "foreground"
 # Automatic turns wait in their own queues and run before the next queued foreground prompt.
 AUTOMATIC_KINDS = ("cron", "notification")
@@ -169,6 +166,7 @@ class LiveSession:
         return ops
 
     def current_state(self) -> str:
+        """This session's state in SESSION_STATES, from memory (the summary's rules)."""
         kinds = [p.interaction["kind"] for p in self.pending.values()]
         if any(kind != interactions.USER_QUESTION for kind in kinds):
             return "waiting_permission"

@@ -22,13 +22,14 @@ from prometheus_client import REGISTRY, make_asgi_app
 from acp_state import keys
 from acp_state.clock import iso, now_ms
 from acp_state.store import Store
+from acp_state.summary import SESSION_STATES
 from acp_state.sweeper import run_sweeper
 from acp_state.votes import Vote
 
 from .agent import AgentProcess
 from .loop_guard import LoopLimits
 from .metrics import COMMANDS, LEASE_RENEWALS, LEASES_LOST, WorkerCollector
-from .session import SESSION_STATES, LiveSession, Prompt
+from .session import LiveSession, Prompt
 
 log = logging.getLogger("worker")
 
