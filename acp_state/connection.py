@@ -1,23 +1,75 @@
-"""Redis connections from a URL: a real server (`redis://`, `rediss://`, `unix://`) or the
-embedded in-process default (`memory://`), which only `acp-state dev` and unit tests use."""
+"""Redis connections from a URL.
+
+- `redis://`, `rediss://`, `unix://`: a single Redis server;
+- `redis+cluster://host:port` (or `rediss+cluster://`): a Redis Cluster, found from that seed
+  node;
+- `memory://`: the embedded in-process default (fakeredis), which only `acp-state dev` and
+  unit tests use.
+
+The rest of acp-state runs unchanged on each: keys are hash-tagged per workspace and per
+worker, so every script and transaction stays inside one slot.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 MEMORY = "memory://"
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+# Pub/sub connections ping when idle this often, so a dead one is noticed and replaced.
+HEALTH_CHECK_S = 15
+# Connections per process (per node on a cluster). redis-py's default pool raises once 100
+# are in use, which a burst of concurrent requests (or a sweep of 1,000 sessions) reaches;
+# this pool instead makes the next caller wait for a free connection, up to POOL_WAIT_S.
+POOL_SIZE = 512
+POOL_WAIT_S = 10
 _memory_servers: dict[str, Any] = {}
 
+Client = aioredis.Redis | RedisCluster
 
-def connect(url: str, **options: Any) -> aioredis.Redis:
+
+def connect(url: str, **options: Any) -> Client:
     """A client with `decode_responses=True`; hiredis parses replies when installed."""
     if url.startswith(MEMORY):
         import fakeredis  # only the embedded default needs it
 
         server = _memory_servers.setdefault(url, fakeredis.FakeServer())
         return fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
-    options.setdefault("health_check_interval", 15)
     options.setdefault("socket_keepalive", True)
-    return aioredis.Redis.from_url(url, decode_responses=True, **options)
+    scheme, sep, rest = url.partition("://")
+    if scheme in CLUSTER_SCHEMES:
+        options.setdefault("max_connections", POOL_SIZE)
+        return RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}", decode_responses=True, **options)
+    options.setdefault("health_check_interval", HEALTH_CHECK_S)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=POOL_SIZE, timeout=POOL_WAIT_S, decode_responses=True, **options
+    )
+    return aioredis.Redis(connection_pool=pool)
+
+
+def is_cluster(redis: Any) -> bool:
+    return isinstance(redis, RedisCluster)
+
+
+def node_client(node: ClusterNode) -> aioredis.Redis:
+    """A plain client of one cluster node (same credentials and TLS settings), for the
+    connections that must stay on that node: sharded pub/sub."""
+    options = {
+        key: value
+        for key, value in node.connection_kwargs.items()
+        if key in ("username", "password", "credential_provider", "client_name", "socket_connect_timeout",
+                   "socket_keepalive")
+        or key.startswith("ssl")
+    }
+    pool = aioredis.ConnectionPool(
+        connection_class=node.connection_class,
+        host=node.host,
+        port=node.port,
+        decode_responses=True,
+        health_check_interval=HEALTH_CHECK_S,
+        **options,
+    )
+    return aioredis.Redis(connection_pool=pool)

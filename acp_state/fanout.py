@@ -1,26 +1,36 @@
-"""Live event delivery: one Redis pub/sub connection per process, shared by every listener.
+"""Live event delivery: a process's pub/sub connections, shared by every listener.
+
+Channels are sharded (SSUBSCRIBE, Redis >= 7.0). On a single Redis one connection carries
+them all; on a cluster there is one connection per node, and each channel is subscribed on
+the node that owns its slot. When a slot moves, Redis ends its subscriptions there
+(an unsolicited `sunsubscribe`); they are made again on the new owner.
 
 Pub/sub is at-most-once, so it is only the fast path: every event also sits in the
-session's replay log, and a listener that sees a gap in event ids (or is told the
-connection was re-established) fills it from the log.
+session's replay log, and a listener that sees a gap in event ids (or is told that its
+subscription was re-established) fills it from the log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import orjson
-import redis.asyncio as aioredis
 
 from . import keys
+from .connection import Client, is_cluster, node_client
 
 log = logging.getLogger("acp_state.fanout")
 
 DEFAULT_BUFFER = 256
 CONFIRM_TIMEOUT_S = 5.0
+RECONNECT_DELAY_S = 0.2
+# A process follows the changes of at most this many workspaces (one subscription each);
+# reads in further workspaces go to Redis every time.
+MAX_WATCHED = 10_000
 
 
 @dataclass(frozen=True)
@@ -53,47 +63,67 @@ class Subscription:
             self.queue.put_nowait(None)
 
 
+class _Link:
+    """One pub/sub connection (the server's, or one cluster node's) and the task reading it."""
+
+    def __init__(self, name: str, pubsub: Any) -> None:
+        self.name = name
+        self.pubsub = pubsub
+        self.channels: set[str] = set()
+        self.leaving: Counter[str] = Counter()  # our SUNSUBSCRIBEs not yet confirmed
+        self.connected = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+
 class Fanout:
-    """Also the change feed of the process's caches: `on_change(channel, message)` sees every
-    event and invalidation of the deployment (one pattern subscription) before any listener
-    of this process gets the event, and `on_reset()` when messages may have been lost."""
+    """Also the change feed of the process's caches. `watch(ws)` follows a workspace's change
+    channel, where every status change of its sessions is announced before the change's
+    events: `on_change(channel, sessionId)` therefore runs before any listener of this
+    process gets such an event. `on_reset()` runs when messages may have been lost."""
 
     def __init__(
         self,
-        redis: aioredis.Redis,
-        probe_channel: str,
+        redis: Client,
         on_change: Callable[[str, str], None] | None = None,
         on_reset: Callable[[], None] | None = None,
     ) -> None:
-        self._pubsub = redis.pubsub()
-        self._probe = probe_channel
-        self._on_change = on_change
-        self._on_reset = on_reset
+        self._redis = redis
+        self._cluster = is_cluster(redis)
+        self.on_change = on_change
+        self.on_reset = on_reset
+        self._links: dict[str, _Link] = {}
         self._subscriptions: dict[str, set[Subscription]] = {}
         self._confirmed: dict[str, asyncio.Event] = {}
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        await self._pubsub.subscribe(self._probe)
-        if self._on_change is not None:
-            await self._pubsub.psubscribe(keys.EVENT_CHANNELS, keys.INVALIDATION_CHANNELS)
-        self._task = asyncio.ensure_future(self._pump())
+        self._watched: dict[str, str] = {}  # workspace -> its change channel
+        self._wanted: set[str] = set()  # every channel this process means to be subscribed to
+        self._interrupted: set[str] = set()  # subscriptions lost and not yet confirmed again
+        self._lock = asyncio.Lock()
+        self._broken: set[str] = set()  # subscriptions to make again
+        self._retired: list[_Link] = []  # failed connections to close
+        self._repair: asyncio.Task[None] | None = None
+        self._stopped = False
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        await self._pubsub.aclose()
+        self._stopped = True
+        if self._repair is not None:
+            self._repair.cancel()
+            await asyncio.gather(self._repair, return_exceptions=True)
+        for link in [*self._links.values(), *self._retired]:
+            await self._close(link)
+        self._links.clear()
+
+    # ---- listeners (SSE) ----------------------------------------------------------------
 
     async def subscribe(self, channel: str, buffer: int = DEFAULT_BUFFER) -> Subscription:
         """Listen to a channel; returns once Redis confirmed the subscription."""
         subscription = Subscription(channel, asyncio.Queue(buffer))
         listeners = self._subscriptions.setdefault(channel, set())
         listeners.add(subscription)
-        if len(listeners) == 1:
-            self._confirmed[channel] = asyncio.Event()
-            await self._pubsub.subscribe(channel)
-        await asyncio.wait_for(self._confirmed[channel].wait(), CONFIRM_TIMEOUT_S)
+        try:
+            await self._ensure(channel)
+        except BaseException:
+            await self.unsubscribe(subscription)
+            raise
         return subscription
 
     async def unsubscribe(self, subscription: Subscription) -> None:
@@ -103,53 +133,167 @@ class Fanout:
         listeners.discard(subscription)
         if not listeners:
             del self._subscriptions[subscription.channel]
-            self._confirmed.pop(subscription.channel, None)
-            await self._pubsub.unsubscribe(subscription.channel)
+            await self._drop(subscription.channel)
 
     @property
     def listeners(self) -> int:
         return sum(len(s) for s in self._subscriptions.values())
 
-    async def _pump(self) -> None:
+    # ---- the change feed (caches) -------------------------------------------------------
+
+    def watching(self, ws: str) -> bool:
+        """True while this process is subscribed to the workspace's change channel."""
+        channel = self._watched.get(ws)
+        return channel is not None and self._confirmed[channel].is_set()
+
+    async def watch(self, ws: str) -> bool:
+        """Follow a workspace's changes; False when too many workspaces are followed."""
+        if ws not in self._watched:
+            if len(self._watched) >= MAX_WATCHED:
+                return False
+            self._watched[ws] = keys.invalidations(ws)
+        await self._ensure(self._watched[ws])
+        return True
+
+    # ---- connections --------------------------------------------------------------------
+    # Every SSUBSCRIBE/SUNSUBSCRIBE happens under one lock: redis-py opens a pub/sub
+    # connection inside its first command, and two concurrent first commands would each open
+    # one. Lost subscriptions (a dead connection, a slot that moved) are remade by a single
+    # repair task, after refreshing the cluster's slot map, until they hold.
+
+    async def _ensure(self, channel: str) -> None:
+        self._wanted.add(channel)
+        if channel not in self._confirmed:
+            self._confirmed[channel] = asyncio.Event()
+            async with self._lock:
+                await self._subscribe(channel)
+        await asyncio.wait_for(self._confirmed[channel].wait(), CONFIRM_TIMEOUT_S)
+
+    async def _drop(self, channel: str) -> None:
+        self._wanted.discard(channel)
+        self._confirmed.pop(channel, None)
+        self._interrupted.discard(channel)
+        async with self._lock:
+            for link in self._links.values():
+                if channel in link.channels:
+                    link.channels.discard(channel)
+                    link.leaving[channel] += 1
+                    try:
+                        await link.pubsub.sunsubscribe(channel)
+                    except Exception:  # a dead connection: its repair skips unwanted channels
+                        log.debug("sunsubscribe %s failed", channel, exc_info=True)
+
+    async def _subscribe(self, channel: str) -> None:
+        if self._cluster:
+            await self._redis.initialize()  # a no-op once the slot map is known
+            node = self._redis.get_node_from_key(channel)
+            name, connect = node.name, (lambda: node_client(node))
+        else:
+            name, connect = "redis", (lambda: self._redis)
+        link = self._links.get(name)
+        if link is None:
+            link = _Link(name, connect().pubsub())
+            self._links[name] = link
+            link.task = asyncio.ensure_future(self._pump(link))
+        link.channels.add(channel)
+        await link.pubsub.ssubscribe(channel)
+        link.connected.set()
+
+    async def _pump(self, link: _Link) -> None:
+        await link.connected.wait()  # redis-py opens the connection on the first SSUBSCRIBE
         while True:
             try:
-                message = await self._pubsub.get_message(timeout=5.0)
+                # redis-py pings an idle connection (health check), and reconnects and
+                # re-subscribes by itself when it can: the repeated confirmations say so.
+                message = await link.pubsub.get_message(timeout=5.0)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.warning("pub/sub connection lost; re-subscribing", exc_info=True)
-                await asyncio.sleep(0.2)
-                await self._resubscribe()
-                continue
-            if message is None:
-                continue
-            kind, channel = message["type"], message["channel"]
-            if kind in ("message", "pmessage") and self._on_change is not None:
-                # Redis sends a channel's subscribers the message before its pattern
-                # subscribers: invalidate first, so no listener of this process can see an
-                # event and then read a cached state from before it.
-                self._on_change(channel, message["data"])
-            if kind == "subscribe" and channel in self._confirmed:
-                self._confirmed[channel].set()
-            elif kind == "message" and channel in self._subscriptions:
-                try:
-                    envelope = orjson.loads(message["data"])
-                    delivery = Delivery(int(envelope["id"]), envelope["type"], message["data"])
-                except (ValueError, KeyError, TypeError):
-                    continue
-                for subscription in list(self._subscriptions.get(channel, ())):
-                    subscription.deliver(delivery)
+            except Exception as error:  # dead, or a subscription refused (MOVED): start over
+                log.warning("pub/sub connection %s failed (%r); re-subscribing", link.name, error)
+                if self._links.get(link.name) is link:
+                    del self._links[link.name]
+                self._retired.append(link)
+                self._lost(list(link.channels))
+                return
+            if message is not None:
+                self._handle(link, message)
 
-    async def _resubscribe(self) -> None:
-        if self._on_reset is not None:
-            self._on_reset()  # changes published while we were away were never seen
+    def _handle(self, link: _Link, message: dict[str, Any]) -> None:
+        kind, channel = message["type"], message["channel"]
+        if kind == "smessage":
+            if channel.endswith(":inv"):
+                if self.on_change is not None:
+                    self.on_change(channel, message["data"])
+                return
+            try:
+                envelope = orjson.loads(message["data"])
+                delivery = Delivery(int(envelope["id"]), envelope["type"], message["data"])
+            except (ValueError, KeyError, TypeError):
+                return
+            for subscription in list(self._subscriptions.get(channel, ())):
+                subscription.deliver(delivery)
+        elif kind == "ssubscribe":
+            confirmed = self._confirmed.get(channel)
+            if confirmed is None or channel not in link.channels:
+                return
+            again = confirmed.is_set() or channel in self._interrupted
+            self._interrupted.discard(channel)
+            confirmed.set()
+            if again:
+                self._resumed(channel)
+        elif kind == "sunsubscribe" and link.leaving[channel] > 0:
+            link.leaving[channel] -= 1  # the confirmation of our own SUNSUBSCRIBE
+            if not link.leaving[channel]:
+                del link.leaving[channel]
+        elif kind == "sunsubscribe" and channel in self._wanted and channel in link.channels:
+            # Not asked for: the channel's slot moved to another node. Follow it there.
+            log.info("the slot of %s moved; re-subscribing on its new owner", channel)
+            link.channels.discard(channel)
+            link.pubsub.shard_channels.pop(channel, None)
+            self._lost([channel])
+
+    def _lost(self, channels: list[str]) -> None:
+        """Messages on these channels may be lost until they are confirmed again."""
+        for channel in channels:
+            if channel in self._confirmed:
+                self._confirmed[channel].clear()  # whoever waits for it, waits for its return
+                self._interrupted.add(channel)
+        if self.on_reset is not None and any(c.endswith(":inv") for c in channels):
+            self.on_reset()
+        self._broken.update(channels)
+        if self._repair is None or self._repair.done():
+            self._repair = asyncio.ensure_future(self._repair_loop())
+
+    def _resumed(self, channel: str) -> None:
+        """A subscription is back: whatever was published meanwhile was never seen here."""
+        if channel.endswith(":inv"):
+            if self.on_reset is not None:
+                self.on_reset()  # also voids the reads that began during the gap
+        for subscription in list(self._subscriptions.get(channel, ())):
+            subscription.deliver(None)
+
+    async def _repair_loop(self) -> None:
+        while self._broken and not self._stopped:
+            await asyncio.sleep(RECONNECT_DELAY_S)  # let a failover or a slot move settle
+            async with self._lock:
+                for link in self._retired:
+                    await self._close(link)
+                self._retired.clear()
+                try:
+                    if self._cluster:
+                        await self._redis.nodes_manager.initialize()  # the current slot map
+                    for channel in list(self._broken):
+                        if channel in self._wanted:
+                            await self._subscribe(channel)
+                        self._broken.discard(channel)
+                except Exception:
+                    log.warning("re-subscribing failed; retrying", exc_info=True)
+
+    async def _close(self, link: _Link) -> None:
+        if link.task is not None and link.task is not asyncio.current_task():
+            link.task.cancel()
+            await asyncio.gather(link.task, return_exceptions=True)
         try:
-            await self._pubsub.subscribe(self._probe, *self._subscriptions)
-            if self._on_change is not None:
-                await self._pubsub.psubscribe(keys.EVENT_CHANNELS, keys.INVALIDATION_CHANNELS)
+            await link.pubsub.aclose()
         except Exception:
-            log.warning("re-subscribe failed", exc_info=True)
-            return
-        for listeners in self._subscriptions.values():
-            for subscription in listeners:
-                subscription.deliver(None)
+            pass

@@ -56,7 +56,8 @@ def inbox(ws: str, incarnation: str) -> str:
 
 
 def events(ws: str, sid: str) -> str:
-    """STREAM replay log of a session's events; entry id = `<eventId>-0`. Also the pub/sub channel."""
+    """STREAM replay log of a session's events; entry id = `<eventId>-0`. Also the sharded
+    pub/sub channel its live events go out on."""
     return f"{PREFIX}:{{{ws}}}:ev:{sid}"
 
 
@@ -66,13 +67,10 @@ def transcript(ws: str, sid: str) -> str:
 
 
 def invalidations(ws: str) -> str:
-    """Pub/sub channel: a session's status changed without an event (vote, attach); the
-    message is the session id. Readers drop their cached copy."""
+    """Sharded pub/sub channel: a session of the workspace changed (every transition, vote
+    and attach announces it here first); the message is the session id. Readers that cache
+    the workspace follow it and drop their cached copy."""
     return f"{PREFIX}:{{{ws}}}:inv"
-
-
-EVENT_CHANNELS = f"{PREFIX}:*:ev:*"
-INVALIDATION_CHANNELS = f"{PREFIX}:*:inv"
 
 
 def workspace_of_channel(channel: str) -> str:

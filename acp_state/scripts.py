@@ -1,17 +1,21 @@
 """Every Lua script of acp-state, in one place.
 
 Each script touches the keys of one workspace slot only (see keys.py), so each state
-transition is one atomic round trip on a single Redis and on a cluster alike. Numbers that
-must survive Lua's float formatting (timestamps) travel as strings.
+transition is one atomic round trip on a single Redis and on a cluster alike. Live messages
+go out with SPUBLISH (sharded pub/sub, Redis >= 7.0): on a cluster they stay on the slot's
+shard instead of being broadcast to every node, and a single Redis treats them as ordinary
+pub/sub. Numbers that must survive Lua's float formatting (timestamps) travel as strings.
 """
 
 # A worker's state transition: update the session hash, append each event to the replay
 # log and publish it, and keep the listing set and the catalog in step, all or nothing.
+# Readers' caches are told first (the workspace's change channel), so that a process never
+# delivers an event and then serves a cached status from before it.
 # Every write is fenced by the owner's incarnation, so a worker that lost its lease (and
 # was swept) can no longer resurrect or modify a session.
 #   KEYS: 1 session hash, 2 event stream (also the pub/sub channel), 3 live set,
 #         4 catalog hash, 5 catalog order zset, 6 single-scope key, 7 transcript stream
-#   ARGV: 1 incarnation, 2 ops JSON (see RedisStore.apply)
+#   ARGV: 1 incarnation, 2 ops JSON (see RedisStore.apply), 3 the workspace's change channel
 #   -> {applied (1, 0 fenced, -1 owned by another), last event id, epoch}
 APPLY = """
 local inc = ARGV[1]
@@ -36,6 +40,7 @@ if ops.del and #ops.del > 0 then redis.call('HDEL', KEYS[1], unpack(ops.del)) en
 if ops.incr then
   for k, n in pairs(ops.incr) do redis.call('HINCRBY', KEYS[1], k, n) end
 end
+redis.call('SPUBLISH', ARGV[3], ops.sid)
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 local epoch = redis.call('HGET', KEYS[1], 'epoch') or ''
 if ops.events and #ops.events > 0 then
@@ -45,7 +50,7 @@ if ops.events and #ops.events > 0 then
     seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
     local envelope = '{"id":' .. seq .. ',' .. body .. '}'
     redis.call('XADD', KEYS[2], 'MAXLEN', '~', ops.evmax, seq .. '-0', 'e', envelope)
-    redis.call('PUBLISH', KEYS[2], envelope)
+    redis.call('SPUBLISH', KEYS[2], envelope)
     if ops.tev == i then redis.call('HSET', KEYS[1], 'tev', envelope) end
     if transcript[i] then
       redis.call('XADD', KEYS[7], 'MAXLEN', '~', ops.trmax, '*', 'e', envelope)
@@ -98,9 +103,9 @@ return {'ok', redis.call('HGET', KEYS[1], 'seq') or '0', redis.call('HGET', KEYS
 #   KEYS: 1 session hash, 2 inbox stream
 #   ARGV: 1 incarnation, 2 requestId, 3 'selected'|'cancelled', 4 optionId, 5 clientId or '',
 #         6 command JSON, 7 inbox TTL ms, 8 inbox max length, 9 cancel sentinel,
-#         10 the workspace's invalidation channel, 11 sessionId
+#         10 the workspace's change channel, 11 sessionId
 # The status changed without an event of its own, so readers' caches are told on the
-# workspace's invalidation channel.
+# workspace's change channel.
 #   -> 'ok' | 'gone' | 'unknown' | 'client' | 'option'
 VOTE = """
 if redis.call('HGET', KEYS[1], 'inc') ~= ARGV[1] then return 'gone' end
@@ -118,21 +123,21 @@ end
 redis.call('HDEL', KEYS[1], 'pi:' .. ARGV[2], 'pv:' .. ARGV[2])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'c', ARGV[6])
 redis.call('PEXPIRE', KEYS[2], ARGV[7])
-redis.call('PUBLISH', ARGV[10], ARGV[11])
+redis.call('SPUBLISH', ARGV[10], ARGV[11])
 return 'ok'
 """
 
 # Register a client id on a live session (attach) and tell the owner, fenced by the owner.
 #   KEYS: 1 session hash, 2 inbox stream
 #   ARGV: 1 incarnation, 2 clientId, 3 command JSON, 4 inbox TTL ms, 5 inbox max length,
-#         6 the workspace's invalidation channel, 7 sessionId
+#         6 the workspace's change channel, 7 sessionId
 #   -> 1 | 0 (gone)
 ATTACH = """
 if redis.call('HGET', KEYS[1], 'inc') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'c:' .. ARGV[2], '1')
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'c', ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
-redis.call('PUBLISH', ARGV[6], ARGV[7])
+redis.call('SPUBLISH', ARGV[6], ARGV[7])
 return 1
 """
 

@@ -1,23 +1,31 @@
 """The runtime-state store both sides talk to, and its Redis implementation.
 
 The API and the worker only ever call the methods of `Store`; `RedisStore` implements them
-over redis-py (a single server, or the embedded fakeredis default). Every method is one
-Redis round trip unless its docstring says otherwise.
+over redis-py: a single server, a Redis Cluster, or the embedded fakeredis default. Every
+method is one Redis round trip unless its docstring says otherwise (on a cluster, a
+pipeline that spans shards is one round trip per shard, sent concurrently).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
-import redis.asyncio as aioredis
+from redis.cluster import key_slot
+from redis.exceptions import NoScriptError
 
 from . import events, keys, scripts
 from .clock import now_ms
+from .connection import Client, is_cluster
 from .metrics import REDIS_ROUNDTRIP
 
+log = logging.getLogger("acp_state.store")
+
+COMMAND_BATCH = 256
 # Inbox streams outlive neither their worker nor a day of silence.
 INBOX_TTL_MS = 24 * 3600 * 1000
 INBOX_MAXLEN = 10_000
@@ -61,6 +69,8 @@ class Store(Protocol):
 
     retention: Retention
 
+    async def close(self) -> None: ...
+
     # worker side
     async def heartbeat(self, incarnation: str, report: dict[str, Any], lease_ms: int) -> bool: ...
     async def release(self, incarnation: str) -> None: ...
@@ -96,19 +106,52 @@ class Store(Protocol):
     async def forget_worker(self, incarnation: str, workspaces: set[str]) -> None: ...
 
 
+class Script:
+    """One Lua script, run by EVALSHA and loaded on NOSCRIPT (a Redis that restarted empty).
+
+    redis-py's own script helper cannot queue into a cluster pipeline; this one can, so the
+    same call works on a single Redis and on a cluster, alone or pipelined.
+    """
+
+    def __init__(self, redis: Client, source: str) -> None:
+        self.redis = redis
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    async def load(self) -> None:
+        await self.redis.script_load(self.source)  # on a cluster: on every primary
+
+    def queue(self, pipe: Any, keys: list[str], args: list[Any]) -> None:
+        pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    async def __call__(self, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await self.redis.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await self.load()
+            return await self.redis.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+
 class RedisStore:
     """`Store` over redis-py. Transitions from one process are auto-pipelined in order."""
 
-    def __init__(self, redis: aioredis.Redis, retention: Retention | None = None) -> None:
+    def __init__(self, redis: Client, retention: Retention | None = None) -> None:
         self.redis = redis
         self.retention = retention or Retention()
-        self._apply = redis.register_script(scripts.APPLY)
-        self._send = redis.register_script(scripts.SEND)
-        self._vote = redis.register_script(scripts.VOTE)
-        self._attach = redis.register_script(scripts.ATTACH)
-        self._list = redis.register_script(scripts.LIST)
+        self.cluster = is_cluster(redis)
+        self._apply = Script(redis, scripts.APPLY)
+        self._send = Script(redis, scripts.SEND)
+        self._vote = Script(redis, scripts.VOTE)
+        self._attach = Script(redis, scripts.ATTACH)
+        self._list = Script(redis, scripts.LIST)
         self._batch: list[tuple[list[str], list[str], asyncio.Future[Applied]]] = []
         self._flushing: asyncio.Task[None] | None = None
+        self._readers = _StreamReaders(redis) if self.cluster else None
+
+    async def close(self) -> None:
+        if self._readers is not None:
+            await self._readers.stop()
+        await self.redis.aclose()
 
     # ---- worker side -------------------------------------------------------------------
 
@@ -164,7 +207,7 @@ class RedisStore:
             keys.transcript(ws, sid),
         ]
         future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
-        self._batch.append((key_list, [incarnation, orjson.dumps(ops).decode()], future))
+        self._batch.append((key_list, [incarnation, orjson.dumps(ops).decode(), keys.invalidations(ws)], future))
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.create_task(self._flush())
         return await future
@@ -173,12 +216,8 @@ class RedisStore:
         """Send queued transitions as pipelines until none are left (auto-pipelining)."""
         while self._batch:
             batch, self._batch = self._batch, []
-            pipe = self.redis.pipeline(transaction=False)
-            for key_list, args, _ in batch:
-                await self._apply(keys=key_list, args=args, client=pipe)
             try:
-                with REDIS_ROUNDTRIP.labels("transitions").time():
-                    results = await pipe.execute(raise_on_error=False)
+                results = await self._run_transitions(batch)
             except Exception as error:  # connection-level failure: every caller sees it
                 for *_, future in batch:
                     if not future.done():
@@ -192,16 +231,36 @@ class RedisStore:
                 else:
                     future.set_result(Applied(int(result[0]), int(result[1]), str(result[2])))
 
+    async def _run_transitions(self, batch: list[tuple[list[str], list[str], Any]]) -> list[Any]:
+        """One pipeline of APPLY calls; the ones a freshly restarted Redis did not know the
+        script for are run again, in their order, once it is loaded."""
+        results: list[Any] = [None] * len(batch)
+        todo = list(range(len(batch)))
+        for attempt in range(2):
+            pipe = self.redis.pipeline(transaction=False)
+            for i in todo:
+                self._apply.queue(pipe, batch[i][0], batch[i][1])
+            with REDIS_ROUNDTRIP.labels("transitions").time():
+                replies = await pipe.execute(raise_on_error=False)
+            for i, reply in zip(todo, replies, strict=True):
+                results[i] = reply
+            todo = [i for i in todo if isinstance(results[i], NoScriptError)]
+            if not todo or attempt:
+                break
+            await self._apply.load()
+        return results
+
     async def read_commands(
         self, cursors: dict[str, str], block_ms: int
     ) -> list[tuple[str, str, dict[str, Any]]]:
-        """Block until commands arrive on any of the streams; returns (stream, id, command)."""
-        reply = await self.redis.xread(cursors, block=block_ms, count=256)
-        commands = []
-        for stream, entries in reply or []:
-            for entry_id, fields in entries:
-                commands.append((stream, entry_id, orjson.loads(fields["c"])))
-        return commands
+        """Block until commands arrive on any of the streams; returns (stream, id, command).
+
+        On a single Redis this is one XREAD over every stream. A cluster refuses an XREAD
+        across slots, so there each stream has its own blocking reader (see _StreamReaders).
+        """
+        if self._readers is not None:
+            return await self._readers.read(cursors, block_ms)
+        return _commands(await self.redis.xread(cursors, block=block_ms, count=COMMAND_BATCH))
 
     async def reply(self, request: str, payload: dict[str, Any]) -> None:
         pipe = self.redis.pipeline(transaction=False)
@@ -288,8 +347,8 @@ class RedisStore:
     ) -> Admission:
         """Hand a command to the session's owner (scripts.SEND); prompts pass `admit_limit`."""
         result = await self._send(
-            keys=[keys.session(ws, sid), keys.inbox(ws, incarnation)],
-            args=[
+            [keys.session(ws, sid), keys.inbox(ws, incarnation)],
+            [
                 incarnation,
                 orjson.dumps(command),
                 "" if admit_limit is None else admit_limit,
@@ -314,8 +373,8 @@ class RedisStore:
         sentinel: str = "__cancelled__",
     ) -> str:
         return await self._vote(
-            keys=[keys.session(ws, sid), keys.inbox(ws, incarnation)],
-            args=[
+            [keys.session(ws, sid), keys.inbox(ws, incarnation)],
+            [
                 incarnation,
                 rid,
                 "selected" if selected else "cancelled",
@@ -335,8 +394,8 @@ class RedisStore:
         command = orjson.dumps({"t": "attach", "sid": sid, "clientId": client_id})
         return bool(
             await self._attach(
-                keys=[keys.session(ws, sid), keys.inbox(ws, incarnation)],
-                args=[incarnation, client_id, command, INBOX_TTL_MS, INBOX_MAXLEN, keys.invalidations(ws), sid],
+                [keys.session(ws, sid), keys.inbox(ws, incarnation)],
+                [incarnation, client_id, command, INBOX_TTL_MS, INBOX_MAXLEN, keys.invalidations(ws), sid],
             )
         )
 
@@ -358,8 +417,8 @@ class RedisStore:
     ) -> list[tuple[str, dict[str, Any] | None, dict[str, str]]]:
         """Up to size + 1 catalog rows from `offset`, newest first, each with its live hash."""
         flat = await self._list(
-            keys=[keys.live(ws), keys.catalog(ws), keys.catalog_order(ws)],
-            args=[keys.session_prefix(ws), offset, size],
+            [keys.live(ws), keys.catalog(ws), keys.catalog_order(ws)],
+            [keys.session_prefix(ws), offset, size],
         )
         rows = []
         for i in range(0, len(flat), 3):
@@ -429,3 +488,66 @@ class RedisStore:
             pipe.delete(keys.inbox(ws, incarnation))
         pipe.zrem(keys.WORKERS, incarnation)
         await pipe.execute()
+
+
+def _commands(reply: Any) -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (stream, entry_id, orjson.loads(fields["c"]))
+        for stream, entries in reply or []
+        for entry_id, fields in entries
+    ]
+
+
+class _StreamReaders:
+    """Command streams read on a cluster: one blocking XREAD loop per slot, all feeding one
+    queue. A worker's streams span as many slots as it has workspaces (plus its own control
+    stream), so this costs one connection per hosted workspace while it waits."""
+
+    def __init__(self, redis: Client) -> None:
+        self.redis = redis
+        self.queue: asyncio.Queue[tuple[str, str, dict[str, Any]]] = asyncio.Queue()
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._streams: dict[int, dict[str, str]] = {}  # slot -> {stream: cursor}
+
+    async def read(self, cursors: dict[str, str], block_ms: int) -> list[tuple[str, str, dict[str, Any]]]:
+        wanted: dict[int, dict[str, str]] = {}
+        for stream, cursor in cursors.items():
+            wanted.setdefault(key_slot(stream.encode()), {})[stream] = cursor
+        for slot in [s for s in self._tasks if s not in wanted or wanted[s].keys() != self._streams[s].keys()]:
+            self._tasks.pop(slot).cancel()
+        for slot, streams in wanted.items():
+            if slot not in self._tasks:
+                # A reader keeps its own cursors from here on: the caller's are never ahead.
+                mine = {s: self._streams.get(slot, {}).get(s, c) for s, c in streams.items()}
+                self._streams[slot] = mine
+                self._tasks[slot] = asyncio.ensure_future(self._loop(mine, block_ms))
+        for slot in [s for s in self._streams if s not in wanted]:
+            del self._streams[slot]
+        try:
+            first = await asyncio.wait_for(self.queue.get(), block_ms / 1000)
+        except asyncio.TimeoutError:
+            return []
+        commands = [first]
+        while not self.queue.empty():
+            commands.append(self.queue.get_nowait())
+        return commands
+
+    async def _loop(self, cursors: dict[str, str], block_ms: int) -> None:
+        while True:
+            try:
+                reply = await self.redis.xread(cursors, block=block_ms, count=COMMAND_BATCH)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # Redis away or a slot moving: try again shortly
+                log.warning("reading commands from %s failed", list(cursors), exc_info=True)
+                await asyncio.sleep(0.5)
+                continue
+            for command in _commands(reply):
+                cursors[command[0]] = command[1]
+                self.queue.put_nowait(command)
+
+    async def stop(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self._tasks.clear()

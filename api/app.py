@@ -11,7 +11,6 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 
-from acp_state import ids
 from acp_state.connection import connect
 from acp_state.fanout import Fanout
 from acp_state.registry import WorkerRegistry
@@ -57,9 +56,9 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         own_store = store or RedisStore(connect(settings.redis_url))
         registry = WorkerRegistry(own_store)
-        cache = StateCache()
-        fanout = Fanout(own_store.redis, f"acp:probe:{ids.new_id()}", cache.on_change, cache.clear)
-        await fanout.start()
+        fanout = Fanout(own_store.redis)
+        cache = StateCache(fanout)
+        fanout.on_change, fanout.on_reset = cache.on_change, cache.clear
         app.state.acp = AppState(
             settings=settings,
             store=own_store,
@@ -76,6 +75,8 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette
             stop.set()
             await sweeper
             await fanout.stop()
+            if store is None:
+                await own_store.close()
 
     return Starlette(
         routes=ROUTES,

@@ -1,19 +1,25 @@
 """Invalidation-driven caches of one API process: session state and listing pages.
 
-Every change to a session's status reaches this process on its shared pub/sub connection
-(the session's events, or an invalidation message for changes without one), and drops the
-cached copy before any SSE listener of this process sees the event. A read that raced a
-change is served but not kept. Liveness is never cached here: a hit is still checked
-against the owner's lease deadline.
+Every change to a session's status is announced on its workspace's change channel before
+the change's events go out; this process follows that channel (`Fanout.watch`) for every
+workspace it caches, so the cached copy is dropped before any SSE listener of this process
+sees the event. Nothing is kept for a workspace whose channel is not confirmed, and a read
+that raced a change is served but not kept. Liveness is never cached here: a hit is still
+checked against the owner's lease deadline.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Protocol
+
 from prometheus_client import Counter
 
 from acp_state import keys
+
+log = logging.getLogger("acp_state.api.cache")
 
 CACHE_HITS = Counter("acp_state_state_cache_hits_total", "Session reads served from this process's cache")
 CACHE_MISSES = Counter("acp_state_state_cache_misses_total", "Session reads that went to Redis")
@@ -36,8 +42,16 @@ class CachedPage:
     owners: frozenset[str]
 
 
+class ChangeFeed(Protocol):
+    """Where the cache learns of changes: acp_state.fanout.Fanout."""
+
+    def watching(self, ws: str) -> bool: ...
+    async def watch(self, ws: str) -> bool: ...
+
+
 class StateCache:
-    def __init__(self) -> None:
+    def __init__(self, feed: ChangeFeed) -> None:
+        self._feed = feed
         self._sessions: OrderedDict[str, CachedSession] = OrderedDict()
         self._pages: OrderedDict[tuple[str, int, int], CachedPage] = OrderedDict()
         # A read may be kept only if its key was not invalidated after the read began:
@@ -48,9 +62,9 @@ class StateCache:
 
     # ---- the change feed ----------------------------------------------------------------
 
-    def on_change(self, channel: str, message: str) -> None:
+    def on_change(self, channel: str, sid: str) -> None:
+        """A session of the channel's workspace changed."""
         ws = keys.workspace_of_channel(channel)
-        sid = message if channel.endswith(":inv") else channel.rsplit(":", 1)[1]
         self._sessions.pop(sid, None)
         for key in [k for k in self._pages if k[0] == ws]:
             del self._pages[key]
@@ -74,11 +88,22 @@ class StateCache:
             # Forgetting an old mark could let an old read in: void reads older than it.
             self._cleared_at = self._clock
 
-    def begin_read(self, key: str) -> int:
+    async def begin_read(self, ws: str, key: str) -> int:
+        """Call before reading `key` of workspace `ws` from Redis; the result may be kept
+        (keep_*) only if no change to it was announced after this point."""
+        if not self._feed.watching(ws):
+            try:
+                await self._feed.watch(ws)
+            except Exception:  # Redis away: the read that follows says so; nothing is kept
+                log.debug("cannot follow the changes of %s", ws, exc_info=True)
         return self._clock
 
-    def _current(self, key: str, started: int) -> bool:
-        return started >= self._cleared_at and self._invalidated.get(key, 0) <= started
+    def _current(self, ws: str, key: str, started: int) -> bool:
+        return (
+            started >= self._cleared_at
+            and self._invalidated.get(key, 0) <= started
+            and self._feed.watching(ws)
+        )
 
     # ---- sessions -----------------------------------------------------------------------
 
@@ -88,7 +113,7 @@ class StateCache:
         return entry
 
     def keep_session(self, sid: str, started: int, entry: CachedSession) -> None:
-        if not self._current(sid, started):
+        if not self._current(entry.ws, sid, started):
             return  # changed while we read: serve this once, do not keep it
         self._sessions[sid] = entry
         if len(self._sessions) > MAX_SESSIONS:
@@ -100,7 +125,7 @@ class StateCache:
         return self._pages.get((ws, offset, size))
 
     def keep_page(self, ws: str, offset: int, size: int, started: int, page: CachedPage) -> None:
-        if not self._current(ws, started):
+        if not self._current(ws, ws, started):
             return
         self._pages[(ws, offset, size)] = page
         if len(self._pages) > MAX_PAGES:

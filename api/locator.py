@@ -68,7 +68,7 @@ class SessionLocator:
         ws = await self._workspace_of(sid)
         if ws is None:
             raise not_found(sid)
-        token = self.cache.begin_read(sid)
+        token = await self.cache.begin_read(ws, sid)
         fields = await self.store.session_fields(ws, sid)
         owner = fields.get(F.OWNER)
         if not owner or F.META not in fields:

@@ -55,7 +55,7 @@ async def list_sessions(request: Request) -> Response:
     cached = state.locator.cache.page(ws, offset, size)
     if cached is not None and all([await state.registry.is_live(owner) for owner in cached.owners]):
         return Response(cached.body, media_type="application/json")
-    token = state.locator.cache.begin_read(ws)
+    token = await state.locator.cache.begin_read(ws, ws)
     page = await state.store.list_page(ws, offset, size)
     sessions, owners = [], set()
     cwd = state.workspaces[ws]

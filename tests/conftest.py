@@ -11,6 +11,8 @@ from typing import AsyncIterator, Iterator
 import pytest
 import redis.asyncio as aioredis
 
+from acp_state.connection import connect
+
 from tests.harness import Harness
 from tests.redis_server import RedisServer, free_port
 
@@ -39,7 +41,7 @@ def own_redis() -> Iterator[RedisServer]:
 
 @pytest.fixture
 async def redis_client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    client = connect(redis_server.url)
     yield client
     await client.aclose()
 

@@ -1,5 +1,5 @@
-"""Test harness: real `acp-state` worker and API processes, HTTP over loopback, and a
-Redis pub/sub watcher that awaits events instead of sleeping."""
+"""Test harness: real `acp-state` worker and API processes, HTTP over loopback, and an
+event watcher that awaits events instead of sleeping."""
 
 from __future__ import annotations
 
@@ -12,7 +12,11 @@ from typing import Any, Callable
 
 import httpx
 import orjson
-import redis.asyncio as aioredis
+
+from acp_state import keys
+from acp_state.connection import connect
+from acp_state.fanout import Fanout
+from acp_state.ids import workspace_id
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 30
@@ -87,28 +91,57 @@ class ApiProcess(Process):
 
 
 class EventWatcher:
-    """Every event published for any session, awaited by predicate (no sleeps)."""
+    """Every event of every session of the watched workspaces, awaited by predicate (no sleeps).
 
-    def __init__(self, redis_url: str) -> None:
-        self.redis = aioredis.Redis.from_url(redis_url, decode_responses=True)
-        self.pubsub = self.redis.pubsub()
+    Built on the product's own fan-out: it follows each workspace's change channel, and on
+    the first word of a session subscribes to the session's event channel and reads what
+    came before from the replay log, so it works alike on a single Redis and a cluster.
+    """
+
+    def __init__(self, redis_url: str, workspaces: list[str]) -> None:
+        self.redis = connect(redis_url)
+        self.fanout = Fanout(self.redis, on_change=self._session_changed)
+        self.workspaces = [workspace_id(w) for w in workspaces]
         self.events: list[dict[str, Any]] = []
         self._changed = asyncio.Condition()
-        self._task: asyncio.Task[None] | None = None
+        self._followers: dict[str, asyncio.Task[None]] = {}
 
     async def start(self) -> None:
-        await self.pubsub.psubscribe("acp:*:ev:*")
-        self._task = asyncio.ensure_future(self._pump())
+        for ws in self.workspaces:
+            await self.fanout.watch(ws)
+            async for key in self.redis.scan_iter(match=keys.session_prefix(ws) + "*"):
+                self._session_changed(keys.invalidations(ws), key.rsplit(":", 1)[1])
 
-    async def _pump(self) -> None:
-        async for message in self.pubsub.listen():
-            if message["type"] != "pmessage":
-                continue
-            event = orjson.loads(message["data"])
-            event["_channel"] = message["channel"]
-            async with self._changed:
-                self.events.append(event)
-                self._changed.notify_all()
+    def _session_changed(self, channel: str, sid: str) -> None:
+        if sid not in self._followers:
+            self._followers[sid] = asyncio.ensure_future(self._follow(keys.workspace_of_channel(channel), sid))
+
+    async def _follow(self, ws: str, sid: str) -> None:
+        channel = keys.events(ws, sid)
+        subscription = await self.fanout.subscribe(channel, buffer=1 << 20)
+        seen = await self._catch_up(channel, 0)  # what came before the subscription
+        while True:
+            delivery = await subscription.queue.get()
+            if delivery is None or delivery.event_id > seen + 1:  # some were lost: the log has them
+                subscription.resync = False
+                seen = await self._catch_up(channel, seen)
+            else:
+                seen = await self._add(channel, delivery.raw, seen)
+
+    async def _catch_up(self, channel: str, seen: int) -> int:
+        for _, fields in await self.redis.xrange(channel, f"({seen}-0", "+"):
+            seen = await self._add(channel, fields["e"], seen)
+        return seen
+
+    async def _add(self, channel: str, raw: str, seen: int) -> int:
+        event = orjson.loads(raw)
+        if event["id"] <= seen:
+            return seen
+        event["_channel"] = channel
+        async with self._changed:
+            self.events.append(event)
+            self._changed.notify_all()
+        return event["id"]
 
     async def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20) -> dict[str, Any]:
         """The first event (seen so far or arriving) that satisfies `predicate`."""
@@ -139,9 +172,10 @@ class EventWatcher:
         return [e for e in self.events if e["_channel"].endswith(sid)]
 
     async def close(self) -> None:
-        if self._task:
-            self._task.cancel()
-        await self.pubsub.aclose()
+        for task in self._followers.values():
+            task.cancel()
+        await asyncio.gather(*self._followers.values(), return_exceptions=True)
+        await self.fanout.stop()
         await self.redis.aclose()
 
 
@@ -153,7 +187,7 @@ class Harness:
         self.workspace = workspace
         self.free_port = free_port
         self.processes: list[Process] = []
-        self.watcher = EventWatcher(redis_url)
+        self.watcher = EventWatcher(redis_url, [workspace])
         self._watching = False
         self.logs = Path(workspace).parent
 

@@ -30,13 +30,13 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> RedisServer:
+    def start(self, extra: list[str] | None = None) -> RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (scripts/test installs it)")
         self.process = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--daemonize", "no", "--loglevel", "warning"],
+             "--dir", self.dir, "--daemonize", "no", "--loglevel", "warning", *(extra or [])],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
@@ -58,3 +58,103 @@ class RedisServer:
             self.process.terminate()
             self.process.wait(10)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+class RedisCluster:
+    """A throwaway Redis Cluster of `masters` redis-server processes, each with `replicas`
+    replicas, all slots assigned by `redis-cli --cluster create`."""
+
+    def __init__(self, masters: int = 3, replicas: int = 0) -> None:
+        self.replicas = replicas
+        self.nodes = [RedisServer(port=free_cluster_port()) for _ in range(masters * (1 + replicas))]
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
+
+    def start(self) -> RedisCluster:
+        for node in self.nodes:
+            node.start(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                        "--cluster-node-timeout", "5000"])
+        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        for node in self.nodes:
+            client = redis.Redis(port=node.port, decode_responses=True)
+            while "cluster_state:ok" not in client.execute_command("CLUSTER", "INFO") or (
+                client.info("replication")["role"] == "slave"
+                and client.info("replication")["master_link_status"] != "up"
+            ):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the cluster did not reach cluster_state:ok")
+                time.sleep(0.05)
+        return self
+
+    def fail_over(self, key: str) -> tuple[int, int]:
+        """Promote a replica of the master serving `key` (CLUSTER FAILOVER, the graceful
+        kind); returns (old master port, new master port) once every node agrees."""
+        old = self.owner_of(key)
+        old_id = redis.Redis(port=old, decode_responses=True).execute_command("CLUSTER", "MYID")
+        replica = next(
+            n.port for n in self.nodes
+            if redis.Redis(port=n.port, decode_responses=True).info("replication").get("master_port") == old
+        )
+        redis.Redis(port=replica).execute_command("CLUSTER", "FAILOVER")
+        deadline = time.monotonic() + 30
+        while any(self._owner_seen_by(n.port, key) != replica for n in self.nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the failover of {old} ({old_id}) did not finish")
+            time.sleep(0.05)
+        return old, replica
+
+    def _owner_seen_by(self, port: int, key: str) -> int | None:
+        client = redis.Redis(port=port)
+        slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
+        for start, end, primary, *_ in client.execute_command("CLUSTER", "SLOTS"):
+            if int(start) <= slot <= int(end):
+                return int(primary[1])
+        return None
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def owner_of(self, key: str) -> int:
+        """The port of the node that serves `key`'s slot."""
+        port = self._owner_seen_by(self.nodes[0].port, key)
+        if port is None:
+            raise LookupError(f"the slot of {key} is not served")
+        return port
+
+    def move_slot_of(self, key: str) -> tuple[int, int]:
+        """Migrate the slot of `key`, with its keys, to another node (what `redis-cli
+        --cluster reshard` does, for one slot); returns (from port, to port)."""
+        clients = {n.port: redis.Redis(port=n.port, decode_responses=True) for n in self.nodes}
+        slot = int(clients[self.nodes[0].port].execute_command("CLUSTER", "KEYSLOT", key))
+        node_ids = {port: client.execute_command("CLUSTER", "MYID") for port, client in clients.items()}
+        source = self.owner_of(key)
+        target = next(port for port in clients if port != source)
+        clients[target].execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", node_ids[source])
+        clients[source].execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", node_ids[target])
+        while names := clients[source].execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            clients[source].execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *names)
+        for client in clients.values():
+            client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", node_ids[target])
+        return source, target

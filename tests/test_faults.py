@@ -20,8 +20,9 @@ async def test_redis_restart_with_data_loss(own_redis: RedisServer, workspace: s
         api = await harness.api()
         sid = (await create(api, workspace))["sessionId"]
         idle = (await create(api, workspace))["sessionId"]
-        waiting = await prompt(api, sid, "#permission")
         sse = await SseClient(api, sid).start()
+        await sse.wait_for(lambda f: f["event"] == "session_snapshot")
+        waiting = await prompt(api, sid, "#permission")
         request = await sse.wait_for(lambda f: f["event"] == "permission_request")
         epoch_before = waiting["eventEpoch"]
 
@@ -50,9 +51,10 @@ async def test_redis_restart_with_data_loss(own_redis: RedisServer, workspace: s
         # The event history is gone, and the epoch says so.
         again = await prompt(api, idle, "hello")
         assert again["eventEpoch"] != epoch_before
-        # The agent still waits for its vote; the rewritten request takes it.
+        # The agent still waits for its vote; the rewritten request takes it, even by the
+        # legacy route, whose request index was rewritten too.
         vote = await api.client.post(
-            f"/session/{sid}/permission/{rid}", json={"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
+            f"/permission/{rid}", json={"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
         )
         assert vote.status_code == 200, vote.text
         fresh = await SseClient(api, sid, last_event_id=0).start()

@@ -369,3 +369,29 @@ async def test_workspace_listing_pages_newest_first(harness: Harness, workspace:
     assert "nextCursor" not in second
     listed = [row["sessionId"] for row in first["sessions"] + second["sessions"]]
     assert listed == list(reversed(ids))
+
+
+async def test_a_burst_of_concurrent_requests_is_served_not_refused(harness: Harness, workspace: str) -> None:
+    """More requests in flight than a default Redis pool has connections (100): creates wait
+    for their worker's reply on a connection each, and none is refused with a 503."""
+    import httpx
+
+    await harness.worker("--max-sessions", "200")
+    api = await harness.api()
+    burst = 150
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{api.port}", timeout=60, limits=httpx.Limits(max_connections=None)
+    ) as client:
+        created = await asyncio.gather(
+            *(client.post("/session", json={"cwd": workspace, "sessionScope": "thread"}) for _ in range(burst))
+        )
+        assert [r.status_code for r in created] == [200] * burst, {r.status_code: r.text for r in created}
+        sids = [r.json()["sessionId"] for r in created]
+        statuses = await asyncio.gather(*(client.get(f"/session/{sid}/status") for sid in sids))
+    assert [r.status_code for r in statuses] == [200] * burst
+    listed, cursor = [], ""
+    while cursor is not None:
+        page = (await api.client.get(f"/workspace/{workspace_id(workspace)}/sessions?size=100{cursor}")).json()
+        listed += [row["sessionId"] for row in page["sessions"]]
+        cursor = f"&cursor={page['nextCursor']}" if "nextCursor" in page else None
+    assert sorted(listed) == sorted(sids)

@@ -213,6 +213,8 @@ class LiveSession:
     async def republish(self) -> None:
         """Redis lost our state (restart, failover): write it again under a new epoch."""
         await self._write(self.snapshot_ops("session_restored"))
+        for rid in list(self.pending):
+            await self._locate_request(rid, True)
 
     # ---- prompts ------------------------------------------------------------------------
 
@@ -443,6 +445,15 @@ class LiveSession:
             del self.pending[rid]
         return fields
 
+    async def _locate_request(self, rid: str, present: bool) -> None:
+        """Index (or drop) a pending request for the legacy vote route. Best effort: a Redis
+        hiccup here must not fail the agent's request; a lost index is rewritten with the
+        session (republish), and a stale one expires."""
+        try:
+            await self.store.locate_request(rid, f"{self.ws}/{self.sid}" if present else None)
+        except Exception:
+            log.warning("could not %s request %s", "index" if present else "unindex", rid, extra={"sessionId": self.sid})
+
     def resolve_vote(self, rid: str, response: dict[str, Any], voter: str | None) -> None:
         """A vote won in Redis reached us: hand the answer to the waiting agent request."""
         pending = self.pending.get(rid)
@@ -482,12 +493,12 @@ class LiveSession:
         if result is None or result.applied != 1:
             self.pending.pop(rid, None)
             return CANCELLED
-        await self.store.locate_request(rid, f"{self.ws}/{self.sid}")
+        await self._locate_request(rid, True)
         try:
             response, voter = await pending.answer
         finally:
             still_ours = self.pending.pop(rid, None) is not None
-            await self.store.locate_request(rid, None)
+            await self._locate_request(rid, False)
         if still_ours:
             # Resolved by a vote: the vote script already removed the fields.
             data = {"requestId": rid, "outcome": response["outcome"]}

@@ -1,0 +1,135 @@
+"""The end-to-end flows again, on a 3-master Redis Cluster of real redis-server processes.
+
+This module overrides `redis_server` with a cluster, so the flows imported below run their
+workers, API processes and event watchers against it through a `redis+cluster://` URL.
+Then what only a cluster has: a workspace's slot moving to another node under live clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Iterator
+
+import pytest
+
+from acp_state import keys
+from acp_state.ids import workspace_id
+from tests.harness import Harness, SseClient
+from tests.redis_server import RedisCluster, free_port
+from tests.test_events import (  # noqa: F401  (collected here, on the cluster)
+    is_type,
+    test_cached_status_is_never_older_than_a_delivered_event,
+    test_client_of_a_killed_api_resumes_on_another_without_loss,
+    test_gaps_the_log_cannot_fill_are_announced,
+    test_sse_frames_and_replay_through_any_api,
+)
+from tests.test_faults import test_kill9_of_a_worker_hosting_1000_sessions  # noqa: F401
+from tests.test_lease import test_kill9_worker_leaves_live_status_within_its_lease  # noqa: F401
+from tests.test_loop_detection import (  # noqa: F401
+    test_agent_loop_error_reaches_sse_on_another_api_once,
+    test_reload_appends_the_turn_error_until_a_newer_prompt_starts,
+)
+from tests.test_runtime_status import (  # noqa: F401
+    create,
+    prompt,
+    test_cancel_resolves_pending_and_ends_cancelled,
+    test_close_removes_live_state_but_keeps_the_catalog_row,
+    test_concurrent_votes_on_two_apis_have_one_winner,
+    test_single_scope_coalesces_across_api_processes,
+    test_turn_error_survives_queued_prompts_and_clears_on_start,
+    test_two_workers_two_apis_share_runtime_state,
+    test_vote_errors_follow_the_reference,
+    test_workspace_listing_pages_newest_first,
+)
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisCluster]:
+    cluster = RedisCluster(masters=3)
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+async def test_live_clients_follow_a_workspace_whose_slot_moves(
+    harness: Harness, redis_server: RedisCluster, workspace: str
+) -> None:
+    await harness.worker()
+    api = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+    live = await SseClient(api, sid).start()
+    await live.wait_for(lambda f: f["event"] == "session_snapshot")
+    first = await prompt(api, sid, "#burst 5")
+    await live.wait_for(is_type("turn_complete", promptId=first["promptId"]))
+    assert (await api.client.get(f"/session/{sid}/status")).json()["activeWorkState"] == "idle"  # now cached
+
+    ws = workspace_id(workspace)
+    before, after = redis_server.move_slot_of(keys.session(ws, sid))
+    assert redis_server.owner_of(keys.events(ws, sid)) == after != before
+
+    # The worker's commands, its transitions and the SSE subscription all follow the slot.
+    second = await prompt(api, sid, "#permission")
+    asked = await live.wait_for(lambda f: f["event"] == "permission_request", timeout=30)
+    assert asked["data"]["promptId"] == second["promptId"]
+    status = (await api.client.get(f"/session/{sid}/status")).json()
+    assert status["activeWorkState"] == "active" and status["isWaitingForPermission"] is True
+    rid = asked["data"]["data"]["requestId"]
+    vote = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
+    assert (await api.client.post(f"/session/{sid}/permission/{rid}", json=vote)).status_code == 200
+    await live.wait_for(is_type("turn_complete", promptId=second["promptId"]), timeout=30)
+    status = (await api.client.get(f"/session/{sid}/status")).json()
+    assert status["activeWorkState"] == "idle" and status["isWaitingForPermission"] is False
+
+    ids = [f["id"] for f in live.events() if f["id"] is not None]
+    assert ids == list(range(ids[0], ids[-1] + 1)), "no event lost across the move"
+    await live.close()
+
+
+async def test_workspaces_on_every_shard(harness: Harness, redis_server: RedisCluster, tmp_path) -> None:
+    """Workspaces served by every master: sessions are created and listed in each."""
+    folders: list[str] = []
+    per_node: dict[int, int] = {node.port: 0 for node in redis_server.nodes}
+    for i in range(1000):  # two workspaces on each master
+        folder = tmp_path / f"ws{i}"
+        owner = redis_server.owner_of(keys.live(workspace_id(str(folder))))
+        if per_node[owner] < 2:
+            per_node[owner] += 1
+            folder.mkdir()
+            folders.append(str(folder))
+        if len(folders) == 2 * len(per_node):
+            break
+    await harness.worker()
+    api = await harness.api(workspaces=folders)
+    created = await asyncio.gather(*(create(api, folder) for folder in folders))
+    for folder, session in zip(folders, created, strict=True):
+        listing = (await api.client.get(f"/workspace/{workspace_id(folder)}/sessions")).json()
+        assert [row["sessionId"] for row in listing["sessions"]] == [session["sessionId"]]
+
+
+async def test_live_clients_follow_a_failover(workspace: str) -> None:
+    """A replica takes over the master of a live workspace: commands, transitions, status and
+    the SSE stream carry on against the new master, with no event lost."""
+    cluster = RedisCluster(masters=3, replicas=1).start()
+    harness = Harness(cluster.url, workspace, free_port)
+    try:
+        await harness.worker()
+        api = await harness.api()
+        sid = (await create(api, workspace))["sessionId"]
+        live = await SseClient(api, sid).start()
+        await live.wait_for(lambda f: f["event"] == "session_snapshot")
+        first = await prompt(api, sid, "#burst 3")
+        await live.wait_for(is_type("turn_complete", promptId=first["promptId"]))
+
+        old, new = cluster.fail_over(keys.session(workspace_id(workspace), sid))
+        assert old != new
+
+        second = await prompt(api, sid, "#burst 3")
+        await live.wait_for(is_type("turn_complete", promptId=second["promptId"]), timeout=30)
+        status = (await api.client.get(f"/session/{sid}/status")).json()
+        assert status["activeWorkState"] == "idle"
+        ids = [f["id"] for f in live.events() if f["id"] is not None]
+        assert ids == list(range(ids[0], ids[-1] + 1)), "no event lost across the failover"
+        await live.close()
+    finally:
+        await harness.stop_all()
+        cluster.stop()

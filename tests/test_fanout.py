@@ -1,0 +1,58 @@
+"""The pub/sub fan-out against a real Redis: subscriptions that churn, and delivery order."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator
+
+import orjson
+import pytest
+
+from acp_state.connection import connect
+from acp_state.fanout import Fanout
+from tests.redis_server import RedisServer
+
+
+@pytest.fixture
+async def fanout(redis_server: RedisServer) -> AsyncIterator[Fanout]:
+    fanout = Fanout(connect(redis_server.url))
+    yield fanout
+    await fanout.stop()
+
+
+async def test_a_listener_arriving_while_the_last_one_leaves_is_subscribed(
+    fanout: Fanout, redis_server: RedisServer
+) -> None:
+    """The last SSE client of a session leaves as the next one arrives: Redis confirms our
+    SUNSUBSCRIBE and then the new SSUBSCRIBE; the first must not pass for a moved slot."""
+    publisher = connect(redis_server.url)
+    channel = "acp:{fanout-test}:ev:s1"
+    for n in range(1, 21):
+        leaving = await fanout.subscribe(channel)
+        goodbye = asyncio.ensure_future(fanout.unsubscribe(leaving))
+        arriving = await asyncio.wait_for(fanout.subscribe(channel), 10)
+        await goodbye
+        await publisher.execute_command("SPUBLISH", channel, orjson.dumps({"id": n, "type": "ping"}))
+        delivery = await asyncio.wait_for(arriving.queue.get(), 10)
+        assert delivery is not None and delivery.event_id == n
+        await fanout.unsubscribe(arriving)
+    await publisher.aclose()
+
+
+async def test_changes_reach_the_cache_before_the_events_they_announce(
+    fanout: Fanout, redis_server: RedisServer
+) -> None:
+    seen: list[str] = []
+    fanout.on_change = lambda channel, sid: seen.append(f"change {sid}")
+    publisher = connect(redis_server.url)
+    assert await fanout.watch("fanout-test2")
+    listener = await fanout.subscribe("acp:{fanout-test2}:ev:s1")
+    # What the APPLY script does: announce on the change channel, then publish the event.
+    await publisher.eval(
+        "redis.call('SPUBLISH', KEYS[1], 's1') return redis.call('SPUBLISH', KEYS[2], ARGV[1])",
+        2, "acp:{fanout-test2}:inv", "acp:{fanout-test2}:ev:s1", orjson.dumps({"id": 1, "type": "ping"}),
+    )
+    delivery = await asyncio.wait_for(listener.queue.get(), 10)
+    seen.append(f"event {delivery.event_id}")
+    assert seen == ["change s1", "event 1"]
+    await publisher.aclose()
