@@ -3,6 +3,8 @@
 Starts its own redis-server, API and worker processes (and `qwen serve`, the reference, when
 `qwen` is installed); load comes from `wrk` in separate processes. Prints a table and writes
 it to bench/results/latest.json. `--quick` shrinks the session counts for a smoke run.
+`--server granian|uvicorn` picks the ASGI server of the API and of the Starlette baselines
+alike (default: the API's default), so every ratio compares like with like; the JSON records it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import httpx
 import redis.asyncio as aioredis
 
 from acp_state import events, keys
+from acp_state.cli import DEFAULT_SERVER, SERVERS
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
 
@@ -118,7 +121,8 @@ async def create_sessions(client: httpx.AsyncClient, cwd: str, count: int, concu
 
 
 async def bench_status(ctx: dict[str, Any]) -> list[dict[str, Any]]:
-    """GET /session/:id/status against a bare hello and a one-HGETALL handler, same stack."""
+    """GET /session/:id/status against a bare hello and a one-HGETALL handler, same stack
+    (the baselines run on the API's ASGI server, through the same serving code)."""
     redis, base, sid, ws = ctx["redis"], ctx["base"], ctx["sid"], ctx["ws"]
     rows = []
     log("status route")
@@ -128,11 +132,11 @@ async def bench_status(ctx: dict[str, Any]) -> list[dict[str, Any]]:
     per_request = delta(after, before, skip=("xread", "zrangebyscore", "ping", "info", "set", "zadd", "zrange")) / max(ours["requests"], 1)
     rows.append({"figure": "status route (1 live session)", **ours, "redis_round_trips_per_request": round(per_request, 3)})
     hello_port, hgetall_port = free_port(), free_port()
+    hello = [sys.executable, "-m", "bench.hello_app", "--server", ctx["server"]]
     baselines = [
-        subprocess.Popen([sys.executable, "-m", "bench.hello_app", "--port", str(hello_port)], cwd=ROOT, stdout=subprocess.DEVNULL),
+        subprocess.Popen([*hello, "--port", str(hello_port)], cwd=ROOT, stdout=subprocess.DEVNULL),
         subprocess.Popen(
-            [sys.executable, "-m", "bench.hello_app", "--port", str(hgetall_port), "--redis-url", ctx["redis_url"],
-             "--key", keys.session(ws, sid)],
+            [*hello, "--port", str(hgetall_port), "--redis-url", ctx["redis_url"], "--key", keys.session(ws, sid)],
             cwd=ROOT, stdout=subprocess.DEVNULL,
         ),
     ]
@@ -294,14 +298,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     cwds = {name: str(logs / name) for name in ("status", "l1", "l100", "l1000", "capacity")}
     for path in cwds.values():
         Path(path).mkdir()
-    ctx: dict[str, Any] = {"redis_url": server.url, "logs": logs, "workers": []}
+    ctx: dict[str, Any] = {"redis_url": server.url, "logs": logs, "workers": [], "server": args.server}
     processes: list[AcpProcess] = []
     sections: dict[str, Any] = {}
     try:
         ctx["redis"] = aioredis.Redis.from_url(server.url, decode_responses=True)
         ctx["workers"] = [await worker(server.url, logs, "--max-sessions", "5000")]
         extra = [a for cwd in cwds.values() for a in ("--workspace", cwd)]
-        api_process, port = await api(server.url, cwds["status"], logs, *extra)
+        api_process, port = await api(server.url, cwds["status"], logs, *extra, server=args.server)
         processes.append(api_process)
         ctx["base"] = f"http://127.0.0.1:{port}"
         async with httpx.AsyncClient(base_url=ctx["base"], timeout=60) as client:
@@ -314,7 +318,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         sections["listing"] = await bench_listing(ctx, [1, 100, 200 if quick else 1000])
         sections["transitions"] = await bench_transitions(ctx)
         log("publish -> SSE latency")
-        sections["sse"] = await sse_latency.run(300 if quick else 2000)
+        sections["sse"] = await sse_latency.run(300 if quick else 2000, args.server)
         sections["capacity"] = await bench_capacity(ctx, 2000 if quick else 10_000)
     finally:
         for process in ctx.get("workers", []):
@@ -327,17 +331,31 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "server": _server_stack(args.server),
         "sections": sections,
     }
 
 
+def _server_stack(name: str) -> str:
+    """The ASGI server with its version, and the event loop: e.g. `granian 2.8.9, uvloop 0.23.0`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(package: str) -> str:
+        try:
+            return f"{package} {version(package)}"
+        except PackageNotFoundError:
+            return f"{package} (not installed)"
+
+    return f"{of(name)}, {of('uvloop')}" + (f", {of('httptools')}" if name == "uvicorn" else "")
+
+
 def table(result: dict[str, Any]) -> str:
-    lines = [f"acp-state bench, {result['date']}, {result['machine']}", ""]
+    lines = [f"acp-state bench, {result['date']}, {result['machine']}, API and baselines on {result['server']}", ""]
     for name, rows in result["sections"].items():
         lines.append(f"## {name}")
         if isinstance(rows, dict):  # the SSE latency section
             lines.append(f"  worker publish -> SSE client      p50 {rows['publish_to_sse']['p50_ms']} ms   p99 {rows['publish_to_sse']['p99_ms']} ms")
-            lines.append(f"  baseline: bare PUBLISH -> sub     p50 {rows['baseline_bare_publish']['p50_ms']} ms   p99 {rows['baseline_bare_publish']['p99_ms']} ms")
+            lines.append(f"  baseline: bare SPUBLISH -> sub    p50 {rows['baseline_bare_publish']['p50_ms']} ms   p99 {rows['baseline_bare_publish']['p99_ms']} ms")
             continue
         for row in rows:
             figures = ", ".join(f"{k} {v}" for k, v in row.items() if k != "figure")
@@ -349,6 +367,8 @@ def table(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller session counts (a smoke run)")
+    parser.add_argument("--server", choices=SERVERS, default=DEFAULT_SERVER,
+                        help="the ASGI server of the API and of the Starlette baselines (acp-state api --server)")
     args = parser.parse_args()
     result = asyncio.run(run(args))
     print(table(result))

@@ -1,20 +1,26 @@
-"""Baseline servers on the same stack as the API (Starlette + uvicorn, uvloop, httptools):
-`hello` answers a JSON constant; `hgetall` does one Redis HGETALL per request.
+"""Baseline servers on the same stack as the API (Starlette on the ASGI server `acp-state api
+--server` picks, served by the very code that serves the API: `acp_state.cli._serve_http`,
+on uvloop): `hello` answers a JSON constant; `hgetall` does one Redis HGETALL per request.
 
-    python -m bench.hello_app --port 8001 [--redis-url URL --key K]
+    python -m bench.hello_app --port 8001 [--server granian|uvicorn] [--redis-url URL --key K]
+
+`hello()` is the bare hello as an app factory, for servers run from their own command line
+(e.g. `granian --interface asgi --factory bench.hello_app:hello`; bench/servers.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 
 import orjson
 import redis.asyncio as aioredis
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from acp_state.cli import DEFAULT_SERVER, SERVERS, _serve_http, _started, _until_signal
 
 
 def build(redis_url: str | None, key: str) -> Starlette:
@@ -30,14 +36,36 @@ def build(redis_url: str | None, key: str) -> Starlette:
     return Starlette(routes=[Route("/", hgetall if client else hello)])
 
 
+def hello() -> Starlette:
+    return build(None, "")
+
+
+async def serve(app: Starlette, port: int, server_name: str) -> None:
+    server = _serve_http(app, "127.0.0.1", port, server_name)
+
+    async def run() -> None:
+        serving = asyncio.ensure_future(server.serve())
+        await _started(server, serving)
+        print(f"listening on http://127.0.0.1:{server.port} ({server_name})", flush=True)
+        await serving
+
+    await _until_signal(run, server.stop)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--server", choices=SERVERS, default=DEFAULT_SERVER)
     parser.add_argument("--redis-url")
     parser.add_argument("--key", default="bench:hash")
     args = parser.parse_args()
-    print("listening", flush=True)
-    uvicorn.run(build(args.redis_url, args.key), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    try:
+        import uvloop
+
+        uvloop.install()  # as `acp-state` does
+    except ImportError:
+        pass
+    asyncio.run(serve(build(args.redis_url, args.key), args.port, args.server))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from acp_state.cli import DEFAULT_SERVER
 from tests.redis_server import RedisServer as _RedisServer
 from tests.redis_server import free_port
 
@@ -59,10 +60,13 @@ class AcpProcess:
             await asyncio.wait_for(self.proc.wait(), 30)
 
 
-async def api(redis_url: str, workspace: str, log_dir: Path, *extra: str) -> tuple[AcpProcess, int]:
+async def api(
+    redis_url: str, workspace: str, log_dir: Path, *extra: str, server: str = DEFAULT_SERVER
+) -> tuple[AcpProcess, int]:
+    """An API process on the ASGI server `server` (`acp-state api --server`)."""
     port = free_port()
     process = AcpProcess(
-        "api", "--redis-url", redis_url, "--port", str(port), "--workspace", workspace, *extra,
+        "api", "--redis-url", redis_url, "--port", str(port), "--workspace", workspace, "--server", server, *extra,
         marker="listening", log=log_dir / f"api-{port}.log",
     )
     return await process.start(), port

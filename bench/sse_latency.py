@@ -1,7 +1,8 @@
 """Publish-to-SSE latency: from a worker's state transition to an SSE client's receipt.
 
-Baseline, same run: a bare Redis PUBLISH to a redis-py subscriber. Run:
-    python -m bench.sse_latency [--samples 2000]
+Baseline, same run: a bare sharded Redis publish (SPUBLISH, what the APPLY script uses) to a
+redis-py SSUBSCRIBE subscriber. Run:
+    python -m bench.sse_latency [--samples 2000] [--server granian|uvicorn]
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from acp_state import events, keys
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
 
+from acp_state.cli import DEFAULT_SERVER, SERVERS
+
 from .procs import RedisServer, api, percentile, worker
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -29,13 +32,13 @@ async def _bare_publish(redis_url: str, samples: int) -> list[float]:
     publisher = aioredis.Redis.from_url(redis_url)
     subscriber = aioredis.Redis.from_url(redis_url)
     pubsub = subscriber.pubsub()
-    await pubsub.subscribe("bench:bare")
+    await pubsub.ssubscribe("bench:bare")
     await pubsub.get_message(timeout=1)  # the subscribe confirmation
     payload = b"x" * 300
     latencies = []
     for _ in range(samples):
         started = time.perf_counter()
-        await publisher.publish("bench:bare", payload)
+        await publisher.spublish("bench:bare", payload)
         while (await pubsub.get_message(timeout=5)) is None:
             pass
         latencies.append((time.perf_counter() - started) * 1000)
@@ -72,7 +75,7 @@ async def _publish_to_sse(redis_url: str, port: int, workspace: str, samples: in
         latencies = []
         for n in range(samples):
             started = time.perf_counter()
-            # The worker's path exactly: one APPLY (hash + stream + PUBLISH), then fan-out.
+            # The worker's path exactly: one APPLY (hash + stream + SPUBLISH), then fan-out.
             await store.apply(ws, sid, owner, {"events": [events.body("bench_probe", {"n": n, "pad": "x" * 200})]})
             received = await asyncio.wait_for(arrived.get(), 10)
             latencies.append((received - started) * 1000)
@@ -81,14 +84,14 @@ async def _publish_to_sse(redis_url: str, port: int, workspace: str, samples: in
         return latencies
 
 
-async def run(samples: int) -> dict:
+async def run(samples: int, server_name: str = DEFAULT_SERVER) -> dict:
     server = RedisServer()
     logs = Path(tempfile.mkdtemp(prefix="acp-bench-"))
     workspace = str(logs)
     processes = []
     try:
         processes.append(await worker(server.url, logs))
-        api_process, port = await api(server.url, workspace, logs)
+        api_process, port = await api(server.url, workspace, logs, server=server_name)
         processes.append(api_process)
         bare = await _bare_publish(server.url, samples)
         sse = await _publish_to_sse(server.url, port, workspace, samples)
@@ -101,6 +104,7 @@ async def run(samples: int) -> dict:
         return {"p50_ms": round(percentile(values, 50), 3), "p99_ms": round(percentile(values, 99), 3)}
 
     result = {
+        "server": server_name,
         "samples": samples,
         "publish_to_sse": summary(sse),
         "baseline_bare_publish": summary(bare),
@@ -113,8 +117,9 @@ async def run(samples: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument("--server", choices=SERVERS, default=DEFAULT_SERVER, help="the API's ASGI server")
     args = parser.parse_args()
-    result = asyncio.run(run(args.samples))
+    result = asyncio.run(run(args.samples, args.server))
     print(f"{'':28} {'p50 ms':>8} {'p99 ms':>8}")
     print(f"{'worker publish -> SSE':28} {result['publish_to_sse']['p50_ms']:8.3f} {result['publish_to_sse']['p99_ms']:8.3f}")
     print(f"{'bare PUBLISH -> subscriber':28} {result['baseline_bare_publish']['p50_ms']:8.3f} {result['baseline_bare_publish']['p99_ms']:8.3f}")
