@@ -73,3 +73,20 @@ def node_client(node: ClusterNode) -> aioredis.Redis:
         **options,
     )
     return aioredis.Redis(connection_pool=pool)
+
+
+class UnsuitableRedis(RuntimeError):
+    """The URL reaches a Redis acp-state cannot run on, or runs on only by another URL."""
+
+
+async def verify(redis: Client) -> None:
+    """Refuse, with the reason, a Redis older than 7.0 (no sharded pub/sub) and a cluster
+    node given by a single-node URL (every command of another slot would fail with MOVED)."""
+    if not isinstance(redis, aioredis.Redis) or type(redis).__module__.startswith("fakeredis"):
+        return  # a cluster client checked its nodes itself; the embedded default is fine
+    info = await redis.info()
+    major = int(str(info.get("redis_version", "0")).split(".")[0])
+    if major < 7:
+        raise UnsuitableRedis(f"Redis {info.get('redis_version')} is too old: acp-state needs Redis >= 7.0")
+    if info.get("cluster_enabled"):
+        raise UnsuitableRedis("this Redis is a cluster node: give it as redis+cluster://host:port")

@@ -3,8 +3,9 @@
 4 workers, 2 API processes, 2,000 live scripted sessions; a separate load process keeps
 prompting (`#permission` turns answered by votes, plain echo turns) and polling status and
 listings for `--minutes`. Reports throughput, p99 latencies, Redis memory per session, and
-the processes' RSS over time (flat = no leak). Run:
-    python -m bench.soak [--minutes 10] [--sessions 2000]
+the processes' RSS over time (flat = no leak). `--cluster` runs it all on a 3-master Redis
+Cluster instead of one Redis (results in soak-cluster.json). Run:
+    python -m bench.soak [--minutes 10] [--sessions 2000] [--cluster]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import httpx
 import redis.asyncio as aioredis
 
 from acp_state.ids import workspace_id
+from tests.redis_server import RedisCluster
 
 from .__main__ import create_sessions, log
 from .procs import RedisServer, api, percentile, worker
@@ -33,13 +35,23 @@ def rss_mb(pid: int) -> float:
     return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
 
 
-async def soak(minutes: float, sessions: int) -> dict[str, Any]:
-    server = RedisServer()
+async def used_memory(ports: list[int]) -> int:
+    """Redis memory in use, summed over every node."""
+    total = 0
+    for port in ports:
+        client = aioredis.Redis(port=port)
+        total += (await client.info("memory"))["used_memory"]
+        await client.aclose()
+    return total
+
+
+async def soak(minutes: float, sessions: int, cluster: bool = False) -> dict[str, Any]:
+    server: Any = RedisCluster().start() if cluster else RedisServer()
+    ports = [node.port for node in server.nodes] if cluster else [server.port]
     logs = Path(tempfile.mkdtemp(prefix="acp-soak-"))
     workspace = str(logs)
     workers = [await worker(server.url, logs, "--max-sessions", str(sessions)) for _ in range(4)]
     apis = [await api(server.url, workspace, logs) for _ in range(2)]
-    redis = aioredis.Redis.from_url(server.url, decode_responses=True)
     clients = [httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) for _, port in apis]
     latencies: dict[str, list[float]] = {"status": [], "listing": [], "prompt": [], "vote": [], "turn": []}
     counts = dict.fromkeys(latencies, 0)
@@ -47,9 +59,9 @@ async def soak(minutes: float, sessions: int) -> dict[str, Any]:
     transport_errors: list[str] = []
     rss: list[dict[str, float]] = []
     try:
-        base_memory = (await redis.info("memory"))["used_memory"]
+        base_memory = await used_memory(ports)
         sids = await create_sessions(clients[0], workspace, sessions)
-        memory_per_session = ((await redis.info("memory"))["used_memory"] - base_memory) / sessions
+        memory_per_session = (await used_memory(ports) - base_memory) / sessions
         ws = workspace_id(workspace)
         stop_at = time.monotonic() + minutes * 60
 
@@ -115,10 +127,10 @@ async def soak(minutes: float, sessions: int) -> dict[str, Any]:
             await client.aclose()
         for process in workers + [a for a, _ in apis]:
             await process.stop()
-        await redis.aclose()
         server.stop()
     first, last = rss[0], rss[-1]
     return {
+        "redis": "3-master cluster" if cluster else "single",
         "minutes": minutes,
         "sessions": sessions,
         "throughput_per_s": {k: round(v / elapsed, 1) for k, v in counts.items()},
@@ -137,12 +149,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--sessions", type=int, default=2000)
+    parser.add_argument("--cluster", action="store_true", help="a 3-master Redis Cluster instead of one Redis")
     args = parser.parse_args()
-    result = asyncio.run(soak(args.minutes, args.sessions))
+    result = asyncio.run(soak(args.minutes, args.sessions, args.cluster))
     summary = {k: v for k, v in result.items() if k != "rss_samples"}
     print(json.dumps(summary, indent=2))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "soak.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / ("soak-cluster.json" if args.cluster else "soak.json")).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

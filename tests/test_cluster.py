@@ -8,6 +8,7 @@ Then what only a cluster has: a workspace's slot moving to another node under li
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Iterator
 
 import pytest
@@ -133,3 +134,17 @@ async def test_live_clients_follow_a_failover(workspace: str) -> None:
     finally:
         await harness.stop_all()
         cluster.stop()
+
+
+async def test_a_cluster_node_behind_a_single_node_url_is_refused(redis_server: RedisCluster) -> None:
+    """`redis://` to a cluster node would fail later, command by command, with MOVED: the
+    processes refuse to start instead, and say which URL to give."""
+    single = f"redis://127.0.0.1:{redis_server.nodes[0].port}"
+    for command in (["worker"], ["api", "--port", "0"]):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "acp_state.cli", *command, "--redis-url", single,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        _, stderr = await asyncio.wait_for(process.communicate(), 30)
+        assert process.returncode == 1
+        assert "give it as redis+cluster://" in stderr.decode()
