@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from typing import Iterator
 
 import pytest
@@ -67,10 +68,12 @@ async def test_live_clients_follow_a_workspace_whose_slot_moves(
     ws = workspace_id(workspace)
     before, after = redis_server.move_slot_of(keys.session(ws, sid))
     assert redis_server.owner_of(keys.events(ws, sid)) == after != before
+    moved_at = time.monotonic()
 
     # The worker's commands, its transitions and the SSE subscription all follow the slot.
     second = await prompt(api, sid, "#permission")
     asked = await live.wait_for(lambda f: f["event"] == "permission_request", timeout=30)
+    print(f"\nslot moved: the next prompt's permission_request reached SSE {(time.monotonic() - moved_at) * 1000:.0f} ms later")
     assert asked["data"]["promptId"] == second["promptId"]
     status = (await api.client.get(f"/session/{sid}/status")).json()
     assert status["activeWorkState"] == "active" and status["isWaitingForPermission"] is True
@@ -123,9 +126,11 @@ async def test_live_clients_follow_a_failover(workspace: str) -> None:
 
         old, new = cluster.fail_over(keys.session(workspace_id(workspace), sid))
         assert old != new
+        failed_over_at = time.monotonic()
 
         second = await prompt(api, sid, "#burst 3")
         await live.wait_for(is_type("turn_complete", promptId=second["promptId"]), timeout=30)
+        print(f"\nfailover: the next turn completed on SSE {(time.monotonic() - failed_over_at) * 1000:.0f} ms after it")
         status = (await api.client.get(f"/session/{sid}/status")).json()
         assert status["activeWorkState"] == "idle"
         ids = [f["id"] for f in live.events() if f["id"] is not None]
