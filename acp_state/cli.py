@@ -228,12 +228,14 @@ def _retention(args: argparse.Namespace) -> Retention:
 
 
 async def run_api(args: argparse.Namespace) -> None:
-    from api.app import create_app
+    from api.app import create_app, end_streams
 
     settings = _api_settings(args)
-    server = _serve_http(create_app(settings), settings.host, settings.port, args.server)
+    app = create_app(settings)
+    server = _serve_http(app, settings.host, settings.port, args.server)
 
     def stop() -> None:
+        end_streams(app)  # open event streams end cleanly now, not when the grace period ends
         server.stop()
 
     async def serve() -> None:
@@ -270,15 +272,17 @@ async def run_worker(args: argparse.Namespace) -> None:
 
 async def run_dev(args: argparse.Namespace) -> None:
     """The embedded default: API + one worker in one process, on in-process Redis."""
-    from api.app import create_app
+    from api.app import create_app, end_streams
     from worker.worker import Worker
 
     store = RedisStore(connect(args.redis_url), _retention(args))
     settings = _api_settings(args)
     worker = Worker(store, _worker_config(args))
-    server = _serve_http(create_app(settings, store=store), settings.host, settings.port, args.server)
+    app = create_app(settings, store=store)
+    server = _serve_http(app, settings.host, settings.port, args.server)
 
     def stop() -> None:
+        end_streams(app)
         server.stop()
         worker.stop()
 

@@ -50,6 +50,12 @@ class Subscription:
     channel: str
     queue: asyncio.Queue[Delivery | None] = field(default_factory=lambda: asyncio.Queue(DEFAULT_BUFFER))
     resync: bool = False  # events were skipped (overflow, reconnect): check the log for gaps
+    closed: bool = False  # the process is shutting down: the listener should end now
+
+    def close(self) -> None:
+        """Tell the listener to end (it wakes on the None)."""
+        self.closed = True
+        self.deliver(None)
 
     def deliver(self, item: Delivery | None) -> None:
         if item is not None and self.resync:
@@ -102,6 +108,14 @@ class Fanout:
         self._retired: list[_Link] = []  # failed connections to close
         self._repair: asyncio.Task[None] | None = None
         self._stopped = False
+        self._ending = False
+
+    def end_listeners(self) -> None:
+        """Shutdown begins: every listener, and any that still arrives, is told to end."""
+        self._ending = True
+        for listeners in self._subscriptions.values():
+            for subscription in listeners:
+                subscription.close()
 
     async def stop(self) -> None:
         self._stopped = True
@@ -124,6 +138,8 @@ class Fanout:
         except BaseException:
             await self.unsubscribe(subscription)
             raise
+        if self._ending:
+            subscription.close()
         return subscription
 
     async def unsubscribe(self, subscription: Subscription) -> None:

@@ -49,6 +49,15 @@ ROUTES = [
 ]
 
 
+def end_streams(app: Starlette) -> None:
+    """Shutdown begins (SIGTERM): end every event stream now, cleanly, rather than have the
+    server cancel it after its grace period; clients resume on another API process with
+    `Last-Event-ID` and miss nothing."""
+    state = getattr(app.state, "acp", None)
+    if state is not None:
+        state.fanout.end_listeners()
+
+
 def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette:
     """Build the app; without `store` it connects to `settings.redis_url` at startup."""
 

@@ -149,6 +149,8 @@ async def _generate(
             except asyncio.TimeoutError:
                 yield b": keepalive\n\n"
                 continue
+            if delivery is None and subscription.closed:
+                return  # this process is shutting down: the client resumes elsewhere (Last-Event-ID)
             if delivery is None:  # skipped events (burst overflow, reconnect): catch up from the log
                 subscription.resync = False
                 frames, cursor, ended = await _from_log(store, ws, sid, cursor, None, epoch)

@@ -242,6 +242,7 @@ class SseClient:
         self._task: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()
         self.status: int | None = None
+        self.error: httpx.HTTPError | None = None  # how the stream broke, if it did not end cleanly
 
     async def start(self) -> SseClient:
         opened = asyncio.get_running_loop().create_future()
@@ -269,7 +270,9 @@ class SseClient:
                     else:
                         name, _, value = line.partition(": ")
                         current[name] = value
-        except (httpx.HTTPError, asyncio.CancelledError):
+        except (httpx.HTTPError, asyncio.CancelledError) as error:
+            if isinstance(error, httpx.HTTPError):
+                self.error = error
             if not opened.done():
                 opened.set_result(None)
         finally:

@@ -174,3 +174,28 @@ async def test_cached_status_is_never_older_than_a_delivered_event(harness: Harn
         assert done
         assert (await api.client.get(f"/session/{sid}/status")).json()["hasActivePrompt"] is False
     await sse.close()
+
+
+async def test_sigterm_ends_event_streams_cleanly_and_clients_resume_elsewhere(harness: Harness, workspace: str) -> None:
+    """An API process told to stop ends its open event streams at once and cleanly (a
+    complete response, not a connection cut after the grace period); the client resumes on
+    another process with Last-Event-ID and misses nothing."""
+    await harness.worker()
+    leaving, staying = await harness.api(), await harness.api()
+    sid = (await create(leaving, workspace))["sessionId"]
+    live = await SseClient(leaving, sid).start()
+    await live.wait_for(lambda f: f["event"] == "session_snapshot")
+    first = await prompt(leaving, sid, "#burst 3")
+    await live.wait_for(is_type("turn_complete", promptId=first["promptId"]))
+
+    assert await leaving.terminate() == 0
+    await asyncio.wait_for(live.closed.wait(), 20)
+    assert live.error is None, f"the stream was cut: {live.error!r}"
+
+    resumed = await SseClient(staying, sid, last_event_id=live.last_id).start()
+    await resumed.wait_for(lambda f: f["event"] == "replay_complete")
+    second = await prompt(staying, sid, "#burst 3")
+    await resumed.wait_for(is_type("turn_complete", promptId=second["promptId"]))
+    ids = [f["id"] for f in live.events() + resumed.events()]
+    assert ids == list(range(ids[0], ids[-1] + 1)), "one run of ids across the two processes"
+    await resumed.close()
