@@ -99,9 +99,9 @@ class Fanout:
         self.on_reset = on_reset
         self._links: dict[str, _Link] = {}
         self._subscriptions: dict[str, set[Subscription]] = {}
+        # Every channel this process means to be subscribed to, set while Redis confirms it.
         self._confirmed: dict[str, asyncio.Event] = {}
-        self._watched: dict[str, str] = {}  # workspace -> its change channel
-        self._wanted: set[str] = set()  # every channel this process means to be subscribed to
+        self._watched: set[str] = set()  # workspaces whose change channel we follow
         self._interrupted: set[str] = set()  # subscriptions lost and not yet confirmed again
         self._lock = asyncio.Lock()
         self._broken: set[str] = set()  # subscriptions to make again
@@ -159,16 +159,16 @@ class Fanout:
 
     def watching(self, ws: str) -> bool:
         """True while this process is subscribed to the workspace's change channel."""
-        channel = self._watched.get(ws)
-        return channel is not None and self._confirmed[channel].is_set()
+        confirmed = self._confirmed.get(keys.invalidations(ws)) if ws in self._watched else None
+        return confirmed is not None and confirmed.is_set()
 
     async def watch(self, ws: str) -> bool:
         """Follow a workspace's changes; False when too many workspaces are followed."""
         if ws not in self._watched:
             if len(self._watched) >= MAX_WATCHED:
                 return False
-            self._watched[ws] = keys.invalidations(ws)
-        await self._ensure(self._watched[ws])
+            self._watched.add(ws)
+        await self._ensure(keys.invalidations(ws))
         return True
 
     # ---- connections --------------------------------------------------------------------
@@ -178,15 +178,17 @@ class Fanout:
     # repair task, after refreshing the cluster's slot map, until they hold.
 
     async def _ensure(self, channel: str) -> None:
-        self._wanted.add(channel)
         if channel not in self._confirmed:
             self._confirmed[channel] = asyncio.Event()
-            async with self._lock:
-                await self._subscribe(channel)
+            try:
+                async with self._lock:
+                    await self._subscribe(channel)
+            except BaseException:  # not sent (Redis away): the next caller tries again
+                self._confirmed.pop(channel, None)
+                raise
         await asyncio.wait_for(self._confirmed[channel].wait(), CONFIRM_TIMEOUT_S)
 
     async def _drop(self, channel: str) -> None:
-        self._wanted.discard(channel)
         self._confirmed.pop(channel, None)
         self._interrupted.discard(channel)
         async with self._lock:
@@ -261,7 +263,7 @@ class Fanout:
             link.leaving[channel] -= 1  # the confirmation of our own SUNSUBSCRIBE
             if not link.leaving[channel]:
                 del link.leaving[channel]
-        elif kind == "sunsubscribe" and channel in self._wanted and channel in link.channels:
+        elif kind == "sunsubscribe" and channel in self._confirmed and channel in link.channels:
             # Not asked for: the channel's slot moved to another node. Follow it there.
             log.info("the slot of %s moved; re-subscribing on its new owner", channel)
             link.channels.discard(channel)
@@ -299,7 +301,7 @@ class Fanout:
                     if self._cluster:
                         await self._redis.nodes_manager.initialize()  # the current slot map
                     for channel in list(self._broken):
-                        if channel in self._wanted:
+                        if channel in self._confirmed:
                             await self._subscribe(channel)
                         self._broken.discard(channel)
                 except Exception:

@@ -7,6 +7,7 @@ from typing import AsyncIterator
 
 import orjson
 import pytest
+from redis.exceptions import ConnectionError
 
 from acp_state.connection import connect
 from acp_state.fanout import Fanout
@@ -56,3 +57,18 @@ async def test_changes_reach_the_cache_before_the_events_they_announce(
     seen.append(f"event {delivery.event_id}")
     assert seen == ["change s1", "event 1"]
     await publisher.aclose()
+
+
+async def test_a_watch_refused_while_redis_is_away_is_made_when_it_returns(own_redis: RedisServer) -> None:
+    """The first status read of a workspace during an outage cannot subscribe; once Redis is
+    back the next read must subscribe, not wait on the subscription that never went out."""
+    fanout = Fanout(connect(own_redis.url))
+    own_redis.process.kill()
+    own_redis.process.wait()
+    with pytest.raises(ConnectionError):
+        await fanout.watch("fanout-test3")
+    assert not fanout.watching("fanout-test3")
+    own_redis.process = RedisServer(port=own_redis.port, folder=own_redis.dir).start().process
+    assert await asyncio.wait_for(fanout.watch("fanout-test3"), 10)
+    assert fanout.watching("fanout-test3")
+    await fanout.stop()
