@@ -125,11 +125,12 @@ class Script:
         pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
     async def __call__(self, keys: list[str], args: list[Any]) -> Any:
+        command = ("EVALSHA", self.sha, len(keys), *keys, *args)
         try:
-            return await self.redis.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+            return await self.redis.execute_command(*command)
         except NoScriptError:
             await self.load()
-            return await self.redis.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+            return await self.redis.execute_command(*command)
 
 
 class RedisStore:
@@ -138,7 +139,6 @@ class RedisStore:
     def __init__(self, redis: Client, retention: Retention | None = None) -> None:
         self.redis = redis
         self.retention = retention or Retention()
-        self.cluster = is_cluster(redis)
         self._apply = Script(redis, scripts.APPLY)
         self._send = Script(redis, scripts.SEND)
         self._vote = Script(redis, scripts.VOTE)
@@ -146,7 +146,7 @@ class RedisStore:
         self._list = Script(redis, scripts.LIST)
         self._batch: list[tuple[list[str], list[str], asyncio.Future[Applied]]] = []
         self._flushing: asyncio.Task[None] | None = None
-        self._readers = _StreamReaders(redis) if self.cluster else None
+        self._readers = _StreamReaders(redis) if is_cluster(redis) else None
 
     async def close(self) -> None:
         if self._readers is not None:

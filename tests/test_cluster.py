@@ -16,7 +16,7 @@ import pytest
 
 from acp_state import keys
 from acp_state.ids import workspace_id
-from tests.harness import Harness, SseClient
+from tests.harness import Harness
 from tests.redis_server import RedisCluster, free_port
 from tests.test_events import (  # noqa: F401  (collected here, on the cluster)
     is_type,
@@ -24,6 +24,7 @@ from tests.test_events import (  # noqa: F401  (collected here, on the cluster)
     test_client_of_a_killed_api_resumes_on_another_without_loss,
     test_gaps_the_log_cannot_fill_are_announced,
     test_sse_frames_and_replay_through_any_api,
+    watched_session_after_a_turn,
 )
 from tests.test_faults import test_kill9_of_a_worker_hosting_1000_sessions  # noqa: F401
 from tests.test_lease import test_kill9_worker_leaves_live_status_within_its_lease  # noqa: F401
@@ -56,13 +57,7 @@ def redis_server() -> Iterator[RedisCluster]:
 async def test_live_clients_follow_a_workspace_whose_slot_moves(
     harness: Harness, redis_server: RedisCluster, workspace: str
 ) -> None:
-    await harness.worker()
-    api = await harness.api()
-    sid = (await create(api, workspace))["sessionId"]
-    live = await SseClient(api, sid).start()
-    await live.wait_for(lambda f: f["event"] == "session_snapshot")
-    first = await prompt(api, sid, "#burst 5")
-    await live.wait_for(is_type("turn_complete", promptId=first["promptId"]))
+    api, sid, live = await watched_session_after_a_turn(harness, workspace, "#burst 5")
     assert (await api.client.get(f"/session/{sid}/status")).json()["activeWorkState"] == "idle"  # now cached
 
     ws = workspace_id(workspace)
@@ -116,13 +111,7 @@ async def test_live_clients_follow_a_failover(workspace: str) -> None:
     cluster = RedisCluster(masters=3, replicas=1).start()
     harness = Harness(cluster.url, workspace, free_port)
     try:
-        await harness.worker()
-        api = await harness.api()
-        sid = (await create(api, workspace))["sessionId"]
-        live = await SseClient(api, sid).start()
-        await live.wait_for(lambda f: f["event"] == "session_snapshot")
-        first = await prompt(api, sid, "#burst 3")
-        await live.wait_for(is_type("turn_complete", promptId=first["promptId"]))
+        api, sid, live = await watched_session_after_a_turn(harness, workspace)
 
         old, new = cluster.fail_over(keys.session(workspace_id(workspace), sid))
         assert old != new

@@ -8,6 +8,7 @@ import time
 
 from tests.conftest import RedisServer, free_port
 from tests.harness import Harness, SseClient
+from tests.test_events import watched_session_after_a_turn
 from tests.test_runtime_status import create, prompt
 
 LEASE_MS = 1200
@@ -69,13 +70,7 @@ async def test_redis_restart_with_data_loss(own_redis: RedisServer, workspace: s
 
 
 async def test_dropped_pubsub_connection_is_re_established_and_gaps_filled(harness: Harness, redis_client, workspace: str) -> None:
-    await harness.worker()
-    api = await harness.api()
-    sid = (await create(api, workspace))["sessionId"]
-    sse = await SseClient(api, sid).start()
-    await sse.wait_for(lambda f: f["event"] == "session_snapshot")
-    first = await prompt(api, sid, "#burst 5")
-    await sse.wait_for(lambda f: f["event"] == "turn_complete" and f["data"].get("promptId") == first["promptId"])
+    api, sid, sse = await watched_session_after_a_turn(harness, workspace, "#burst 5")
 
     killed = await redis_client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
     assert killed >= 1
