@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import signal
+import socket
 from typing import Any, Awaitable, Callable
 
 from . import logs
@@ -25,6 +27,51 @@ log = logging.getLogger("acp_state")
 # requests/s on the status route than uvicorn on the same machine (docs/performance.md).
 SERVERS = ("granian", "uvicorn")
 DEFAULT_SERVER = "granian"
+
+
+def listen_address(host: str, port: int | None) -> str:
+    """`host` as the one IP address a server binds, once checked that it can listen there;
+    ValueError with the reason otherwise.
+
+    A name is resolved here, once, because granian binds IP addresses only (it fails on
+    `localhost`), and because the loopback check of a tokenless API must judge the address
+    actually bound: any name that resolves to loopback is as private as `localhost`. IPv4 is
+    preferred when a name has both, like `localhost` with its 127.0.0.1 and ::1.
+    """
+    name = host.strip()
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]  # the URL form of an IPv6 address
+    if not name:
+        name = "0.0.0.0"  # what uvicorn and asyncio take "" for: every IPv4 interface
+    try:
+        address = str(ipaddress.ip_address(name))
+    except ValueError:
+        try:
+            found = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as error:
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            raise ValueError(f"{host!r} does not resolve to an address ({reason})") from None
+        addresses = [str(info[4][0]) for info in found if info[0] in (socket.AF_INET, socket.AF_INET6)]
+        if not addresses:
+            raise ValueError(f"{host!r} does not resolve to an IP address")
+        address = next((a for a in addresses if ":" not in a), addresses[0])
+    if port is not None:
+        # Bind once now, as the server will, so that a foreign address or a taken port is a
+        # one-line error here rather than a traceback from inside the server.
+        try:
+            with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do
+                probe.bind((address, port))
+        except (OSError, OverflowError) as error:
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            shown = host if host == address else f"{host} ({address})"
+            raise ValueError(f"cannot listen on {shown} port {port}: {reason}") from None
+    return address
+
+
+def url_host(address: str) -> str:
+    """An address as the host part of a URL (IPv6 in brackets)."""
+    return f"[{address}]" if ":" in address else address
 
 
 def _serve_http(app: Any, host: str, port: int, server: str = DEFAULT_SERVER) -> Any:
@@ -215,6 +262,7 @@ def _worker_config(args: argparse.Namespace) -> Any:
         agent_stderr=args.agent_stderr,
         name=args.name,
         metrics_port=getattr(args, "metrics_port", None),
+        metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
     )
 
 
@@ -224,6 +272,7 @@ def _retention(args: argparse.Namespace) -> Retention:
         events_ms=args.event_retention_ms,
         events_max=args.event_log_max,
         transcript_ms=args.transcript_retention_ms,
+        session_ttl_ms=getattr(args, "session_ttl_ms", Retention().session_ttl_ms),
     )
 
 
@@ -241,7 +290,7 @@ async def run_api(args: argparse.Namespace) -> None:
     async def serve() -> None:
         serving = asyncio.ensure_future(server.serve())
         await _started(server, serving)
-        print(f"acp-state api listening on http://{settings.host}:{server.port} ({args.server})", flush=True)
+        print(f"acp-state api listening on http://{url_host(settings.host)}:{server.port} ({args.server})", flush=True)
         await serving
 
     await _until_signal(serve, stop)
@@ -291,7 +340,10 @@ async def run_dev(args: argparse.Namespace) -> None:
         await worker.ready.wait()
         serving = asyncio.ensure_future(server.serve())
         await _started(server, serving)
-        print(f"acp-state dev: open http://{settings.host}:{server.port}/ (workspace {settings.workspaces[0]})", flush=True)
+        print(
+            f"acp-state dev: open http://{url_host(settings.host)}:{server.port}/ (workspace {settings.workspaces[0]})",
+            flush=True,
+        )
         await serving
         worker.stop()
         await worker_task
@@ -342,6 +394,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--transcript-retention-ms", type=int, default=defaults.transcript_ms)
         p.add_argument("--catalog-retention-ms", type=int, default=defaults.catalog_ms,
                        help="how long closed sessions stay listed")
+        p.add_argument("--session-ttl-ms", type=int, default=defaults.session_ttl_ms,
+                       help="a live session's hash expires this long after its worker last refreshed it "
+                       "(the bound for readers that skip the lease)")
         p.add_argument("--loop-identical", type=int, default=10,
                        help="stop a turn after N consecutive identical tool calls (0: off)")
         p.add_argument("--loop-max-tool-calls", type=int, default=150,
@@ -351,7 +406,9 @@ def _parser() -> argparse.ArgumentParser:
     api_options(api, None)
     worker = commands.add_parser("worker", help="run a bridge worker")
     worker.add_argument("--redis-url", required=True)
-    worker.add_argument("--metrics-port", type=int, help="serve GET /metrics on this port (127.0.0.1)")
+    worker.add_argument("--metrics-port", type=int, help="serve GET /metrics on this port")
+    worker.add_argument("--metrics-host", default="127.0.0.1",
+                        help="the address of --metrics-port, an IP or a name (default: 127.0.0.1)")
     worker_options(worker)
     status = commands.add_parser("status", help="a live table of workers and sessions by state")
     status.add_argument("--redis-url", required=True)
@@ -382,8 +439,25 @@ async def _run(runner: Callable[[argparse.Namespace], Awaitable[None]], args: ar
     await runner(args)
 
 
+def _resolve_listeners(args: argparse.Namespace) -> None:
+    """Turn --host and --metrics-host into checked IP addresses (see `listen_address`)."""
+    try:
+        if args.command in ("api", "dev"):
+            args.host = listen_address(args.host, args.port)
+        if args.command == "worker":
+            args.metrics_host = listen_address(args.metrics_host, args.metrics_port)
+    except ValueError as error:
+        option = "--metrics-host" if args.command == "worker" else "--host"
+        raise ValueError(f"{option}: {error}") from None
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        _resolve_listeners(args)
+    except ValueError as error:
+        parser.exit(2, f"acp-state: {error}\n")  # a usage error, like argparse's own: exit code 2
     default_format = "json" if args.command in ("api", "worker") else "text"
     logs.configure(args.log_level, args.log_format or default_format)
     runner = {"api": run_api, "worker": run_worker, "dev": run_dev, "status": run_status}[args.command]

@@ -22,6 +22,7 @@ import orjson
 
 from . import keys
 from .connection import Client, is_cluster, node_client
+from .tasks import BACKGROUND_ERRORS, survive
 
 log = logging.getLogger("acp_state.fanout")
 
@@ -233,8 +234,13 @@ class Fanout:
                 self._retired.append(link)
                 self._lost(list(link.channels))
                 return
-            if message is not None:
+            if message is None:
+                continue
+            try:
                 self._handle(link, message)
+            except Exception:  # one bad message (or listener) must not end the connection's pump
+                BACKGROUND_ERRORS.labels("fan-out delivery").inc()
+                log.exception("delivering a message of %s failed", link.name)
 
     def _handle(self, link: _Link, message: dict[str, Any]) -> None:
         kind, channel = message["type"], message["channel"]
@@ -293,19 +299,19 @@ class Fanout:
     async def _repair_loop(self) -> None:
         while self._broken and not self._stopped:
             await asyncio.sleep(RECONNECT_DELAY_S)  # let a failover or a slot move settle
-            async with self._lock:
-                for link in self._retired:
-                    await self._close(link)
-                self._retired.clear()
-                try:
-                    if self._cluster:
-                        await self._redis.nodes_manager.initialize()  # the current slot map
-                    for channel in list(self._broken):
-                        if channel in self._confirmed:
-                            await self._subscribe(channel)
-                        self._broken.discard(channel)
-                except Exception:
-                    log.warning("re-subscribing failed; retrying", exc_info=True)
+            await survive("fan-out repair", self._repair_once)
+
+    async def _repair_once(self) -> None:
+        async with self._lock:
+            for link in self._retired:
+                await self._close(link)
+            self._retired.clear()
+            if self._cluster:
+                await self._redis.nodes_manager.initialize()  # the current slot map
+            for channel in list(self._broken):
+                if channel in self._confirmed:
+                    await self._subscribe(channel)
+                self._broken.discard(channel)
 
     async def _close(self, link: _Link) -> None:
         if link.task is not None and link.task is not asyncio.current_task():

@@ -12,13 +12,24 @@ from __future__ import annotations
 
 PREFIX = "acp"
 
-# Registry of worker incarnations: ZSET member=incarnation, score=lease deadline (epoch ms).
-WORKERS = f"{PREFIX}:workers"
-
-
-def lease(incarnation: str) -> str:
-    """STRING with the worker's load report; PX = lease. Its existence is the lease."""
-    return f"{PREFIX}:w:{{{incarnation}}}"
+# The registry of worker incarnations. Its keys share one hash tag, so each lease decision
+# (a heartbeat, a sweeper declaring a worker dead) is one atomic script on one slot.
+REGISTRY_TAG = "{registry}"
+# ZSET incarnation -> lease deadline, in epoch ms of Redis's own clock (TIME). The lease.
+WORKERS = f"{PREFIX}:{REGISTRY_TAG}:workers"
+# HASH incarnation -> JSON load report (placement, `acp-state status`).
+REPORTS = f"{PREFIX}:{REGISTRY_TAG}:reports"
+# ZSET incarnation -> lease ms: the shortest lease sets how long a silence of the store
+# counts as a stall rather than a worker's death.
+LEASES = f"{PREFIX}:{REGISTRY_TAG}:leases"
+# ZSET incarnation -> when it was declared dead (tombstones: dead stays dead).
+DEAD = f"{PREFIX}:{REGISTRY_TAG}:dead"
+# ZSET incarnation -> claim expiry: the sweeper that is removing a dead worker's sessions.
+SWEEPS = f"{PREFIX}:{REGISTRY_TAG}:sweeps"
+# HASH {tick, stall}: when the store was last seen serving, and when it last came back from
+# a silence (a stall, a pause, a restart, running out of memory).
+CLOCK = f"{PREFIX}:{REGISTRY_TAG}:clock"
+REGISTRY_KEYS = [WORKERS, REPORTS, LEASES, DEAD, SWEEPS, CLOCK]
 
 
 def worker_sessions(incarnation: str) -> str:
@@ -29,11 +40,6 @@ def worker_sessions(incarnation: str) -> str:
 def worker_control(incarnation: str) -> str:
     """STREAM of control commands (create) addressed to one worker."""
     return f"{PREFIX}:w:{{{incarnation}}}:ctl"
-
-
-def sweep_lock(incarnation: str) -> str:
-    """STRING NX PX: the one sweeper that cleans a dead incarnation."""
-    return f"{PREFIX}:w:{{{incarnation}}}:sweep"
 
 
 def session(ws: str, sid: str) -> str:
@@ -103,6 +109,16 @@ def request_locator(rid: str) -> str:
     return f"{PREFIX}:rq:{{{rid}}}"
 
 
+def idempotency(ws: str, sid: str, key: str) -> str:
+    """STRING: the first outcome of a command sent with an `Idempotency-Key` (PX 24 h)."""
+    return f"{PREFIX}:{{{ws}}}:idem:{sid}:{key}"
+
+
+def create_idempotency(key: str) -> str:
+    """STRING: `<sessionId> <clientId>` of the create sent with an `Idempotency-Key`."""
+    return f"{PREFIX}:idem:{{{key}}}"
+
+
 def reply(request: str) -> str:
     """LIST a worker pushes one reply onto for a create/close command."""
     return f"{PREFIX}:reply:{{{request}}}"
@@ -116,6 +132,7 @@ class F:
     UPDATED = "up"  # updatedAt ISO string
     ACTIVE = "act"  # "1" while a prompt runs
     ADMITTED = "n"  # prompts admitted and not yet terminal (running + queued)
+    PROMPT = "p:"  # + promptId -> "1" from admission until its terminal event
     TURN_ERROR = "te"  # JSON turnError, absent when unset
     TURN_ERROR_EVENT = "tev"  # the turn_error envelope kept for refresh-append
     SEQ = "seq"  # last event id

@@ -15,8 +15,10 @@ pub/sub. Numbers that must survive Lua's float formatting (timestamps) travel as
 # was swept) can no longer resurrect or modify a session.
 #   KEYS: 1 session hash, 2 event stream (also the pub/sub channel), 3 live set,
 #         4 catalog hash, 5 catalog order zset, 6 single-scope key, 7 transcript stream
-#   ARGV: 1 incarnation, 2 ops JSON (see RedisStore.apply), 3 the workspace's change channel
-#   -> {applied (1, 0 fenced, -1 owned by another), last event id, epoch}
+#   ARGV: 1 incarnation, 2 ops JSON (see RedisStore.apply), 3 the workspace's change channel,
+#         4 the session hash's TTL ms (refreshed by every transition)
+#   -> {applied, last event id, epoch}; applied: 1, 0 the session is not in the store (data
+#      loss, or swept: the worker asks the registry which), -1 another incarnation owns it
 APPLY = """
 local inc = ARGV[1]
 local ops = cjson.decode(ARGV[2])
@@ -27,9 +29,12 @@ if ops.mode == 'create' then
   redis.call('DEL', KEYS[1], KEYS[2])
   redis.call('HSET', KEYS[1], 'inc', inc)
   redis.call('SADD', KEYS[3], ops.sid)
+  redis.call('PEXPIRE', KEYS[3], ops.retention or ARGV[4])
   if ops.single then redis.call('SET', KEYS[6], ops.sid) end
-elseif owner ~= inc then
+elseif not owner then
   return {0, 0, ''}
+elseif owner ~= inc then
+  return {-1, 0, ''}
 end
 if ops.set then
   local args = {}
@@ -43,16 +48,35 @@ end
 redis.call('SPUBLISH', ARGV[3], ops.sid)
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 local epoch = redis.call('HGET', KEYS[1], 'epoch') or ''
-if ops.events and #ops.events > 0 then
+local bodies = ops.events or {}
+if ops.mode == 'delete' and ops.orphan then
+  -- Prompts admitted (field p:<promptId>) that the transition does not end itself: the
+  -- owner never saw them (a close raced them) or is dead. Each gets its one terminal
+  -- before the session's own last event.
+  local orphans = {}
+  local fields = redis.call('HKEYS', KEYS[1])
+  for _, name in ipairs(fields) do
+    if string.sub(name, 1, 2) == 'p:' then
+      local pid = string.sub(name, 3)
+      orphans[#orphans + 1] = (string.gsub(ops.orphan, '@PID@', pid))
+    end
+  end
+  if #orphans > 0 then
+    for _, body in ipairs(bodies) do orphans[#orphans + 1] = body end
+    bodies = orphans
+  end
+end
+if #bodies > 0 then
   local transcript = {}
   for _, i in ipairs(ops.tr or {}) do transcript[i] = true end
-  for i, body in ipairs(ops.events) do
+  local shift = #bodies - #(ops.events or {})
+  for i, body in ipairs(bodies) do
     seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
     local envelope = '{"id":' .. seq .. ',' .. body .. '}'
     redis.call('XADD', KEYS[2], 'MAXLEN', '~', ops.evmax, seq .. '-0', 'e', envelope)
     redis.call('SPUBLISH', KEYS[2], envelope)
-    if ops.tev == i then redis.call('HSET', KEYS[1], 'tev', envelope) end
-    if transcript[i] then
+    if ops.tev == i - shift then redis.call('HSET', KEYS[1], 'tev', envelope) end
+    if transcript[i - shift] then
       redis.call('XADD', KEYS[7], 'MAXLEN', '~', ops.trmax, '*', 'e', envelope)
     end
   end
@@ -76,38 +100,58 @@ if ops.mode == 'delete' then
   redis.call('DEL', KEYS[1])
   redis.call('SREM', KEYS[3], ops.sid)
   if redis.call('GET', KEYS[6]) == ops.sid then redis.call('DEL', KEYS[6]) end
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
 end
 return {1, seq, epoch}
 """
 
 # An API process hands a command to the session's owner: fenced by the owner's incarnation,
-# and for prompts also admission-controlled (running + queued < limit) in the same step.
-#   KEYS: 1 session hash, 2 inbox stream
+# and for prompts also admission-controlled (running + queued < limit) in the same step. An
+# admitted prompt is recorded (field p:<promptId>) until its terminal, so whoever removes
+# the session (its owner closing it, a sweeper) ends it even if the owner never read it.
+# With an idempotency key the first success is kept, and a retry returns it unchanged.
+#   KEYS: 1 session hash, 2 inbox stream, 3 idempotency key (optional)
 #   ARGV: 1 incarnation, 2 command JSON, 3 admission limit ('' = no admission),
-#         4 inbox TTL ms, 5 inbox max length
-#   -> {'ok', last event id, epoch} | {'gone'} | {'full'}
+#         4 inbox TTL ms, 5 inbox max length, 6 promptId ('' unless a prompt),
+#         7 idempotency TTL ms
+#   -> {'ok', last event id, epoch, promptId[, 'repeat' when it is the kept first outcome]}
+#      | {'gone'} | {'full'}
 SEND = """
+if KEYS[3] then
+  local first = redis.call('GET', KEYS[3])
+  if first then
+    local result = cjson.decode(first)
+    result[5] = 'repeat'
+    return result
+  end
+end
 if redis.call('HGET', KEYS[1], 'inc') ~= ARGV[1] then return {'gone'} end
 if ARGV[3] ~= '' then
   local admitted = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
   if admitted >= tonumber(ARGV[3]) then return {'full'} end
   redis.call('HINCRBY', KEYS[1], 'n', 1)
 end
+if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'p:' .. ARGV[6], '1') end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'c', ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
-return {'ok', redis.call('HGET', KEYS[1], 'seq') or '0', redis.call('HGET', KEYS[1], 'epoch') or ''}
+local result = {'ok', redis.call('HGET', KEYS[1], 'seq') or '0', redis.call('HGET', KEYS[1], 'epoch') or '', ARGV[6]}
+if KEYS[3] then redis.call('SET', KEYS[3], cjson.encode(result), 'PX', ARGV[7]) end
+return result
 """
 
 # A permission vote: exactly one vote wins a request, across every API process. Checks run
 # in the reference's order (spec §1.4): unknown request, client id, sentinel, offered option.
-#   KEYS: 1 session hash, 2 inbox stream
+# With an idempotency key a won vote is kept, and its retry wins again instead of a 404.
+#   KEYS: 1 session hash, 2 inbox stream, 3 idempotency key (optional)
 #   ARGV: 1 incarnation, 2 requestId, 3 'selected'|'cancelled', 4 optionId, 5 clientId or '',
 #         6 command JSON, 7 inbox TTL ms, 8 inbox max length, 9 cancel sentinel,
-#         10 the workspace's change channel, 11 sessionId
+#         10 the workspace's change channel, 11 sessionId, 12 idempotency TTL ms
 # The status changed without an event of its own, so readers' caches are told on the
 # workspace's change channel.
 #   -> 'ok' | 'gone' | 'unknown' | 'client' | 'option'
 VOTE = """
+if KEYS[3] and redis.call('GET', KEYS[3]) then return 'ok' end
 if redis.call('HGET', KEYS[1], 'inc') ~= ARGV[1] then return 'gone' end
 local votable = redis.call('HGET', KEYS[1], 'pv:' .. ARGV[2])
 if not votable then return 'unknown' end
@@ -124,6 +168,7 @@ redis.call('HDEL', KEYS[1], 'pi:' .. ARGV[2], 'pv:' .. ARGV[2])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'c', ARGV[6])
 redis.call('PEXPIRE', KEYS[2], ARGV[7])
 redis.call('SPUBLISH', ARGV[10], ARGV[11])
+if KEYS[3] then redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[12]) end
 return 'ok'
 """
 
@@ -161,4 +206,106 @@ for _, id in ipairs(ids) do
   end
 end
 return out
+"""
+
+
+# ---- the registry: leases judged on Redis's clock --------------------------------------
+#
+# Shared by the scripts below. `tick` keeps the store's own record of when it last served
+# a lease decision: a silence longer than half the shortest lease means the store itself
+# stalled (DEBUG SLEEP, CLIENT PAUSE, out of memory, a restart, a failover), and the time it
+# came back is kept as `stall`. No worker is declared dead until the store has served for a
+# whole lease of that worker since then, so a healthy worker always gets to renew first.
+#   KEYS (all scripts below): 1 workers, 2 reports, 3 leases, 4 dead, 5 sweeps, 6 clock
+_REGISTRY_PRELUDE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function tick(own_lease)
+  local shortest = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  local lease = tonumber(shortest[2] or own_lease or '0')
+  if own_lease and own_lease < lease then lease = own_lease end
+  local last = tonumber(redis.call('HGET', KEYS[6], 'tick') or '0')
+  if lease > 0 and now - last > lease / 2 then
+    redis.call('HSET', KEYS[6], 'stall', string.format('%d', now))
+  end
+  if now > last then redis.call('HSET', KEYS[6], 'tick', string.format('%d', now)) end
+end
+local function keep(ttl)
+  for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ttl) end
+end
+"""
+
+# A worker renews its lease (constant cost, whatever its session count). A tombstoned
+# incarnation is told it is dead and renews nothing: dead stays dead.
+#   ARGV: 1 incarnation, 2 lease ms, 3 load report JSON, 4 registry TTL ms
+#   -> {'held' | 'late' (renewed after its deadline, before anyone declared it dead)
+#       | 'new' (no lease was held: a first registration, or the store lost it)
+#       | 'dead', Redis time ms}
+HEARTBEAT = _REGISTRY_PRELUDE + """
+local inc, lease = ARGV[1], tonumber(ARGV[2])
+tick(lease)
+if redis.call('ZSCORE', KEYS[4], inc) then return {'dead', string.format('%d', now)} end
+local deadline = redis.call('ZSCORE', KEYS[1], inc)
+redis.call('ZADD', KEYS[1], now + lease, inc)
+redis.call('HSET', KEYS[2], inc, ARGV[3])
+redis.call('ZADD', KEYS[3], lease, inc)
+keep(ARGV[4])
+local held = 'new'
+if deadline then held = (tonumber(deadline) < now) and 'late' or 'held' end
+return {held, string.format('%d', now)}
+"""
+
+# A sweeper claims dead workers: those whose deadline passed while the store was serving
+# for at least their whole lease. Each is moved to the tombstones and claimed for CLAIM ms
+# by exactly one caller; a claim that expires (its sweeper died) is handed out again.
+# Every sweeper round is also a tick, so the shortest lease is returned for sweepers to
+# keep their pace well inside half of it.
+#   ARGV: 1 claim ms, 2 tombstone retention ms, 3 registry TTL ms, 4 at most this many
+#   -> {the shortest registered lease ms (0: none), claimed incarnations...}
+CLAIM_DEAD = _REGISTRY_PRELUDE + """
+tick(nil)
+local claim, limit = tonumber(ARGV[1]), tonumber(ARGV[4])
+local stall = tonumber(redis.call('HGET', KEYS[6], 'stall') or '0')
+local shortest = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+local out = {shortest[2] or '0'}
+for _, inc in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, limit)) do
+  redis.call('ZADD', KEYS[5], now + claim, inc)
+  out[#out + 1] = inc
+end
+for _, inc in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. now, 'LIMIT', 0, limit)) do
+  local lease = tonumber(redis.call('ZSCORE', KEYS[3], inc) or '0')
+  if now - stall >= lease then
+    redis.call('ZREM', KEYS[1], inc)
+    redis.call('HDEL', KEYS[2], inc)
+    redis.call('ZREM', KEYS[3], inc)
+    redis.call('ZADD', KEYS[4], now, inc)
+    redis.call('ZADD', KEYS[5], now + claim, inc)
+    out[#out + 1] = inc
+  end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. (now - tonumber(ARGV[2])))
+keep(ARGV[3])
+return out
+"""
+
+# A worker leaves cleanly (SIGTERM, after closing its sessions): no longer registered.
+#   ARGV: 1 incarnation
+RELEASE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+return 1
+"""
+
+# A worker gives up an incarnation it cannot vouch for (it woke past its lease and the store
+# no longer knew it): declared dead by itself, tombstoned, and claimable by a sweeper now.
+#   ARGV: 1 incarnation, 2 registry TTL ms
+RESIGN = _REGISTRY_PRELUDE + """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('ZADD', KEYS[4], now, ARGV[1])
+redis.call('ZADD', KEYS[5], now, ARGV[1])
+keep(ARGV[2])
+return 1
 """

@@ -11,7 +11,6 @@ import signal
 import sys
 from typing import Any
 
-from .clock import now_ms
 from .store import Store
 from .summary import SESSION_STATES
 
@@ -44,9 +43,9 @@ def render(deadlines: dict[str, int], reports: dict[str, dict[str, Any]], now: i
 
 
 async def snapshot(store: Store) -> str:
-    deadlines = await store.workers()
-    reports = await store.worker_reports(list(deadlines))
-    return render(deadlines, reports, now_ms())
+    view = await store.lease_view()
+    reports = await store.worker_reports(list(view.deadlines))
+    return render(view.deadlines, reports, view.redis_now_ms)
 
 
 async def watch(store: Store, *, once: bool, interval_s: float) -> None:

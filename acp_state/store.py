@@ -9,6 +9,7 @@ pipeline that spans shards is one round trip per shard, sent concurrently).
 from __future__ import annotations
 
 import asyncio
+import enum
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -33,6 +34,51 @@ REPLY_TTL_S = 60
 # One BLPOP must end well inside the client's socket read timeout (5 s by default since
 # redis-py 8), or the read fails with TimeoutError instead of returning nil.
 REPLY_WAIT_STEP_S = 1
+# The first outcome of a command sent with an idempotency key is kept this long.
+IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000
+# Registry keys outlive a day without any process of the deployment.
+REGISTRY_TTL_MS = 24 * 3600 * 1000
+# A dead incarnation's tombstone is kept this long; a worker that wakes later than that
+# still knows from its own clock that it was past its lease, and gives up its incarnation.
+TOMBSTONE_MS = 24 * 3600 * 1000
+# A sweeper's claim on a dead worker; a claim that lapses (its sweeper died) is taken again.
+SWEEP_CLAIM_MS = 30_000
+SWEEP_CLAIM_LIMIT = 64
+
+
+class Standing(enum.Enum):
+    """What a heartbeat learned about the worker's incarnation."""
+
+    HELD = "held"  # renewed in time
+    LATE = "late"  # renewed after its deadline, but nobody had declared it dead
+    NEW = "new"  # the registry did not know it: a first registration, or the store lost it
+    DEAD = "dead"  # declared dead (tombstoned): it must never act again
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """The registry as a reader sees it, on Redis's clock."""
+
+    deadlines: dict[str, int]  # incarnation -> lease deadline
+    leases: dict[str, int]  # incarnation -> lease ms
+    redis_now_ms: int
+    tick_ms: int  # the store last served a lease decision
+    stall_ms: int  # the store last came back from a silence
+
+    def live_until(self) -> dict[str, int]:
+        """Until when each registered incarnation counts as live.
+
+        Its deadline, or, if the store itself was silent since (a stall, a pause, running out
+        of memory, a failover), a whole lease after it came back: the grace in which no
+        sweeper declares it dead either (scripts.CLAIM_DEAD), so that readers do not hide
+        the sessions of a worker that only the store kept from renewing."""
+        stall = self.stall_ms
+        if self.leases and self.redis_now_ms - self.tick_ms > min(self.leases.values()) / 2:
+            stall = self.redis_now_ms  # silent right now, as the next lease decision will find
+        return {
+            inc: max(deadline, stall + self.leases.get(inc, 0)) if stall else deadline
+            for inc, deadline in self.deadlines.items()
+        }
 
 
 @dataclass(frozen=True)
@@ -51,6 +97,8 @@ class Admission:
     status: str  # 'ok' | 'gone' | 'full'
     last_event_id: int = 0
     epoch: str = ""
+    prompt_id: str = ""  # the admitted prompt's id (the first one's, for a repeated key)
+    repeated: bool = False  # the kept first outcome of the same idempotency key
 
 
 @dataclass(frozen=True)
@@ -62,6 +110,9 @@ class Retention:
     events_max: int = 1000
     transcript_ms: int = 7 * 24 * 3600 * 1000
     transcript_max: int = 10_000
+    # A live session's hash expires this long after its last refresh: the bound on how long
+    # a reader that skips the lease can see a session whose worker is gone.
+    session_ttl_ms: int = 15 * 60 * 1000
 
 
 class Store(Protocol):
@@ -72,9 +123,11 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
     # worker side
-    async def heartbeat(self, incarnation: str, report: dict[str, Any], lease_ms: int) -> bool: ...
+    async def heartbeat(self, incarnation: str, report: dict[str, Any], lease_ms: int) -> Standing: ...
     async def release(self, incarnation: str) -> None: ...
+    async def resign(self, incarnation: str) -> None: ...
     async def apply(self, ws: str, sid: str, incarnation: str, ops: dict[str, Any]) -> Applied: ...
+    async def touch_sessions(self, incarnation: str, sessions: list[tuple[str, str, bool]]) -> set[tuple[str, str]]: ...
     async def read_commands(self, cursors: dict[str, str], block_ms: int) -> list[tuple[str, str, dict[str, Any]]]: ...
     async def reply(self, request: str, payload: dict[str, Any]) -> None: ...
     async def index_session(self, incarnation: str, ws: str, sid: str, present: bool) -> None: ...
@@ -82,15 +135,18 @@ class Store(Protocol):
     async def drop_inbox(self, ws: str, incarnation: str) -> None: ...
 
     # API side
-    async def workers(self) -> dict[str, int]: ...
+    async def lease_view(self) -> LeaseView: ...
     async def worker_reports(self, incarnations: list[str]) -> dict[str, dict[str, Any]]: ...
     async def send_control(self, incarnation: str, command: dict[str, Any]) -> None: ...
     async def await_reply(self, request: str, timeout_s: float) -> dict[str, Any] | None: ...
     async def locate(self, sid: str) -> str | None: ...
     async def request_location(self, rid: str) -> tuple[str, str] | None: ...
     async def session_fields(self, ws: str, sid: str) -> dict[str, str]: ...
-    async def send(self, ws: str, sid: str, incarnation: str, command: dict[str, Any], admit_limit: int | None = None) -> Admission: ...
-    async def vote(self, ws: str, sid: str, incarnation: str, rid: str, selected: bool, option_id: str, client_id: str, command: dict[str, Any]) -> str: ...
+    async def send(self, ws: str, sid: str, incarnation: str, command: dict[str, Any], admit_limit: int | None = None, idempotency_key: str | None = None) -> Admission: ...
+    async def vote(self, ws: str, sid: str, incarnation: str, rid: str, selected: bool, option_id: str, client_id: str, command: dict[str, Any], idempotency_key: str | None = None) -> str: ...
+    async def claim_create(self, idempotency_key: str, sid: str, client_id: str) -> tuple[str, str] | None: ...
+    async def forget_create(self, idempotency_key: str, sid: str) -> None: ...
+    async def first_outcome(self, ws: str, sid: str, idempotency_key: str) -> Admission | None: ...
     async def attach(self, ws: str, sid: str, incarnation: str, client_id: str) -> bool: ...
     async def claim_single(self, ws: str, sid: str, ttl_ms: int) -> str | None: ...
     async def release_single(self, ws: str, sid: str) -> None: ...
@@ -100,8 +156,7 @@ class Store(Protocol):
     async def load_snapshot(self, ws: str, sid: str, page_size: int) -> tuple[dict[str, str], list[tuple[str, str]], list[str]]: ...
 
     # sweeper
-    async def dead_workers(self, now: int) -> list[str]: ...
-    async def lock_sweep(self, incarnation: str, ttl_ms: int) -> bool: ...
+    async def claim_dead_workers(self) -> tuple[int, list[str]]: ...
     async def worker_index(self, incarnation: str) -> list[tuple[str, str]]: ...
     async def forget_worker(self, incarnation: str, workspaces: set[str]) -> None: ...
 
@@ -144,6 +199,10 @@ class RedisStore:
         self._vote = Script(redis, scripts.VOTE)
         self._attach = Script(redis, scripts.ATTACH)
         self._list = Script(redis, scripts.LIST)
+        self._heartbeat = Script(redis, scripts.HEARTBEAT)
+        self._claim_dead = Script(redis, scripts.CLAIM_DEAD)
+        self._release = Script(redis, scripts.RELEASE)
+        self._resign = Script(redis, scripts.RESIGN)
         self._batch: list[tuple[list[str], list[str], asyncio.Future[Applied]]] = []
         self._flushing: asyncio.Task[None] | None = None
         self._readers = _StreamReaders(redis) if is_cluster(redis) else None
@@ -155,36 +214,34 @@ class RedisStore:
 
     # ---- worker side -------------------------------------------------------------------
 
-    async def heartbeat(self, incarnation: str, report: dict[str, Any], lease_ms: int) -> bool:
-        """Renew the lease: two commands in one round trip, whatever the session count.
-
-        Returns False when the lease had lapsed before this renewal (the worker was presumed
-        dead and may have been swept).
-        """
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.set(keys.lease(incarnation), orjson.dumps(report).decode(), px=lease_ms, get=True)
-        pipe.zadd(keys.WORKERS, {incarnation: now_ms() + lease_ms})
+    async def heartbeat(self, incarnation: str, report: dict[str, Any], lease_ms: int) -> Standing:
+        """Renew the lease on Redis's clock: one script, whatever the session count."""
         with REDIS_ROUNDTRIP.labels("heartbeat").time():
-            previous, _ = await pipe.execute()
-        return previous is not None
+            standing, _ = await self._heartbeat(
+                keys.REGISTRY_KEYS, [incarnation, lease_ms, orjson.dumps(report).decode(), REGISTRY_TTL_MS]
+            )
+        return Standing(standing)
 
     async def release(self, incarnation: str) -> None:
         """Give the lease back on a clean shutdown (after the worker deleted its sessions)."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.delete(keys.lease(incarnation), keys.worker_sessions(incarnation), keys.worker_control(incarnation))
-        pipe.zrem(keys.WORKERS, incarnation)
-        await pipe.execute()
+        await self._release(keys.REGISTRY_KEYS, [incarnation])
+        await self.redis.delete(keys.worker_sessions(incarnation), keys.worker_control(incarnation))
+
+    async def resign(self, incarnation: str) -> None:
+        """Declare an incarnation dead ourselves, so a sweeper removes what it left."""
+        await self._resign(keys.REGISTRY_KEYS, [incarnation, REGISTRY_TTL_MS])
 
     async def apply(self, ws: str, sid: str, incarnation: str, ops: dict[str, Any]) -> Applied:
         """One atomic state transition (scripts.APPLY).
 
         `ops`: mode ('create'|'update'|'delete'), set {field: str}, del [field],
         incr {field: int}, events [envelope bodies], tev (1-based index of the event to keep
-        as the turn-error event), catalog (row dict), single (bool).
+        as the turn-error event), catalog (row dict), single (bool), orphan (with 'delete':
+        the terminal body for each admitted prompt left, `@PID@` standing for its id).
         Concurrent calls from this process share one pipeline per flush, in call order.
         """
         ops = dict(ops, sid=sid)
-        if ops.get("events"):
+        if ops.get("events") or ops.get("orphan"):
             ops.setdefault("evmax", self.retention.events_max)
             ops.setdefault("evttl", self.retention.events_ms)
             ops["tr"] = [i + 1 for i, body in enumerate(ops["events"]) if events.in_transcript(body)]
@@ -207,7 +264,8 @@ class RedisStore:
             keys.transcript(ws, sid),
         ]
         future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
-        self._batch.append((key_list, [incarnation, orjson.dumps(ops).decode(), keys.invalidations(ws)], future))
+        args = [incarnation, orjson.dumps(ops).decode(), keys.invalidations(ws), str(self.retention.session_ttl_ms)]
+        self._batch.append((key_list, args, future))
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.create_task(self._flush())
         return await future
@@ -250,6 +308,26 @@ class RedisStore:
             await self._apply.load()
         return results
 
+    async def touch_sessions(self, incarnation: str, sessions: list[tuple[str, str, bool]]) -> set[tuple[str, str]]:
+        """Refresh the TTL of live sessions (ws, sid, single scope) and of the worker's index;
+        returns the (ws, sid) the store no longer holds."""
+        ttl = self.retention.session_ttl_ms
+        pipe = self.redis.pipeline(transaction=False)
+        for ws, sid, single in sessions:
+            pipe.pexpire(keys.session(ws, sid), ttl)
+            if single:
+                pipe.pexpire(keys.single(ws), ttl)
+        pipe.pexpire(keys.worker_sessions(incarnation), ttl)
+        with REDIS_ROUNDTRIP.labels("touch").time():
+            results = iter(await pipe.execute())
+        missing = set()
+        for ws, sid, single in sessions:
+            if not next(results):
+                missing.add((ws, sid))
+            if single:
+                next(results)
+        return missing
+
     async def read_commands(
         self, cursors: dict[str, str], block_ms: int
     ) -> list[tuple[str, str, dict[str, Any]]]:
@@ -274,6 +352,7 @@ class RedisStore:
         if present:
             pipe = self.redis.pipeline(transaction=False)
             pipe.sadd(keys.worker_sessions(incarnation), member)
+            pipe.pexpire(keys.worker_sessions(incarnation), self.retention.session_ttl_ms)
             pipe.set(keys.locator(sid), ws, px=self.retention.catalog_ms)
             await pipe.execute()
         else:
@@ -291,19 +370,38 @@ class RedisStore:
 
     # ---- API side ----------------------------------------------------------------------
 
-    async def workers(self) -> dict[str, int]:
-        """Every registered incarnation with its lease deadline (epoch ms)."""
-        members = await self.redis.zrange(keys.WORKERS, 0, -1, withscores=True)
-        return {member: int(score) for member, score in members}
+    async def lease_view(self) -> LeaseView:
+        """The registry's deadlines, leases and clock, with Redis's time to judge them by."""
+        if is_cluster(self.redis):
+            # The registry's keys share one slot; TIME names no key, so it goes to any node,
+            # and the nodes' clocks agree to within what NTP keeps (far below a lease).
+            members, leases, (tick, stall), now = await asyncio.gather(
+                self.redis.zrange(keys.WORKERS, 0, -1, withscores=True),
+                self.redis.zrange(keys.LEASES, 0, -1, withscores=True),
+                self.redis.hmget(keys.CLOCK, ["tick", "stall"]),
+                self.redis.time(),
+            )
+        else:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zrange(keys.WORKERS, 0, -1, withscores=True)
+            pipe.zrange(keys.LEASES, 0, -1, withscores=True)
+            pipe.hmget(keys.CLOCK, ["tick", "stall"])
+            pipe.time()
+            members, leases, (tick, stall), now = await pipe.execute()
+        seconds, micros = now
+        return LeaseView(
+            deadlines={m: int(score) for m, score in members},
+            leases={m: int(score) for m, score in leases},
+            redis_now_ms=int(seconds) * 1000 + int(micros) // 1000,
+            tick_ms=int(tick or 0),
+            stall_ms=int(stall or 0),
+        )
 
     async def worker_reports(self, incarnations: list[str]) -> dict[str, dict[str, Any]]:
         """The load report each live worker stored with its lease (one round trip)."""
         if not incarnations:
             return {}
-        pipe = self.redis.pipeline(transaction=False)
-        for incarnation in incarnations:
-            pipe.get(keys.lease(incarnation))
-        values = await pipe.execute()
+        values = await self.redis.hmget(keys.REPORTS, incarnations)
         return {inc: orjson.loads(v) for inc, v in zip(incarnations, values, strict=True) if v}
 
     async def send_control(self, incarnation: str, command: dict[str, Any]) -> None:
@@ -344,21 +442,39 @@ class RedisStore:
         incarnation: str,
         command: dict[str, Any],
         admit_limit: int | None = None,
+        idempotency_key: str | None = None,
     ) -> Admission:
-        """Hand a command to the session's owner (scripts.SEND); prompts pass `admit_limit`."""
+        """Hand a command to the session's owner (scripts.SEND); prompts pass `admit_limit`.
+
+        With `idempotency_key`, the first success is kept and a repeat returns it."""
+        key_list = [keys.session(ws, sid), keys.inbox(ws, incarnation)]
+        if idempotency_key is not None:
+            key_list.append(keys.idempotency(ws, sid, idempotency_key))
         result = await self._send(
-            [keys.session(ws, sid), keys.inbox(ws, incarnation)],
+            key_list,
             [
                 incarnation,
                 orjson.dumps(command),
                 "" if admit_limit is None else admit_limit,
                 INBOX_TTL_MS,
                 INBOX_MAXLEN,
+                command.get("promptId", "") if command.get("t") == "prompt" else "",
+                IDEMPOTENCY_TTL_MS,
             ],
         )
         if result[0] != "ok":
             return Admission(result[0])
-        return Admission("ok", int(result[1]), result[2])
+        return Admission("ok", int(result[1]), result[2], result[3], len(result) > 4)
+
+    async def first_outcome(self, ws: str, sid: str, idempotency_key: str) -> Admission | None:
+        """The kept first success of a command sent with this key, if any (a repeat)."""
+        first = await self.redis.get(keys.idempotency(ws, sid, idempotency_key))
+        if first is None:
+            return None
+        if not first.startswith("["):  # a vote keeps the request id it won
+            return Admission("ok", repeated=True)
+        result = orjson.loads(first)
+        return Admission("ok", int(result[1]), result[2], result[3], True)
 
     async def vote(
         self,
@@ -370,10 +486,14 @@ class RedisStore:
         option_id: str,
         client_id: str,
         command: dict[str, Any],
+        idempotency_key: str | None = None,
         sentinel: str = "__cancelled__",
     ) -> str:
+        key_list = [keys.session(ws, sid), keys.inbox(ws, incarnation)]
+        if idempotency_key is not None:
+            key_list.append(keys.idempotency(ws, sid, idempotency_key))
         return await self._vote(
-            [keys.session(ws, sid), keys.inbox(ws, incarnation)],
+            key_list,
             [
                 incarnation,
                 rid,
@@ -386,8 +506,26 @@ class RedisStore:
                 sentinel,
                 keys.invalidations(ws),
                 sid,
+                IDEMPOTENCY_TTL_MS,
             ],
         )
+
+    async def forget_create(self, idempotency_key: str, sid: str) -> None:
+        """A create that failed: its key may be used again (if it is still this create's)."""
+        key = keys.create_idempotency(idempotency_key)
+        first = await self.redis.get(key)
+        if first is not None and first.partition(" ")[0] == sid:
+            await self.redis.delete(key)
+
+    async def claim_create(self, idempotency_key: str, sid: str, client_id: str) -> tuple[str, str] | None:
+        """Record a create under its idempotency key; returns the first one's (sid, clientId)."""
+        first = await self.redis.set(
+            keys.create_idempotency(idempotency_key), f"{sid} {client_id}", nx=True, px=IDEMPOTENCY_TTL_MS, get=True
+        )
+        if first is None:
+            return None
+        first_sid, _, first_client = first.partition(" ")
+        return first_sid, first_client
 
     async def attach(self, ws: str, sid: str, incarnation: str, client_id: str) -> bool:
         """Register a client on a live session (and tell its owner); False if it is gone."""
@@ -465,28 +603,26 @@ class RedisStore:
 
     # ---- sweeper -----------------------------------------------------------------------
 
-    async def dead_workers(self, now: int) -> list[str]:
-        return await self.redis.zrangebyscore(keys.WORKERS, "-inf", f"({now}")
-
-    async def lock_sweep(self, incarnation: str, ttl_ms: int) -> bool:
-        return bool(await self.redis.set(keys.sweep_lock(incarnation), "1", nx=True, px=ttl_ms))
+    async def claim_dead_workers(self) -> tuple[int, list[str]]:
+        """Declare dead, and claim for sweeping, the workers whose lease lapsed while the
+        store served (scripts.CLAIM_DEAD); each is handed to exactly one caller. Also returns
+        the shortest registered lease (ms; 0 when no worker is registered)."""
+        shortest, *claimed = await self._claim_dead(
+            keys.REGISTRY_KEYS, [SWEEP_CLAIM_MS, TOMBSTONE_MS, REGISTRY_TTL_MS, SWEEP_CLAIM_LIMIT]
+        )
+        return int(float(shortest)), claimed
 
     async def worker_index(self, incarnation: str) -> list[tuple[str, str]]:
         members = await self.redis.smembers(keys.worker_sessions(incarnation))
         return [tuple(m.split("/", 1)) for m in members]  # type: ignore[misc]
 
     async def forget_worker(self, incarnation: str, workspaces: set[str]) -> None:
-        """Delete every key a dead incarnation owned, then drop it from the registry."""
+        """Delete every key a dead incarnation owned, then release the sweep's claim."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.delete(
-            keys.lease(incarnation),
-            keys.worker_sessions(incarnation),
-            keys.worker_control(incarnation),
-            keys.sweep_lock(incarnation),
-        )
+        pipe.delete(keys.worker_sessions(incarnation), keys.worker_control(incarnation))
         for ws in workspaces:
             pipe.delete(keys.inbox(ws, incarnation))
-        pipe.zrem(keys.WORKERS, incarnation)
+        pipe.zrem(keys.SWEEPS, incarnation)  # the tombstone stays: dead stays dead
         await pipe.execute()
 
 

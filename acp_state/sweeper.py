@@ -1,8 +1,11 @@
-"""The sweeper: removes the keys of workers whose lease lapsed and tells their clients.
+"""The sweeper: removes the sessions of workers declared dead and tells their clients.
 
-Any process may run it. Per dead incarnation exactly one sweeper wins a short lock; each
-session is removed by the fenced APPLY script acting as the dead incarnation, so even two
-racing sweepers emit `session_died` once per session.
+Any process may run it. The store declares a worker dead only when its lease lapsed while
+the store itself was serving (see scripts.CLAIM_DEAD), and hands each dead worker to exactly
+one sweeper; a sweeper that dies mid-way loses its claim and another takes over. Each session
+is removed by the fenced APPLY script acting as the dead incarnation: every prompt it had
+admitted gets its terminal `turn_error`, then the session its `session_died`, once, however
+many sweepers race.
 """
 
 from __future__ import annotations
@@ -14,67 +17,64 @@ from . import events
 from .clock import now_ms
 from .metrics import SWEEPS, SWEPT_SESSIONS
 from .store import Store
+from .tasks import survive, wait_or_stop
 
 log = logging.getLogger("acp_state.sweeper")
-LOCK_MS = 30_000
 BATCH = 500
+WORKER_LOST = "worker_lost"
 
 
-async def sweep_once(store: Store) -> int:
-    """Sweep every dead incarnation this process wins; returns the sessions removed."""
+def died_ops(sid: str) -> dict[str, object]:
+    """The transition that removes a dead worker's session."""
+    orphan = events.body(
+        "turn_error",
+        {"sessionId": sid, "message": "the session's worker was lost before the prompt completed",
+         "code": WORKER_LOST, "promptId": "@PID@"},
+        "@PID@",
+    )
+    return {
+        "mode": "delete",
+        "orphan": orphan,
+        "events": [events.body("session_died", {"sessionId": sid, "reason": WORKER_LOST})],
+    }
+
+
+async def sweep_once(store: Store) -> tuple[int, int]:
+    """Sweep every dead incarnation this process is handed; returns the sessions removed and
+    the shortest registered lease (ms, 0 if none)."""
     removed = 0
-    for incarnation in await store.dead_workers(now_ms()):
-        if not await store.lock_sweep(incarnation, LOCK_MS):
-            continue
+    shortest_lease, claimed = await store.claim_dead_workers()
+    for incarnation in claimed:
         entries = await store.worker_index(incarnation)
         started = now_ms()
         for first in range(0, len(entries), BATCH):
             batch = entries[first : first + BATCH]
-            results = await asyncio.gather(
-                *(
-                    store.apply(
-                        ws,
-                        sid,
-                        incarnation,
-                        {
-                            "mode": "delete",
-                            "events": [
-                                events.body("session_died", {"sessionId": sid, "reason": "worker_lost"})
-                            ],
-                        },
-                    )
-                    for ws, sid in batch
-                )
-            )
+            results = await asyncio.gather(*(store.apply(ws, sid, incarnation, died_ops(sid)) for ws, sid in batch))
             swept = sum(1 for r in results if r.applied == 1)
             SWEPT_SESSIONS.inc(swept)
             removed += swept
             if len(entries) > BATCH:
-                log.info(
-                    "sweeping %s: %d/%d sessions",
-                    incarnation,
-                    min(first + BATCH, len(entries)),
-                    len(entries),
-                )
+                log.info("sweeping %s: %d/%d sessions", incarnation, min(first + BATCH, len(entries)), len(entries))
         await store.forget_worker(incarnation, {ws for ws, _ in entries})
         SWEEPS.inc()
-        log.info(
-            "swept dead worker %s: %d sessions in %d ms",
-            incarnation,
-            len(entries),
-            now_ms() - started,
-        )
-    return removed
+        log.info("swept dead worker %s: %d sessions in %d ms", incarnation, len(entries), now_ms() - started)
+    return removed, shortest_lease
 
 
 async def run_sweeper(store: Store, interval_s: float, stop: asyncio.Event) -> None:
-    """Sweep every `interval_s` until `stop` is set; errors are logged, never fatal."""
+    """Sweep every `interval_s` until `stop` is set; an error is logged and counted, never fatal.
+
+    Each round is also a tick of the store's clock (scripts.CLAIM_DEAD), by which the store
+    tells a silence of its own from a worker's, so the pace quickens to a sixth of the
+    shortest registered lease: well inside the half-lease silence that counts as a stall."""
+    pace = interval_s
+
+    async def round_() -> None:
+        nonlocal pace
+        _, shortest_lease = await sweep_once(store)
+        pace = min(interval_s, shortest_lease / 6000) if shortest_lease else interval_s
+
     while not stop.is_set():
-        try:
-            await sweep_once(store)
-        except Exception:  # Redis hiccups must not kill the host process
-            log.exception("sweep failed")
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=interval_s)
-        except asyncio.TimeoutError:
-            pass
+        await survive("sweeper", round_)
+        if await wait_or_stop(stop, pace):
+            return

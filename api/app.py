@@ -22,7 +22,13 @@ from .auth import AuthMiddleware
 from .cache import StateCache
 from .locator import SessionLocator
 from .openapi import openapi_json
-from .responses import ApiError, api_error_handler, store_unavailable_handler
+from .responses import (
+    ApiError,
+    api_error_handler,
+    internal_error_handler,
+    store_error_handler,
+    store_unavailable_handler,
+)
 from .settings import Settings
 from .state import AppState
 
@@ -32,6 +38,7 @@ ROUTES = [
     Route("/session/{id}/status", sessions.status, methods=["GET"]),
     Route("/workspace/{id}/sessions", workspaces.list_sessions, methods=["GET"]),
     Route("/health", discovery.health, methods=["GET"]),
+    Route("/health/ready", discovery.ready, methods=["GET"]),
     Route("/capabilities", discovery.capabilities, methods=["GET"]),
     Route("/session", sessions.create_session, methods=["POST"]),
     Route("/session/{id}", sessions.close, methods=["DELETE"]),
@@ -92,8 +99,14 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette
         lifespan=lifespan,
         exception_handlers={
             ApiError: api_error_handler,
+            # BusyLoadingError (Redis loading its dataset) is a ConnectionError: 503 too.
             redis_errors.ConnectionError: store_unavailable_handler,
             redis_errors.TimeoutError: store_unavailable_handler,
+            # OOM (maxmemory, noeviction): 503 store_full; any other refusal: the 500 below.
+            redis_errors.ResponseError: store_error_handler,
+            # Starlette runs this one outermost (ServerErrorMiddleware), so it also answers
+            # what a middleware raised: JSON 500 `internal_error`, never text/plain.
+            Exception: internal_error_handler,
         },
         middleware=[Middleware(metrics.RequestMetrics), Middleware(AuthMiddleware, tokens=settings.tokens)],
     )

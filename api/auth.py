@@ -20,8 +20,8 @@ from acp_state.ids import workspace_id
 from .responses import OrjsonResponse
 
 ROLES = ("user", "channel", "admin")
-# Served to anyone: the probe and the Web Shell's files (the page asks for a token itself).
-OPEN_PATHS = ("/health", "/")
+# Served to anyone: the probes and the Web Shell's files (the page asks for a token itself).
+OPEN_PATHS = ("/health", "/health/ready", "/")
 OPEN_PREFIXES = ("/static/",)
 
 

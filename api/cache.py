@@ -112,6 +112,10 @@ class StateCache:
         (CACHE_MISSES if entry is None else CACHE_HITS).inc()
         return entry
 
+    def forget(self, sid: str) -> None:
+        """Drop a cached session (a caller about to re-read it from Redis)."""
+        self._sessions.pop(sid, None)
+
     def keep_session(self, sid: str, started: int, entry: CachedSession) -> None:
         if not self._current(entry.ws, sid, started):
             return  # changed while we read: serve this once, do not keep it

@@ -84,6 +84,15 @@ CLIENT_ID = {
     "`invalid_client_id`.",
     "schema": string(pattern=TOKEN_PATTERN),
 }
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "Makes a retry safe: the first success under this key is kept for a day, and a request "
+    "with the same key returns it instead of acting again (after a 503 `outcome_unknown`, retry with it). "
+    "Anything but 1-128 characters of `[A-Za-z0-9._:-]` is a 400 `invalid_idempotency_key`.",
+    "schema": string(pattern=TOKEN_PATTERN),
+}
 LAST_EVENT_ID = {
     "name": "Last-Event-ID",
     "in": "header",
@@ -125,7 +134,10 @@ def json_body(schema: Schema, required: bool = True) -> Schema:
 
 
 UNAUTHORIZED = error("A bearer token is required (any bind but a tokenless loopback one) and was missing or wrong.")
-STORE_DOWN = "Redis is unreachable (`store_unavailable`): nothing was taken, retry after `Retry-After`."
+STORE_DOWN = (
+    "Redis is unreachable (`store_unavailable`) or out of memory (`store_full`): nothing was taken, retry after "
+    "`Retry-After`. Or Redis did not confirm the outcome (`outcome_unknown`): retry with the same `Idempotency-Key`."
+)
 
 
 def operation(operation_id: str, tag: str, summary: str, responses: Schema, *, parameters: list[Schema] | None = None,
@@ -208,6 +220,11 @@ def components() -> Schema:
         "Error": _error(),
         "EmptyObject": obj(extra=False),
         "Health": obj({"status": {"const": "ok"}}, extra=False),
+        "Readiness": obj(
+            {"status": {"enum": ["ready", "not_ready"]}, "redis": boolean(), "workers": integer(minimum=0)},
+            {"code": {"enum": ["store_unavailable", "no_worker"]}, "error": string()},
+            extra=False,
+        ),
         "Capabilities": obj(
             {
                 "v": {"const": 1},
@@ -317,6 +334,16 @@ def paths() -> Schema:
                 {"200": json_response("Up.", ref("Health"))}, store=False, auth=False,
             )
         },
+        "/health/ready": {
+            "get": operation(
+                "getReadiness", "Discovery", "Readiness probe: Redis reachable and at least one live worker",
+                {
+                    "200": json_response("Ready: Redis answers and a worker holds a lease.", ref("Readiness")),
+                    "503": json_response("Not ready: Redis is unreachable or no worker is live.", ref("Readiness")),
+                },
+                store=False, auth=False,
+            )
+        },
         "/metrics": {
             "get": operation(
                 "getMetrics", "Discovery", "Prometheus metrics of this API process",
@@ -343,7 +370,7 @@ def paths() -> Schema:
                                  "start.", RETRY_AFTER),
                     "504": error("The worker did not start the session in time (`agent_init_timeout`)."),
                 },
-                parameters=[CLIENT_ID],
+                parameters=[CLIENT_ID, IDEMPOTENCY_KEY],
                 body=json_body(ref("CreateSessionRequest")),
             )
         },
@@ -356,7 +383,7 @@ def paths() -> Schema:
                     "404": not_found(NO_SESSION),
                     "504": error("The worker did not confirm the close in time (`close_timeout`)."),
                 },
-                parameters=[SESSION_ID, CLIENT_ID],
+                parameters=[SESSION_ID, CLIENT_ID, IDEMPOTENCY_KEY],
             )
         },
         "/session/{id}/prompt": {
@@ -369,7 +396,7 @@ def paths() -> Schema:
                     "404": not_found(NO_SESSION),
                     "503": error("The session's prompt queue is full (`prompt_queue_full`).", RETRY_AFTER),
                 },
-                parameters=[SESSION_ID, CLIENT_ID],
+                parameters=[SESSION_ID, CLIENT_ID, IDEMPOTENCY_KEY],
                 body=json_body(ref("PromptRequest")),
             )
         },
@@ -377,7 +404,7 @@ def paths() -> Schema:
             "post": operation(
                 "cancelSession", "Prompts and events", "Cancel the running prompt",
                 {"200": json_response("Sent.", ref("EmptyObject")), "400": BAD_CLIENT, "404": not_found(NO_SESSION)},
-                parameters=[SESSION_ID, CLIENT_ID],
+                parameters=[SESSION_ID, CLIENT_ID, IDEMPOTENCY_KEY],
                 description="Any request body is ignored.",
             )
         },
@@ -447,7 +474,7 @@ def paths() -> Schema:
                                  "malformed client id (`invalid_client_id`)."),
                     "404": not_found("No such session, or no such pending request in it."),
                 },
-                parameters=[SESSION_ID, REQUEST_ID, CLIENT_ID],
+                parameters=[SESSION_ID, REQUEST_ID, CLIENT_ID, IDEMPOTENCY_KEY],
                 body=json_body(ref("VoteRequest")),
             )
         },
@@ -460,7 +487,7 @@ def paths() -> Schema:
                     "400": error("Malformed `outcome`, option not offered, or a bad client id."),
                     "404": not_found("No such pending request."),
                 },
-                parameters=[REQUEST_ID, CLIENT_ID],
+                parameters=[REQUEST_ID, CLIENT_ID, IDEMPOTENCY_KEY],
                 body=json_body(ref("VoteRequest")),
             )
         },

@@ -13,8 +13,9 @@ from acp_state import ids, votes
 
 from .auth import principal_of
 from .cache import CachedSession
+from .outcomes import effect, idempotency_key
 from .responses import ApiError, OrjsonResponse, json_body
-from .sessions import _state, client_id_header
+from .sessions import _live_or_first, _state, client_id_header
 
 
 def _parse(body: object) -> votes.Vote:
@@ -25,7 +26,14 @@ def _parse(body: object) -> votes.Vote:
 
 
 async def _cast(
-    request: Request, sid: str, ref: CachedSession, rid: str, vote: votes.Vote, client_id: str | None
+    request: Request,
+    sid: str,
+    ref: CachedSession,
+    rid: str,
+    vote: votes.Vote,
+    client_id: str | None,
+    key: str | None,
+    legacy: bool = False,
 ) -> Response:
     state = _state(request)
     command = {
@@ -37,12 +45,15 @@ async def _cast(
         "metadata": vote.metadata,
         "clientId": client_id,
     }
-    outcome = await state.store.vote(
-        ref.ws, sid, ref.owner, rid, vote.selected, vote.option_id or "", client_id or "", command
-    )
+    async with effect():
+        outcome = await state.store.vote(
+            ref.ws, sid, ref.owner, rid, vote.selected, vote.option_id or "", client_id or "", command, key
+        )
     if outcome == "ok":
         return OrjsonResponse({})
     if outcome in ("unknown", "gone"):
+        if legacy:
+            raise ApiError(404, "No pending permission request", requestId=rid)
         raise ApiError(404, "No pending permission request for session", sessionId=sid, requestId=rid)
     if outcome == "client":
         raise ApiError(400, "X-Qwen-Client-Id is not registered on this session", "invalid_client_id")
@@ -56,10 +67,14 @@ async def vote_in_session(request: Request) -> Response:
     sid, rid = request.path_params["id"], request.path_params["requestId"]
     vote = _parse(await json_body(request))
     client_id = client_id_header(request)
-    ref = await state.locator.live(sid, principal_of(request))
+    key = idempotency_key(request)
+    ref, first = await _live_or_first(request, sid, key)
+    if first is not None:
+        return OrjsonResponse({})  # the same vote again: it won the first time
+    assert ref is not None
     if not ids.is_token(rid):
         raise ApiError(404, "No pending permission request for session", sessionId=sid, requestId=rid)
-    return await _cast(request, sid, ref, rid, vote, client_id)
+    return await _cast(request, sid, ref, rid, vote, client_id, key)
 
 
 async def vote_legacy(request: Request) -> Response:
@@ -67,13 +82,17 @@ async def vote_legacy(request: Request) -> Response:
     rid = request.path_params["requestId"]
     vote = _parse(await json_body(request))
     client_id = client_id_header(request)
+    key = idempotency_key(request)
     where = await state.store.request_location(rid) if ids.is_token(rid) else None
     if where is None:
         raise ApiError(404, "No pending permission request", requestId=rid)
     ws, sid = where
     state.locator.remember(sid, ws)
     try:
-        ref = await state.locator.live(sid, principal_of(request))
+        ref, first = await _live_or_first(request, sid, key)
     except ApiError:
         raise ApiError(404, "No pending permission request", requestId=rid) from None
-    return await _cast(request, sid, ref, rid, vote, client_id)
+    if first is not None:
+        return OrjsonResponse({})  # the same vote again: it won the first time
+    assert ref is not None
+    return await _cast(request, sid, ref, rid, vote, client_id, key, legacy=True)

@@ -12,14 +12,22 @@ from starlette.responses import Response
 
 from acp_state import ids
 from acp_state.ids import workspace_id
+from acp_state.keys import F
+from acp_state.store import Admission
 from acp_state.summary import live_summary
 
 from .auth import principal_of
+from .cache import CachedSession
+from .locator import not_found
+from .outcomes import effect, idempotency_key
 from .responses import ApiError, OrjsonResponse, json_body, unavailable
 from .state import AppState
 
 MAX_QUEUED_PROMPTS = 5
 SINGLE_WAIT_STEP_S = 0.05
+# How often a create that found no live worker looks again, and a repeated close or create
+# checks whether the first one's effect has landed.
+WAIT_STEP_S = 0.1
 CHANNEL_PROMPT_META_KEY = "qwen.channel.prompt"
 TURN_KINDS = ("foreground", "cron", "notification", "goal")
 
@@ -38,10 +46,23 @@ def _state(request: Request) -> AppState:
     return request.app.state.acp
 
 
+async def _live_reports(state: AppState) -> list[dict[str, Any]]:
+    """The live workers' load reports. Right after a start (or while every worker is
+    between incarnations) there may be none yet: wait for one, up to the create timeout."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + state.settings.create_timeout_s
+    while True:
+        reports = await state.store.worker_reports(await state.registry.live())
+        if reports or loop.time() >= deadline:
+            return list(reports.values())
+        await asyncio.sleep(WAIT_STEP_S)
+
+
 async def _place(state: AppState, command: dict[str, Any]) -> dict[str, Any]:
     """Send a create to a live worker with spare capacity; try the next one if it is full."""
-    reports = await state.store.worker_reports(await state.registry.live())
-    candidates = list(reports.values())
+    candidates = await _live_reports(state)
+    if not candidates:
+        raise unavailable("no worker is registered", "no_worker", retry_after_s=2)
     random.shuffle(candidates)  # equal loads spread instead of piling onto one worker
     # Least loaded first. Reports are as old as the last heartbeat, so a worker that looked
     # full is still asked last: the worker itself is the judge of its capacity.
@@ -96,6 +117,11 @@ async def create_session(request: Request) -> Response:
     ws = workspace_id(cwd)
     client_id = header_client or ids.new_id()
     sid = requested or ids.new_id()
+    key = idempotency_key(request)
+    if key is not None:
+        first = await state.store.claim_create(key, sid, client_id)
+        if first is not None:
+            return await _repeated_create(state, ws, cwd, *first)
 
     if requested is not None:
         existing = await state.store.session_fields(ws, sid)
@@ -130,11 +156,48 @@ async def create_session(request: Request) -> Response:
     except BaseException:
         if claimed:
             await state.store.release_single(ws, sid)
+        if key is not None:
+            await state.store.forget_create(key, sid)
         raise
     state.locator.remember(sid, ws)
     return OrjsonResponse(
         {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id, "createdAt": reply["createdAt"]}
     )
+
+
+async def _repeated_create(state: AppState, ws: str, cwd: str, sid: str, client_id: str) -> Response:
+    """The same create again (same Idempotency-Key): the first one's session, once live."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + state.settings.create_timeout_s
+    while True:
+        fields = await state.store.session_fields(ws, sid)
+        owner = fields.get(F.OWNER)
+        if owner and F.META in fields and await state.registry.is_live(owner):
+            state.locator.remember(sid, ws)
+            body = {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id}
+            return OrjsonResponse(dict(body, createdAt=live_summary(fields)["createdAt"]))
+        if loop.time() >= deadline:
+            raise ApiError(504, "the worker did not start the session in time", "agent_init_timeout")
+        await asyncio.sleep(WAIT_STEP_S)
+
+
+async def _live_or_first(
+    request: Request, sid: str, key: str | None
+) -> tuple[CachedSession | None, Admission | None]:
+    """The live session, or, for a repeated Idempotency-Key, the first outcome even if the
+    session has gone since (a retry must not turn a success into a 404)."""
+    state = _state(request)
+    principal = principal_of(request)
+    try:
+        return await state.locator.live(sid, principal), None
+    except ApiError:
+        if key is None:
+            raise
+        ws = await state.locator.workspace_of(sid, principal)
+        first = await state.store.first_outcome(ws, sid, key) if ws is not None else None
+        if first is None:
+            raise
+        return None, first
 
 
 def _prompt_blocks(body: Any) -> tuple[list[dict[str, Any]], str]:
@@ -174,39 +237,49 @@ async def prompt(request: Request) -> Response:
     state = _state(request)
     sid = request.path_params["id"]
     client_id = client_id_header(request)
+    key = idempotency_key(request)
     body = await json_body(request)
     blocks, text = _prompt_blocks(body)
     meta, kind = _turn_kind(request, body)
-    ref = await state.locator.live(sid, principal_of(request))
-    prompt_id = ids.new_id()
-    command = {
-        "t": "prompt",
-        "sid": sid,
-        "promptId": prompt_id,
-        "prompt": blocks,
-        "text": text,
-        "meta": meta,
-        "kind": kind,
-        "clientId": client_id,
-    }
-    admission = await state.store.send(ref.ws, sid, ref.owner, command, admit_limit=1 + MAX_QUEUED_PROMPTS)
+    ref, admission = await _live_or_first(request, sid, key)
+    if ref is not None:
+        command = {
+            "t": "prompt",
+            "sid": sid,
+            "promptId": ids.new_id(),
+            "prompt": blocks,
+            "text": text,
+            "meta": meta,
+            "kind": kind,
+            "clientId": client_id,
+        }
+        async with effect():
+            admission = await state.store.send(
+                ref.ws, sid, ref.owner, command, admit_limit=1 + MAX_QUEUED_PROMPTS, idempotency_key=key
+            )
+    assert admission is not None
     if admission.status == "gone":
-        raise ApiError(404, f'No session with id "{sid}"', "session_not_found", sessionId=sid)
+        raise not_found(sid)
     if admission.status == "full":
         raise unavailable(
             f"session already has {MAX_QUEUED_PROMPTS} queued prompts", "prompt_queue_full", sessionId=sid
         )
-    return OrjsonResponse({"promptId": prompt_id, "lastEventId": admission.last_event_id, "eventEpoch": admission.epoch})
+    return OrjsonResponse(
+        {"promptId": admission.prompt_id, "lastEventId": admission.last_event_id, "eventEpoch": admission.epoch}
+    )
 
 
 async def cancel(request: Request) -> Response:
     state = _state(request)
     sid = request.path_params["id"]
     client_id_header(request)
-    ref = await state.locator.live(sid, principal_of(request))
-    admission = await state.store.send(ref.ws, sid, ref.owner, {"t": "cancel", "sid": sid})
-    if admission.status != "ok":
-        raise ApiError(404, f'No session with id "{sid}"', "session_not_found", sessionId=sid)
+    key = idempotency_key(request)
+    ref, admission = await _live_or_first(request, sid, key)
+    if ref is not None:
+        async with effect():
+            admission = await state.store.send(ref.ws, sid, ref.owner, {"t": "cancel", "sid": sid}, idempotency_key=key)
+    if admission is None or admission.status != "ok":
+        raise not_found(sid)
     return OrjsonResponse({})
 
 
@@ -214,18 +287,40 @@ async def close(request: Request) -> Response:
     state = _state(request)
     sid = request.path_params["id"]
     client_id_header(request)
-    ref = await state.locator.live(sid, principal_of(request))
+    key = idempotency_key(request)
+    ref, admission = await _live_or_first(request, sid, key)
     request_id = ids.new_id()
-    command = {"t": "close", "sid": sid, "req": request_id, "reason": "closed_by_client"}
-    admission = await state.store.send(ref.ws, sid, ref.owner, command)
-    if admission.status != "ok":
-        raise ApiError(404, f'No session with id "{sid}"', "session_not_found", sessionId=sid)
+    if ref is not None:
+        command = {"t": "close", "sid": sid, "req": request_id, "reason": "closed_by_client"}
+        async with effect():
+            admission = await state.store.send(ref.ws, sid, ref.owner, command, idempotency_key=key)
+    if admission is None or admission.status != "ok":
+        raise not_found(sid)
+    if admission.repeated:
+        await _await_gone(request, sid)
+        return Response(status_code=204)
     reply = await state.store.await_reply(request_id, state.settings.close_timeout_s)
     if reply is None:
         raise ApiError(504, "the worker did not close the session in time", "close_timeout", sessionId=sid)
     if not reply.get("ok"):
-        raise ApiError(404, f'No session with id "{sid}"', "session_not_found", sessionId=sid)
+        raise not_found(sid)
     return Response(status_code=204)
+
+
+async def _await_gone(request: Request, sid: str) -> None:
+    """A repeated close: done once the session is no longer live."""
+    state = _state(request)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + state.settings.close_timeout_s
+    while True:
+        state.locator.cache.forget(sid)
+        try:
+            await state.locator.live(sid, principal_of(request))
+        except ApiError:
+            return
+        if loop.time() >= deadline:
+            raise ApiError(504, "the worker did not close the session in time", "close_timeout", sessionId=sid)
+        await asyncio.sleep(WAIT_STEP_S)
 
 
 async def status(request: Request) -> Response:

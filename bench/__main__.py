@@ -29,6 +29,7 @@ import redis.asyncio as aioredis
 
 from acp_state import events, keys
 from acp_state.cli import DEFAULT_SERVER, SERVERS
+from acp_state.connection import connect
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
 
@@ -244,23 +245,31 @@ async def bench_transitions(ctx: dict[str, Any], sessions: int = 200, per_sessio
     ]
 
 
-async def heartbeat_cost(redis: aioredis.Redis, beats: int = 3) -> float:
-    """Redis commands per heartbeat, between snapshots taken just after a beat completed."""
-
-    def other(command: str) -> bool:  # not the heartbeat: readers, sweepers, connections, us
-        return command in {"xread", "zrangebyscore", "ping", "info", "hello", "zrange", "get"} or command.startswith("client")
-
-    async def next_beat(since: dict[str, int], count: int) -> dict[str, int]:
-        while True:
-            await asyncio.sleep(0.02)
-            now = await command_calls(redis)
-            if now.get("zadd", 0) - since.get("zadd", 0) >= count:
-                return now
-
-    before = await next_beat(await command_calls(redis), 1)
-    after = await next_beat(before, beats)
-    spent = sum(v - before.get(k, 0) for k, v in after.items() if not other(k))
-    return spent / (after["zadd"] - before["zadd"])
+async def heartbeat_cost(sessions: int) -> float:
+    """Redis commands (inner script calls included) of one heartbeat of a worker whose index
+    holds `sessions` sessions, on a Redis of its own so that nothing else is counted."""
+    server = RedisServer()
+    redis = aioredis.Redis.from_url(server.url, decode_responses=True)
+    store = RedisStore(connect(server.url))
+    try:
+        ws = workspace_id("/bench/heartbeat")
+        for first in range(0, sessions, 1000):
+            pipe = redis.pipeline(transaction=False)
+            for n in range(first, min(first + 1000, sessions)):
+                pipe.sadd(keys.worker_sessions("bench-1"), f"{ws}/s{n}")
+                pipe.hset(keys.session(ws, f"s{n}"), mapping={"inc": "bench-1", "meta": "{}"})
+            await pipe.execute()
+        await store.heartbeat("bench-1", {"sessions": sessions}, 3000)  # loads the script
+        beats = 10
+        before = await command_calls(redis)
+        for _ in range(beats):
+            await store.heartbeat("bench-1", {"sessions": sessions}, 3000)
+        after = await command_calls(redis)
+        return (delta(after, before) - 1) / beats  # less our own INFO
+    finally:
+        await store.close()
+        await redis.aclose()
+        server.stop()
 
 
 async def bench_capacity(ctx: dict[str, Any], total: int, workers: int = 4) -> list[dict[str, Any]]:
@@ -273,7 +282,7 @@ async def bench_capacity(ctx: dict[str, Any], total: int, workers: int = 4) -> l
         await worker(ctx["redis_url"], ctx["logs"], "--max-sessions", str(total), "--lease-ms", "3000")
         for _ in range(workers)
     ]
-    rows = [{"figure": "heartbeat: Redis commands per beat, 0 sessions", "commands": await heartbeat_cost(redis)}]
+    rows = [{"figure": "heartbeat: Redis commands per beat, 0 sessions", "commands": await heartbeat_cost(0)}]
     memory_before = (await redis.info("memory"))["used_memory"]
     async with httpx.AsyncClient(base_url=ctx["base"], timeout=60) as client:
         created = 0
@@ -281,7 +290,7 @@ async def bench_capacity(ctx: dict[str, Any], total: int, workers: int = 4) -> l
             await create_sessions(client, ctx["capacity_workspace"], step)
             created += step
             rows.append({"figure": f"heartbeat: Redis commands per beat, {created} sessions",
-                         "commands": await heartbeat_cost(redis)})
+                         "commands": await heartbeat_cost(created)})
     memory_after = (await redis.info("memory"))["used_memory"]
     per_session = (memory_after - memory_before) / total
     rss = [int(Path(f"/proc/{p.pid}/status").read_text().split("VmRSS:")[1].split()[0]) for p in ctx["workers"]]

@@ -36,7 +36,9 @@ class RedisServer:
             raise RuntimeError("redis-server is not installed (scripts/test installs it)")
         self.process = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--daemonize", "no", "--loglevel", "warning", *(extra or [])],
+             "--dir", self.dir, "--daemonize", "no", "--loglevel", "warning",
+             # Fault tests stall the server on purpose (DEBUG SLEEP), from loopback only.
+             "--enable-debug-command", "local", *(extra or [])],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -142,3 +143,56 @@ async def test_a_cluster_node_behind_a_single_node_url_is_refused(redis_server: 
         _, stderr = await asyncio.wait_for(process.communicate(), 30)
         assert process.returncode == 1
         assert "give it as redis+cluster://" in stderr.decode()
+
+
+async def test_an_unplanned_failover_of_the_registry_master_sweeps_nobody(workspace: str, tmp_path) -> None:
+    """kill -9 of the master that holds the lease registry and a live workspace: while its
+    replica is promoted (several leases), no worker is declared dead, and every session and
+    acknowledged vote carries on against the new master."""
+    lease_ms = 1500
+    cluster = RedisCluster(masters=3, replicas=1).start()
+    victim_port = cluster.owner_of(keys.WORKERS)
+    folder = next(
+        str(path) for path in (tmp_path / f"ws{i}" for i in range(2000))
+        if cluster.owner_of(keys.live(workspace_id(str(path)))) == victim_port
+    )
+    Path(folder).mkdir()
+    harness = Harness(cluster.url, folder, free_port)
+    try:
+        events = await harness.events()
+        first = await harness.worker("--lease-ms", str(lease_ms))
+        second = await harness.worker("--lease-ms", str(lease_ms))
+        api = await harness.api(workspaces=[folder])
+        sids = [(await create(api, folder))["sessionId"] for _ in range(4)]
+        asked = await prompt(api, sids[0], "#permission")
+        request = await events.wait_type(sids[0], "permission_request", promptId=asked["promptId"])
+
+        victim = next(node for node in cluster.nodes if node.port == victim_port)
+        victim.process.kill()
+        victim.process.wait()
+        killed_at = time.monotonic()
+        survivor = next(node.port for node in cluster.nodes if node.port != victim_port)
+        while cluster._owner_seen_by(survivor, keys.WORKERS) in (victim_port, None):
+            assert time.monotonic() - killed_at < 60, "no replica was promoted"
+            await asyncio.sleep(0.1)
+        promoted_ms = (time.monotonic() - killed_at) * 1000
+
+        # An acknowledged vote reaches the agent; an unconfirmed one is retried with its key.
+        url = f"/session/{sids[0]}/permission/{request['data']['requestId']}"
+        vote = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
+        while (answer := await api.client.post(url, json=vote, headers={"Idempotency-Key": "v1"})).status_code != 200:
+            assert answer.status_code == 503, answer.text
+            assert time.monotonic() - killed_at < 90
+            await asyncio.sleep(0.2)
+        await events.wait_type(sids[0], "turn_complete", promptId=asked["promptId"], timeout=30)
+        for sid in sids:
+            done = await prompt(api, sid, "hello")
+            await events.wait_type(sid, "turn_complete", promptId=done["promptId"], timeout=30)
+        print(f"\nunplanned failover: replica promoted {promoted_ms:.0f} ms after kill -9 (lease {lease_ms} ms); "
+              f"every session went on")
+        assert not [e for e in events.events if e["type"] == "session_died"]
+        registered = set(await events.redis.zrange(keys.WORKERS, 0, -1))
+        assert {first.incarnation, second.incarnation} <= registered
+    finally:
+        await harness.stop_all()
+        cluster.stop()

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-from acp_state import keys
-from acp_state.clock import now_ms
-from acp_state.ids import workspace_id
 import redis.asyncio as aioredis
 
-from tests.conftest import free_port
+from acp_state import keys
+from acp_state.clock import now_ms
+from acp_state.connection import connect
+from acp_state.ids import workspace_id
+from acp_state.store import RedisStore
 from tests.harness import Harness
 from tests.test_runtime_status import create, prompt
 
@@ -54,56 +55,41 @@ async def test_kill9_worker_leaves_live_status_within_its_lease(harness: Harness
     assert await redis_client.hget(keys.session(ws, fresh), "inc") == survivor.incarnation
 
 
-async def _heartbeat_cost(redis_client, beats: int = 4) -> float:
-    """Redis commands per heartbeat while the deployment is otherwise idle."""
+async def _commands_of(redis_client, call) -> dict[str, int]:
+    """The Redis commands (by name, inner script calls included) that one call costs."""
 
     async def stats() -> dict[str, int]:
         info = await redis_client.info("commandstats")
         return {name.removeprefix("cmdstat_"): value["calls"] for name, value in info.items()}
 
-    # Background commands that are not the heartbeat: the command reader's blocking XREAD,
-    # the sweepers' registry scan, a connection's handshake and health-check PINGs, our INFO.
-    def other(command: str) -> bool:
-        return command in {"xread", "zrangebyscore", "ping", "info", "hello"} or command.startswith("client")
-
-    async def next_beat(since: dict[str, int], count: int) -> dict[str, int]:
-        # Snapshots are taken just after a beat completed, never between its two commands.
-        while True:
-            await asyncio.sleep(0.02)
-            now = await stats()
-            if now.get("zadd", 0) - since.get("zadd", 0) >= count:
-                return now
-
-    before = await next_beat(await stats(), 1)
-    after = await next_beat(before, beats)
-    zadds = after["zadd"] - before["zadd"]
-    spent = sum(after[c] - before.get(c, 0) for c in after if not other(c))
-    return spent / zadds
+    before = await stats()
+    await call()
+    after = await stats()
+    spent = {c: after[c] - before.get(c, 0) for c in after if after[c] != before.get(c, 0)}
+    spent["info"] = spent.get("info", 0) - 1  # our own first INFO
+    return {c: n for c, n in spent.items() if n}
 
 
-async def test_heartbeat_costs_the_same_with_0_and_1000_sessions(own_redis, workspace: str) -> None:
-    harness = Harness(own_redis.url, workspace, free_port)
+async def test_heartbeat_is_one_script_whose_cost_does_not_grow_with_sessions(own_redis) -> None:
+    """A heartbeat is one round trip (one EVALSHA) of the same commands at 0 and at 1,000
+    sessions: the script takes nothing that grows with the worker's sessions."""
+    store = RedisStore(connect(own_redis.url))
     redis_client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
     try:
-        await _measure_heartbeats(harness, redis_client, workspace)
+        report = {"sessions": 0}
+        await store.heartbeat("w-1", report, LEASE_MS)  # loads the script
+        empty = await _commands_of(redis_client, lambda: store.heartbeat("w-1", report, LEASE_MS))
+        ws = workspace_id("/tmp/heartbeat-cost")
+        for first in range(0, 1000, 250):
+            pipe = redis_client.pipeline(transaction=False)
+            for n in range(first, first + 250):
+                pipe.sadd(keys.worker_sessions("w-1"), f"{ws}/s{n}")
+                pipe.hset(keys.session(ws, f"s{n}"), mapping={"inc": "w-1", "meta": "{}"})
+            await pipe.execute()
+        loaded = await _commands_of(redis_client, lambda: store.heartbeat("w-1", {"sessions": 1000}, LEASE_MS))
     finally:
-        await harness.stop_all()
+        await store.close()
         await redis_client.aclose()
-
-
-async def _measure_heartbeats(harness: Harness, redis_client, workspace: str) -> None:
-    await harness.worker("--lease-ms", "1200", "--max-sessions", "2000")
-    api = await harness.api()
-    empty = await _heartbeat_cost(redis_client)
-
-    semaphore = asyncio.Semaphore(16)
-
-    async def one() -> None:
-        async with semaphore:
-            await create(api, workspace)
-
-    await asyncio.gather(*(one() for _ in range(1000)))
-    ws = workspace_id(workspace)
-    assert await redis_client.scard(keys.live(ws)) == 1000
-    loaded = await _heartbeat_cost(redis_client)
-    assert empty == loaded == 2.0, (empty, loaded)
+    assert empty == loaded, (empty, loaded)
+    assert empty["evalsha"] == 1
+    assert sum(empty.values()) < 20, empty

@@ -20,6 +20,8 @@ from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementatio
 from acp_state import __version__
 from acp_state.interactions import CancelSentinelCollision
 
+from .reaper import parent_death_signal, reaper
+
 if TYPE_CHECKING:
     from .session import LiveSession
 
@@ -28,6 +30,16 @@ log = logging.getLogger("worker.agent")
 PROTOCOL_VERSION = 1
 STREAM_LIMIT = 50 * 1024 * 1024
 INITIALIZE_TIMEOUT_S = 60.0
+GROUP_GRACE_S = 2.0
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to process group `pgid`; whether it still had members."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def _dump(model: Any) -> Any:
@@ -82,8 +94,12 @@ class AgentProcess:
             env=dict(os.environ),
             # Its own process group, so a stop reaches wrappers' grandchildren too (qwen).
             start_new_session=True,
+            # Linux kills the child if the worker dies; the reaper also covers grandchildren.
+            preexec_fn=parent_death_signal(),
             limit=STREAM_LIMIT,
         )
+        # Should this process die before the group is gone, even by SIGKILL, the reaper ends it.
+        reaper().watch(self.process.pid)
         if stderr is not asyncio.subprocess.DEVNULL:
             stderr.close()
         self.conn = acp.connect_to_agent(self, self.process.stdin, self.process.stdout)
@@ -111,11 +127,29 @@ class AgentProcess:
         code = await self.process.wait()
         if not self.stopping:
             log.warning("agent %s exited with %s", self.argv[0], code)
-        for session in list(self.sessions.values()):
-            await session.die()
-        self.sessions.clear()
-        if self._on_exit is not None:
-            await self._on_exit(self)
+        try:
+            for session in list(self.sessions.values()):
+                await session.die()
+            self.sessions.clear()
+            if self._on_exit is not None:
+                await self._on_exit(self)
+        finally:
+            await self._end_group()
+
+    async def _end_group(self) -> None:
+        """The child is gone: what it left in its process group (a wrapper's grandchildren)
+        gets SIGTERM, then SIGKILL after a grace period; then the reaper may forget the group.
+        (Cancelled on the way out of the process, the group stays with the reaper.)"""
+        assert self.process is not None
+        pgid = self.process.pid
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not _signal_group(pgid, sig):
+                break
+            deadline = loop.time() + GROUP_GRACE_S
+            while _signal_group(pgid, 0) and loop.time() < deadline:
+                await asyncio.sleep(0.05)  # a group's end is not an event we can await
+        reaper().forget(pgid)
 
     async def new_session(self, cwd: str) -> str:
         response = await self.conn.new_session(cwd=cwd, mcp_servers=[])

@@ -625,6 +625,11 @@ class ScriptedAgent:
             await self.channel.respond_error(request_id, err)
         else:
             await self.channel.respond(request_id, result)
+            if method == "session/new" and os.environ.get("ACP_SCRIPTED_EAGER_UPDATE"):
+                # As Qwen Code, Claude Code and Copilot do: an update right behind the answer,
+                # which reaches the client before it has published the session.
+                update = {"sessionUpdate": "available_commands_update", "availableCommands": []}
+                await self.channel.notify("session/update", {"sessionId": result["sessionId"], "update": update})
 
     def on_notification(self, method: str, params: JSON) -> None:
         if method == "session/cancel":

@@ -84,6 +84,7 @@ class LiveSession:
         agent_sid: str,
         single: bool,
         on_gone: Callable[[LiveSession], Awaitable[None]],
+        on_fenced: Callable[[LiveSession, int], Awaitable[None]] | None = None,
         loop_limits: LoopLimits | None = None,
         on_state: Callable[[str | None, str | None], None] | None = None,
     ) -> None:
@@ -96,6 +97,11 @@ class LiveSession:
         self.agent_sid = agent_sid
         self.single = single
         self._on_gone = on_gone
+        self._on_fenced = on_fenced
+        # Set once the first snapshot was written (or the session gave up): an update the
+        # agent sends right after `session/new` must not reach the store before the
+        # session itself, or the fence refuses it.
+        self._published = asyncio.Event()
         self.created_ms = now_ms()
         self.updated_ms = self.created_ms
         self.display_name: str | None = None
@@ -115,6 +121,11 @@ class LiveSession:
         # Per-turn state, reset when a prompt starts.
         self._guard = LoopGuard(self.loop_limits)
         self._loop_stop: TurnError | None = None
+
+    @property
+    def published(self) -> bool:
+        """The session's first snapshot has been written (or it gave up)."""
+        return self._published.is_set()
 
     # ---- projection ---------------------------------------------------------------------
 
@@ -148,9 +159,11 @@ class LiveSession:
             fields[F.UPDATED] = iso(self.updated_ms)
         if self.active:
             fields[F.ACTIVE] = "1"
-        admitted = (1 if self.active else 0) + len(self._waiting())
+        admitted = ([self.active] if self.active else []) + self._waiting()
         if admitted:
-            fields[F.ADMITTED] = str(admitted)
+            fields[F.ADMITTED] = str(len(admitted))
+        for prompt in admitted:
+            fields[F.PROMPT + prompt.prompt_id] = "1"
         for client in self.clients:
             fields[F.CLIENT + client] = "1"
         if self.turn_error is not None:
@@ -185,7 +198,11 @@ class LiveSession:
             self.state = new
 
     async def _write(self, ops: dict[str, Any]) -> Applied | None:
-        """Apply one transition; a fenced write means the session was swept from under us."""
+        """Apply one transition. A fenced write (the store has no such session of ours) is
+        reported to the worker, which asks the registry whether we were declared dead or
+        the store lost the session."""
+        if ops.get("mode") != "create" and not self._published.is_set():
+            await self._published.wait()
         if self.closed and ops.get("mode") != "delete":
             return None
         TRANSITIONS.inc()
@@ -198,9 +215,9 @@ class LiveSession:
             return None
         finally:
             self._track_state()
-        if result.applied == 0 and not self.closed:
-            log.warning("session no longer ours in the store; closing it here", extra={"sessionId": self.sid})
-            asyncio.ensure_future(self.close("swept", publish=False))
+        if result.applied != 1 and not self.closed and self._on_fenced is not None:
+            log.warning("the store refused a write (%d); checking our lease", result.applied, extra={"sessionId": self.sid})
+            asyncio.ensure_future(self._on_fenced(self, result.applied))
         return result
 
     async def publish_created(self, client_id: str | None) -> Applied | None:
@@ -208,10 +225,15 @@ class LiveSession:
             self.clients.add(client_id)
         # No event: an idle session then costs no replay log (a stream's first node alone
         # takes ~4 KB of Redis memory); the log starts with the session's first event.
-        return await self._write(self.snapshot_ops())
+        try:
+            return await self._write(self.snapshot_ops())
+        finally:
+            self._published.set()
 
     async def republish(self) -> None:
         """Redis lost our state (restart, failover): write it again under a new epoch."""
+        if self.closed:
+            return
         await self._write(self.snapshot_ops("session_restored"))
         for rid in list(self.pending):
             await self._locate_request(rid, True)
@@ -314,13 +336,14 @@ class LiveSession:
         else:
             await self._fail(prompt, error)
 
-    def _end_ops(self, prompt: Prompt) -> dict[str, Any]:
+    def _terminal_ops(self, prompt: Prompt) -> dict[str, Any]:
         """Common part of a running prompt's terminal transition."""
         prompt.ended = True
         self.active = None
         self.updated_ms = now_ms()
         return {
             "set": {F.ACTIVE: "0", F.UPDATED: iso(self.updated_ms)},
+            "del": [F.PROMPT + prompt.prompt_id],
             "incr": {F.ADMITTED: -1},
             "catalog": self.catalog_row(),
             "events": [],
@@ -329,7 +352,7 @@ class LiveSession:
     async def _complete(self, prompt: Prompt, stop_reason: str) -> None:
         if prompt.ended:
             return
-        ops = self._end_ops(prompt)
+        ops = self._terminal_ops(prompt)
         data = {"sessionId": self.sid, "stopReason": stop_reason, "promptId": prompt.prompt_id}
         ops["events"].append(events.body("turn_complete", data, prompt.prompt_id))
         await self._write(ops)
@@ -338,10 +361,10 @@ class LiveSession:
         """A running prompt failed: publish `turn_error` and keep it as the status error."""
         if prompt.ended:
             return
-        ops = self._end_ops(prompt)
+        ops = self._terminal_ops(prompt)
         if error.structured:
             # A structured rejection cancels pending interactions first, without prompt_cancelled.
-            ops["del"] = self._resolve_all_pending(ops["events"])
+            ops["del"] += self._resolve_all_pending(ops["events"])
         self.turn_error = error
         self.turn_error_event = True
         TURN_ERRORS.labels(error.error_kind or "none").inc()
@@ -366,9 +389,12 @@ class LiveSession:
         if skipped:
             await self._write({"events": skipped})
 
-    def _flush_ops(self, code: str, message: str) -> dict[str, Any]:
-        """Terminals for every prompt still running or queued (close, child exit)."""
+    def _end_ops(self, code: str, message: str, last_event: str, reason: str) -> dict[str, Any]:
+        """The session's last transition (close, child exit): every prompt it admitted ends
+        with a `turn_error` (those still running or queued here, and those admitted in the
+        store that never reached us), pending requests resolve cancelled, then `last_event`."""
         event_list: list[str] = []
+        fields: list[str] = []
         prompts = ([self.active] if self.active else []) + self._waiting()
         self.queue.clear()
         for queue in self.automatic.values():
@@ -377,10 +403,20 @@ class LiveSession:
             if prompt.ended:
                 continue
             prompt.ended = True
+            fields.append(F.PROMPT + prompt.prompt_id)
             data = {"sessionId": self.sid, "message": message, "code": code, "promptId": prompt.prompt_id}
             event_list.append(events.body("turn_error", data, prompt.prompt_id))
         self.active = None
-        return {"events": event_list}
+        fields += self._resolve_all_pending(event_list)
+        event_list.append(events.body(last_event, {"sessionId": self.sid, "reason": reason}))
+        orphan = {"sessionId": self.sid, "message": message, "code": code, "promptId": "@PID@"}
+        return {
+            "mode": "delete",
+            "del": fields,
+            "events": event_list,
+            "orphan": events.body("turn_error", orphan, "@PID@"),
+            "catalog": self.catalog_row(),
+        }
 
     # ---- cancel, close, death -------------------------------------------------------------
 
@@ -404,13 +440,9 @@ class LiveSession:
         """Close the session: terminals for its prompts, pending cancelled, keys deleted."""
         if self.closed:
             return
-        ops = self._flush_ops("session_closed", "session closed before the prompt completed")
-        ops["del"] = self._resolve_all_pending(ops["events"])
+        ops = self._end_ops("session_closed", "session closed before the prompt completed", "session_closed", reason)
         self.closed = True
         self._track_state()
-        ops["events"].append(events.body("session_closed", {"sessionId": self.sid, "reason": reason}))
-        ops["mode"] = "delete"
-        ops["catalog"] = self.catalog_row()
         if publish:
             await self._write(ops)
         await self.agent.forget(self.agent_sid)
@@ -420,14 +452,39 @@ class LiveSession:
         """The agent child exited: prompts end with channel_closed, then `session_died`."""
         if self.closed:
             return
-        ops = self._flush_ops("channel_closed", "agent channel exited before the prompt completed")
-        ops["del"] = self._resolve_all_pending(ops["events"])
+        ops = self._end_ops("channel_closed", "agent channel exited before the prompt completed", "session_died", "channel_closed")
         self.closed = True
         self._track_state()
-        ops["events"].append(events.body("session_died", {"sessionId": self.sid, "reason": "channel_closed"}))
-        ops["mode"] = "delete"
-        ops["catalog"] = self.catalog_row()
         await self._write(ops)
+        await self._on_gone(self)
+
+    async def abandon(self) -> None:
+        """Our incarnation was declared dead: the store has ended this session already (its
+        prompts got their terminals, its clients `session_died`). End it here as well,
+        writing nothing: the running turn is cancelled at the agent, what the agent awaits
+        is answered cancelled, and the agent forgets the session."""
+        if self.closed:
+            return
+        self.closed = True
+        self._published.set()
+        self._track_state()
+        running = self.active
+        for prompt in ([running] if running else []) + self._waiting():
+            prompt.ended = True
+        self.queue.clear()
+        for queue in self.automatic.values():
+            queue.clear()
+        self.active = None
+        for pending in list(self.pending.values()):
+            if not pending.answer.done():
+                pending.answer.set_result((CANCELLED, None))
+        self.pending.clear()
+        try:
+            if running is not None and running.sent:
+                await self.agent.cancel(self.agent_sid)
+            await self.agent.forget(self.agent_sid)
+        except Exception:  # the child may be gone already; nothing is left to tell it
+            log.warning("could not tell the agent", extra={"sessionId": self.sid}, exc_info=True)
         await self._on_gone(self)
 
     # ---- permission requests --------------------------------------------------------------
@@ -497,8 +554,9 @@ class LiveSession:
         try:
             response, voter = await pending.answer
         finally:
+            # The request's index stays until it expires: a vote repeated with the same
+            # Idempotency-Key on the legacy route must still find the session.
             still_ours = self.pending.pop(rid, None) is not None
-            await self._locate_request(rid, False)
         if still_ours:
             # Resolved by a vote: the vote script already removed the fields.
             data = {"requestId": rid, "outcome": response["outcome"]}

@@ -1,8 +1,10 @@
 """The bridge worker: holds a lease, takes commands from Redis, runs ACP agent children.
 
-One process = one incarnation (a fresh id per start). Its lease is renewed by a heartbeat of
-constant cost; its sessions are stamped with the incarnation, so when the lease lapses every
-reader drops them at once and a sweeper deletes them.
+One process holds one incarnation at a time (a fresh id per start). Its lease is renewed by a
+heartbeat of constant cost; its sessions are stamped with the incarnation, so when the lease
+lapses every reader drops them at once and a sweeper deletes them. A worker that finds its
+incarnation declared dead (it stalled past its lease) ends the sessions it still hosts and
+joins again as a new incarnation with none: dead stays dead.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,9 +25,10 @@ from prometheus_client import REGISTRY, make_asgi_app
 
 from acp_state import keys
 from acp_state.clock import iso, now_ms
-from acp_state.store import Store
+from acp_state.store import Standing, Store
 from acp_state.summary import SESSION_STATES
 from acp_state.sweeper import run_sweeper
+from acp_state.tasks import survive
 from acp_state.votes import Vote
 
 from .agent import AgentProcess
@@ -34,6 +39,10 @@ from .session import LiveSession, Prompt
 log = logging.getLogger("worker")
 
 DEFAULT_AGENT = f"{sys.executable} -m worker.scripted_agent"
+# Each live session's TTL is refreshed once per this fraction of the TTL, spread evenly.
+REFRESH_FRACTION = 0.5
+REFRESH_TICK_S = 1.0
+PULSE_S = 0.1
 
 
 @dataclass
@@ -66,6 +75,11 @@ class Worker:
         self.agents: dict[str, AgentProcess] = {}
         self._creating = 0
         self._cursors: dict[str, str] = {keys.worker_control(self.incarnation): "0"}
+        self._registered = False
+        # The longest this process was frozen (SIGSTOP, a blocked event loop) since its
+        # last accepted renewal: what tells "the store lost us" from "we may have been swept".
+        self._frozen_s = 0.0
+        self._standing: asyncio.Task[None] | None = None
         self._workspace_load: dict[str, int] = {}
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -101,12 +115,18 @@ class Worker:
 
     async def run(self) -> None:
         """Register, then serve until `stop()`; always leaves Redis clean on the way out."""
-        await self.store.heartbeat(self.incarnation, self.report(), self.config.lease_ms)
+        while not self._registered and not self._stop.is_set():
+            # Registered as soon as Redis accepts writes (it may still be starting, or full).
+            if not await survive("heartbeat", self.check_standing):
+                await asyncio.sleep(min(1.0, self.config.lease_ms / 3000))
         log.info("worker registered (lease %d ms)", self.config.lease_ms)
+        sweep_interval_s = self.config.lease_ms / 6000
         self._tasks = [
+            asyncio.ensure_future(self._pulse()),
             asyncio.ensure_future(self._heartbeat_loop()),
             asyncio.ensure_future(self._command_loop()),
-            asyncio.ensure_future(run_sweeper(self.store, self.config.lease_ms / 2000, self._stop)),
+            asyncio.ensure_future(run_sweeper(self.store, sweep_interval_s, self._stop)),
+            asyncio.ensure_future(self._refresh_loop()),
         ]
         if self.config.metrics_port is not None:
             self._tasks.append(asyncio.ensure_future(self._serve_metrics()))
@@ -128,47 +148,139 @@ class Worker:
             *(s.close("worker_shutdown") for s in list(self.sessions.values())), return_exceptions=True
         )
         await asyncio.gather(*(a.stop() for a in list(self.agents.values())), return_exceptions=True)
-        for ws in list(self._workspace_load):
-            await self.store.drop_inbox(ws, self.incarnation)
-        await self.store.release(self.incarnation)
+        try:
+            for ws in list(self._workspace_load):
+                await self.store.drop_inbox(ws, self.incarnation)
+            await self.store.release(self.incarnation)
+        except Exception:  # Redis is away: the sweeper removes what is left once the lease lapses
+            log.warning("could not release the lease on the way out", exc_info=True)
         REGISTRY.unregister(self._collector)
         log.info("worker stopped")
+
+    # ---- the lease ------------------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
         interval = self.config.lease_ms / 3000
         while True:
             await asyncio.sleep(interval)
-            try:
-                held = await self.store.heartbeat(self.incarnation, self.report(), self.config.lease_ms)
-            except Exception:
-                log.exception("heartbeat failed")
-                continue
-            LEASE_RENEWALS.inc()
-            if not held:
-                LEASES_LOST.inc()
-                # Our lease lapsed (Redis restarted, or we stalled): Redis no longer holds our
-                # sessions. Rewrite them all; fenced writes meanwhile closed any swept one.
-                log.warning("lease was lost; republishing %d sessions", len(self.sessions))
-                await asyncio.gather(*(s.republish() for s in list(self.sessions.values())))
-                for sid, s in list(self.sessions.items()):
-                    await self.store.index_session(self.incarnation, s.ws, sid, True)
+            await survive("heartbeat", self.check_standing)
+
+    async def _pulse(self) -> None:
+        """Notice when this process itself was frozen: a short sleep that overslept."""
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(PULSE_S)
+            self._frozen_s = max(self._frozen_s, time.monotonic() - before - PULSE_S)
+
+    async def check_standing(self) -> None:
+        """Renew the lease now and act on what it says (single-flight: a heartbeat and any
+        number of sessions whose writes were refused share one renewal)."""
+        if self._standing is None or self._standing.done():
+            self._standing = asyncio.ensure_future(self._renew())
+        await asyncio.shield(self._standing)
+
+    async def _renew(self) -> None:
+        frozen_s = self._frozen_s
+        standing = await self.store.heartbeat(self.incarnation, self.report(), self.config.lease_ms)
+        LEASE_RENEWALS.inc()
+        if standing is Standing.DEAD:
+            LEASES_LOST.inc()
+            await self._rejoin("it was declared dead after its lease lapsed")
+            return
+        if standing is Standing.NEW and self._registered:
+            LEASES_LOST.inc()
+            if frozen_s > self.config.lease_ms / 2000:
+                # The store lost its record of us, and we were frozen long enough to have been
+                # declared dead before it did: we cannot vouch that nobody swept us, so we end
+                # our sessions rather than bring back any whose clients were told they died.
+                await self.store.resign(self.incarnation)
+                await self._rejoin("the store lost its lease while it was past its deadline")
+                return
+            # Redis lost our state (restarted empty, or failed over to a replica that had not
+            # seen it), and nobody can have declared us dead: rewrite every session.
+            log.warning("the store lost our lease; rewriting %d sessions", len(self.sessions))
+            await self._rewrite(list(self.sessions.values()))
+        elif standing is Standing.LATE:
+            log.warning("lease renewed after its deadline (nobody had declared it dead)")
+        self._registered = True
+        if self._frozen_s == frozen_s:  # (a freeze during this renewal counts next time)
+            self._frozen_s = 0.0
+
+    async def _rewrite(self, sessions: list[LiveSession]) -> None:
+        """Write sessions the store lost again, under new event epochs, and index them."""
+        await asyncio.gather(*(s.republish() for s in sessions))
+        for s in sessions:
+            if not s.closed:
+                await self.store.index_session(s.incarnation, s.ws, s.sid, True)
+
+    async def _rejoin(self, reason: str) -> None:
+        """Our incarnation is dead: end what it hosted, then join as a new one with nothing."""
+        old = self.incarnation
+        sessions = list(self.sessions.values())
+        log.warning("incarnation %s is dead (%s): ending its %d sessions and joining again", old, reason, len(sessions))
+        self.incarnation = new_incarnation(self.config.name)
+        self._cursors = {keys.worker_control(self.incarnation): "0"}
+        self._workspace_load.clear()
+        await asyncio.gather(*(s.abandon() for s in sessions), return_exceptions=True)
+        self._registered = False
+        standing = await self.store.heartbeat(self.incarnation, self.report(), self.config.lease_ms)
+        self._registered = standing is not Standing.DEAD
+        log.warning("joined again as %s", self.incarnation)
+
+    async def _session_fenced(self, session: LiveSession, applied: int) -> None:
+        """The store refused a session's write: were we declared dead, or did it lose it?"""
+        await survive("heartbeat", self.check_standing)
+        if session.closed or session.incarnation != self.incarnation:
+            return  # we were dead: _rejoin ended it
+        if applied == -1:
+            log.warning("another worker owns the session now; ending it here", extra={"sessionId": session.sid})
+            await session.abandon()
+        else:
+            # Our lease holds, yet the store has no such session: it lost it (a failover to a
+            # replica that had not seen it, an expired key). Write it again.
+            log.warning("the store lost the session; rewriting it", extra={"sessionId": session.sid})
+            await self._rewrite([session])
+
+    async def _refresh_loop(self) -> None:
+        """Refresh every live session's TTL once per REFRESH_FRACTION of it, a slice each
+        second: the added command rate is sessions / (TTL * REFRESH_FRACTION), whatever the
+        session count, and no burst. A session the store lost is found here too."""
+        period_s = self.store.retention.session_ttl_ms / 1000 * REFRESH_FRACTION
+        queue: list[LiveSession] = []
+        while True:
+            await asyncio.sleep(REFRESH_TICK_S)
+            if not queue:
+                queue = list(self.sessions.values())
+                per_tick = max(1, math.ceil(len(queue) * REFRESH_TICK_S / period_s))
+            batch, queue = queue[:per_tick], queue[per_tick:]
+            await survive("session refresh", lambda: self._touch(batch))
+
+    async def _touch(self, batch: list[LiveSession]) -> None:
+        live = [s for s in batch if not s.closed and s.incarnation == self.incarnation and s.published]
+        if not live:
+            return
+        missing = await self.store.touch_sessions(self.incarnation, [(s.ws, s.sid, s.single) for s in live])
+        if missing:
+            lost = [s for s in live if (s.ws, s.sid) in missing]
+            await self.check_standing()
+            await self._rewrite([s for s in lost if s.incarnation == self.incarnation])
 
     # ---- commands -----------------------------------------------------------------------
 
     async def _command_loop(self) -> None:
         while True:
-            try:
-                commands = await self.store.read_commands(dict(self._cursors), block_ms=1000)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("reading commands failed")
+            if not await survive("command loop", self._read_commands):
                 await asyncio.sleep(0.5)
-                continue
-            for stream, entry_id, command in commands:
-                if stream in self._cursors:
-                    self._cursors[stream] = entry_id
+
+    async def _read_commands(self) -> None:
+        commands = await self.store.read_commands(dict(self._cursors), block_ms=1000)
+        for stream, entry_id, command in commands:
+            if stream in self._cursors:
+                self._cursors[stream] = entry_id
+            try:
                 self._dispatch(command)
+            except Exception:  # one malformed command must not cost the ones behind it
+                log.exception("dropping a command that could not be handled: %r", command)
 
     def _dispatch(self, command: dict[str, Any]) -> None:
         """Route one command. Synchronous up to the hand-off, so per-session order holds."""
@@ -184,6 +296,8 @@ class Worker:
             return
         session = self.sessions.get(command.get("sid", ""))
         if session is None:
+            # Gone here. A prompt admitted meanwhile got its terminal from the transition
+            # that removed the session (its p:<promptId> field), so nothing is owed.
             if kind == "close":
                 asyncio.ensure_future(self.store.reply(command["req"], {"ok": False, "code": "session_not_found"}))
             return
@@ -273,6 +387,7 @@ class Worker:
                 agent_sid=agent_sid,
                 single=command.get("scope") == "single",
                 on_gone=self._session_gone,
+                on_fenced=self._session_fenced,
                 loop_limits=self.config.loop_limits,
                 on_state=self._count_state,
             )
@@ -281,14 +396,16 @@ class Worker:
             self._creating -= 1  # the reservation is now a session: count it once
             reserved = False
             self._workspace_load[ws] = self._workspace_load.get(ws, 0) + 1
-            await self.store.index_session(self.incarnation, ws, sid, True)
+            # An incarnation that changed while the agent started reads a new inbox.
+            self._cursors.setdefault(keys.inbox(ws, session.incarnation), "0")
+            await self.store.index_session(session.incarnation, ws, sid, True)
             result = await session.publish_created(command.get("clientId"))
             if result is None or result.applied != 1:
                 await session.close("conflict", publish=False)
                 await self.store.reply(command["req"], {"ok": False, "code": "session_conflict"})
                 return
             await self.store.reply(
-                command["req"], {"ok": True, "createdAt": iso(session.created_ms), "incarnation": self.incarnation}
+                command["req"], {"ok": True, "createdAt": iso(session.created_ms), "incarnation": session.incarnation}
             )
         except Exception as error:
             log.exception("creating the session failed", extra={"sessionId": sid})
@@ -306,7 +423,10 @@ class Worker:
         if self.sessions.get(session.sid) is not session:
             return
         del self.sessions[session.sid]
-        await self.store.index_session(self.incarnation, session.ws, session.sid, False)
+        try:
+            await self.store.index_session(session.incarnation, session.ws, session.sid, False)
+        except Exception:  # the index has a TTL, and a sweeper of a dead incarnation drops it
+            log.warning("could not unindex the session", extra={"sessionId": session.sid}, exc_info=True)
         left = self._workspace_load.get(session.ws, 1) - 1
         if left <= 0:
             self._workspace_load.pop(session.ws, None)

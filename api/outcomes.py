@@ -1,0 +1,64 @@
+"""Acknowledged means done; refused means not done; unknown is said.
+
+A command's effect happens inside Redis, in one script. When Redis answers, the API knows
+the outcome. When the connection breaks or times out after the command may have reached
+Redis (a stall, a failover, a dropped socket), the API does not: it answers 503
+`outcome_unknown`, never a guess. A client that sends an `Idempotency-Key` can then retry
+with the same key and get the first outcome back, never a second effect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import AsyncIterator
+
+from redis import exceptions as redis_errors
+from starlette.requests import Request
+
+from acp_state import ids
+
+from .responses import ApiError
+
+IDEMPOTENCY_HEADER = "idempotency-key"
+
+
+def idempotency_key(request: Request) -> str | None:
+    """`Idempotency-Key`: optional, 1-128 characters of `[A-Za-z0-9._:-]`."""
+    value = request.headers.get(IDEMPOTENCY_HEADER)
+    if value is None:
+        return None
+    if not ids.is_token(value):
+        raise ApiError(400, "Idempotency-Key must be 1-128 characters of [A-Za-z0-9._:-]", "invalid_idempotency_key")
+    return value
+
+
+def _never_sent(error: Exception) -> bool:
+    """The command cannot have reached Redis: no connection was made, or Redis was loading."""
+    if isinstance(error, redis_errors.BusyLoadingError):
+        return True
+    text = str(error)
+    return "connecting to" in text or "No connection available" in text or "Connection refused" in text
+
+
+def outcome_unknown() -> ApiError:
+    error = ApiError(
+        503,
+        "the state store did not confirm the outcome; retry with the same Idempotency-Key to learn it",
+        "outcome_unknown",
+        retryAfterMs=1000,
+    )
+    error.headers["Retry-After"] = "1"
+    return error
+
+
+@contextlib.asynccontextmanager
+async def effect() -> AsyncIterator[None]:
+    """Around the one store call that makes a command's effect: a broken or timed-out
+    connection becomes 503 `outcome_unknown` (a refusal before sending stays
+    `store_unavailable`: nothing was done)."""
+    try:
+        yield
+    except (redis_errors.ConnectionError, redis_errors.TimeoutError) as error:
+        if _never_sent(error):
+            raise
+        raise outcome_unknown() from error

@@ -1,0 +1,389 @@
+"""Lease semantics under faults: dead stays dead, a stalled store kills nobody, and every
+acknowledged command has its effect (issue: acknowledged means done).
+
+Real processes and a real redis-server of the test's own; faults are a worker frozen with
+SIGSTOP past its lease, Redis stalled with DEBUG SLEEP or CLIENT PAUSE, and Redis out of
+memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+
+import pytest
+import redis.asyncio as aioredis
+
+from acp_state import keys
+from acp_state.ids import workspace_id
+from tests.conftest import RedisServer, free_port
+from tests.harness import ApiProcess, EventWatcher, Harness, WorkerProcess
+from tests.test_runtime_status import create, prompt, status
+
+LEASE_MS = 1500
+TERMINALS = ("turn_complete", "turn_error")
+
+
+def text(value: str) -> dict:
+    return {"prompt": [{"type": "text", "text": value}]}
+
+
+async def registered(redis_client: aioredis.Redis) -> set[str]:
+    return set(await redis_client.zrange(keys.WORKERS, 0, -1))
+
+
+async def incarnation_of(redis_client: aioredis.Redis, workspace: str, sid: str) -> str:
+    return await redis_client.hget(keys.session(workspace_id(workspace), sid), keys.F.OWNER)
+
+
+async def until(predicate, timeout: float = 20, step: float = 0.05):
+    """Poll a state that no event announces (a process's registry entry, a key's absence)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        assert loop.time() < deadline, "the state was not reached in time"
+        await asyncio.sleep(step)
+
+
+def terminals_of(events: EventWatcher, sid: str, prompt_id: str) -> list[dict]:
+    return [e for e in events.of(sid) if e["type"] in TERMINALS and e.get("promptId") == prompt_id]
+
+
+async def turn_done(api: ApiProcess, events: EventWatcher, sid: str, value: str = "hello") -> dict:
+    """A prompt that runs to its terminal: proof that the session works end to end."""
+    accepted = await prompt(api, sid, value)
+    return await events.wait_for(
+        lambda e: e["type"] in TERMINALS and e.get("promptId") == accepted["promptId"], timeout=20
+    )
+
+
+# ---- dead stays dead -----------------------------------------------------------------------
+
+
+async def test_a_worker_frozen_past_its_lease_stays_dead_when_it_wakes(own_redis: RedisServer, workspace: str) -> None:
+    harness = Harness(own_redis.url, workspace, free_port)
+    redis_client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    try:
+        events = await harness.events()
+        victim = await harness.worker("--lease-ms", str(LEASE_MS))
+        api = await harness.api()
+        running = (await create(api, workspace))["sessionId"]
+        waiting = (await create(api, workspace))["sessionId"]
+        idle = (await create(api, workspace))["sessionId"]
+        survivor = await harness.worker("--lease-ms", str(LEASE_MS))
+
+        slow = await prompt(api, running, "#slow 30")
+        await events.wait_type(running, "session_update", promptId=slow["promptId"])
+        queued = await prompt(api, running, "after the slow one")
+        asked = await prompt(api, waiting, "#permission")
+        request = await events.wait_type(waiting, "permission_request", promptId=asked["promptId"])
+
+        os.kill(victim.pid, signal.SIGSTOP)
+        try:
+            for sid in (running, waiting, idle):
+                await events.wait_type(sid, "session_died", timeout=10 * LEASE_MS / 1000)
+        finally:
+            os.kill(victim.pid, signal.SIGCONT)
+
+        # Every prompt the API acknowledged got its one terminal, before the session died.
+        for accepted in (slow, queued, asked):
+            sid = running if accepted is not asked else waiting
+            ends = terminals_of(events, sid, accepted["promptId"])
+            assert [e["data"]["code"] for e in ends] == ["worker_lost"], ends
+        died = {e["_channel"]: e["id"] for e in events.events if e["type"] == "session_died"}
+
+        # The woken worker finds out, ends what it hosted and joins again as a new incarnation.
+        old = victim.incarnation
+        fresh = await until(
+            lambda: _new_incarnation_of(redis_client, victim.pid, old), timeout=10 * LEASE_MS / 1000
+        )
+        assert old not in await registered(redis_client)
+
+        # Nothing of the dead incarnation came back: status, prompt, vote and close agree.
+        for sid in (running, waiting, idle):
+            assert (await api.client.get(f"/session/{sid}/status")).status_code == 404
+            assert (await api.client.post(f"/session/{sid}/prompt", json=text("x"))).status_code == 404
+            assert (await api.client.delete(f"/session/{sid}")).status_code == 404
+            assert not await redis_client.exists(keys.session(workspace_id(workspace), sid))
+        vote = await api.client.post(
+            f"/session/{waiting}/permission/{request['data']['requestId']}",
+            json={"outcome": {"outcome": "selected", "optionId": "proceed_once"}},
+        )
+        assert vote.status_code == 404
+
+        # The rejoined worker serves new sessions (a barrier: its old sessions had every
+        # chance to write again by now), and no event of a dead session followed its death.
+        await victim.terminate()
+        newest = (await create(api, workspace))["sessionId"]
+        assert await incarnation_of(redis_client, workspace, newest) == survivor.incarnation
+        await turn_done(api, events, newest)
+        for channel, last in died.items():
+            assert max(e["id"] for e in events.events if e["_channel"] == channel) == last
+        assert fresh not in await registered(redis_client), "SIGTERM releases the new incarnation"
+        leftovers = [k async for k in redis_client.scan_iter(match=f"*{old}*")]
+        assert leftovers == []
+    finally:
+        await harness.stop_all()
+        await redis_client.aclose()
+
+
+async def _new_incarnation_of(redis_client: aioredis.Redis, pid: int, old: str) -> str | None:
+    for member in await registered(redis_client):
+        if f"-{pid}-" in member and member != old:
+            return member
+    return None
+
+
+# ---- a stall of the store is not a death ---------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["debug-sleep-2x", "debug-sleep-5x", "client-pause-5x"])
+async def test_a_store_stall_past_the_lease_sweeps_no_healthy_worker(
+    own_redis: RedisServer, workspace: str, how: str
+) -> None:
+    lease_ms = 1000
+    harness = Harness(own_redis.url, workspace, free_port)
+    redis_client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    staller = aioredis.Redis.from_url(own_redis.url, decode_responses=True, socket_timeout=60)
+    try:
+        events = await harness.events()
+        first = await harness.worker("--lease-ms", str(lease_ms))
+        api = await harness.api()
+        sids = [(await create(api, workspace))["sessionId"] for _ in range(2)]
+        second = await harness.worker("--lease-ms", str(lease_ms))
+        sids += [(await create(api, workspace))["sessionId"] for _ in range(4)]
+        owners = {await incarnation_of(redis_client, workspace, sid) for sid in sids}
+        assert owners == {first.incarnation, second.incarnation}
+        asked = await prompt(api, sids[0], "#permission")
+        request = await events.wait_type(sids[0], "permission_request", promptId=asked["promptId"])
+        rid = request["data"]["requestId"]
+
+        factor = 2 if how.endswith("2x") else 5
+        stall_ms = factor * lease_ms
+        if how.startswith("debug-sleep"):
+            stall = asyncio.ensure_future(staller.execute_command("DEBUG", "SLEEP", stall_ms / 1000))
+        else:
+            await staller.execute_command("CLIENT", "PAUSE", stall_ms, "ALL")
+            stall = asyncio.ensure_future(asyncio.sleep(stall_ms / 1000))
+        await asyncio.sleep(0.1)  # the stall has begun (DEBUG SLEEP answers only after it)
+        key = str(uuid.uuid4())
+        url = f"/session/{sids[0]}/permission/{rid}"
+        vote = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
+        during = await api.client.post(url, json=vote, headers={"Idempotency-Key": key}, timeout=60)
+        await stall
+        # The outcome is known, or said to be unknown; the same key then tells it.
+        assert during.status_code in (200, 503), during.text
+        if during.status_code == 503:
+            assert during.json()["code"] in ("outcome_unknown", "store_unavailable"), during.text
+        again = await api.client.post(url, json=vote, headers={"Idempotency-Key": key})
+        assert again.status_code == 200, again.text
+        await events.wait_type(sids[0], "permission_resolved", requestId=rid)
+
+        # Every session still works after the stall: no sweeper took a healthy worker.
+        for sid in sids:
+            await turn_done(api, events, sid)
+            assert (await status(api, sid))["sessionId"] == sid
+        assert not [e for e in events.events if e["type"] == "session_died"]
+        assert {first.incarnation, second.incarnation} <= await registered(redis_client)
+    finally:
+        await harness.stop_all()
+        await redis_client.aclose()
+        await staller.aclose()
+
+
+async def test_out_of_memory_sweeps_nobody_and_workers_register_again(own_redis: RedisServer, workspace: str) -> None:
+    lease_ms = 1000
+    harness = Harness(own_redis.url, workspace, free_port)
+    redis_client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    try:
+        events = await harness.events()
+        worker = await harness.worker("--lease-ms", str(lease_ms))
+        api = await harness.api()
+        sids = [(await create(api, workspace))["sessionId"] for _ in range(3)]
+        await redis_client.set("ballast", "x" * (4 << 20))
+        used = int((await redis_client.info("memory"))["used_memory"])
+        await redis_client.config_set("maxmemory-policy", "noeviction")
+        await redis_client.config_set("maxmemory", str(used - (2 << 20)))  # over it: writes refused
+        try:
+            answer = await api.client.post("/session", json={"cwd": workspace, "sessionScope": "thread"}, timeout=30)
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["code"] in ("store_full", "store_unavailable"), answer.text
+            answer = await api.client.post(f"/session/{sids[0]}/prompt", json=text("x"))
+            assert answer.status_code == 503 and answer.headers["content-type"] == "application/json"
+            # Several leases pass without a renewal the store accepts.
+            await until(lambda: _heartbeat_refused(worker), timeout=10)
+            await asyncio.sleep(3 * lease_ms / 1000)
+        finally:
+            await redis_client.config_set("maxmemory", "0")
+            await redis_client.delete("ballast")
+        before = float(await redis_client.zscore(keys.WORKERS, worker.incarnation) or 0)
+        await until(
+            lambda: _renewed_after(redis_client, worker.incarnation, before), timeout=5 * lease_ms / 1000
+        )
+        for sid in sids:
+            await turn_done(api, events, sid)
+        assert not [e for e in events.events if e["type"] == "session_died"]
+        assert (await create(api, workspace))["sessionId"]
+    finally:
+        await harness.stop_all()
+        await redis_client.aclose()
+
+
+async def _heartbeat_refused(worker: WorkerProcess) -> bool:
+    return "heartbeat failed" in worker.log_path.read_text()
+
+
+async def _renewed_after(redis_client: aioredis.Redis, incarnation: str, before: float) -> bool:
+    return float(await redis_client.zscore(keys.WORKERS, incarnation) or 0) > before
+
+
+# ---- acknowledged means done ---------------------------------------------------------------
+
+
+async def test_sessions_survive_an_update_sent_right_after_session_new(harness: Harness, workspace: str) -> None:
+    """Agents such as Claude Code and Copilot send an update right behind their answer to
+    `session/new`; it must wait for the session's first snapshot, not fence the session off."""
+    events = await harness.events()
+    await harness.worker(env={"ACP_SCRIPTED_EAGER_UPDATE": "1"})
+    api = await harness.api()
+    sids = [(await create(api, workspace))["sessionId"] for _ in range(12)]
+    for sid in sids:
+        await events.wait_type(sid, "session_update")
+        done = await turn_done(api, events, sid)
+        assert done["type"] == "turn_complete"
+
+
+async def test_a_close_racing_prompts_ends_every_accepted_prompt_once(harness: Harness, workspace: str) -> None:
+    events = await harness.events()
+    await harness.worker()
+    api = await harness.api()
+    for _ in range(3):
+        sid = (await create(api, workspace))["sessionId"]
+        first = await prompt(api, sid, "#slow 5")
+        await events.wait_type(sid, "session_update", promptId=first["promptId"])
+        sends = [api.client.post(f"/session/{sid}/prompt", json=text(f"p{n}")) for n in range(12)]
+        answers = await asyncio.gather(*sends[:6], api.client.delete(f"/session/{sid}"), *sends[6:])
+        accepted = [first["promptId"]] + [a.json()["promptId"] for a in answers if a.status_code == 200 and a.content]
+        assert answers[6].status_code == 204
+        await events.wait_type(sid, "session_closed")
+        for prompt_id in accepted:
+            ends = await events.wait_for(lambda e, p=prompt_id: e["type"] in TERMINALS and e.get("promptId") == p)
+            assert ends and len(terminals_of(events, sid, prompt_id)) == 1, prompt_id
+        closed_id = next(e["id"] for e in events.of(sid) if e["type"] == "session_closed")
+        assert all(e["id"] < closed_id for e in events.of(sid) if e["type"] in TERMINALS)
+
+
+async def test_a_repeated_idempotency_key_returns_the_first_outcome(harness: Harness, workspace: str) -> None:
+    events = await harness.events()
+    await harness.worker()
+    api = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+
+    key = {"Idempotency-Key": "prompt-1"}
+    one = await api.client.post(f"/session/{sid}/prompt", json=text("#permission"), headers=key)
+    two = await api.client.post(f"/session/{sid}/prompt", json=text("#permission"), headers=key)
+    assert one.status_code == two.status_code == 200
+    assert one.json() == two.json()
+    request = await events.wait_type(sid, "permission_request", promptId=one.json()["promptId"])
+
+    url = f"/session/{sid}/permission/{request['data']['requestId']}"
+    vote = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
+    votes = [await api.client.post(url, json=vote, headers={"Idempotency-Key": "vote-1"}) for _ in range(2)]
+    assert [v.status_code for v in votes] == [200, 200]
+    other = await api.client.post(url, json=vote, headers={"Idempotency-Key": "vote-2"})
+    assert other.status_code == 404  # a different vote: the request is no longer pending
+    legacy = await api.client.post(
+        f"/permission/{request['data']['requestId']}", json=vote, headers={"Idempotency-Key": "vote-1"}
+    )
+    assert legacy.status_code == 200
+    await events.wait_type(sid, "turn_complete", promptId=one.json()["promptId"])
+    assert len([e for e in events.of(sid) if e["type"] == "permission_resolved"]) == 1
+    assert len([e for e in events.of(sid) if e["type"] == "pending_prompt_added"]) == 0
+
+    bad = await api.client.post(f"/session/{sid}/prompt", json=text("x"), headers={"Idempotency-Key": "a b"})
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_idempotency_key"
+
+    close = {"Idempotency-Key": "close-1"}
+    assert (await api.client.delete(f"/session/{sid}", headers=close)).status_code == 204
+    assert (await api.client.delete(f"/session/{sid}", headers=close)).status_code == 204
+    assert (await api.client.delete(f"/session/{sid}")).status_code == 404
+    repeated = await api.client.post(f"/session/{sid}/prompt", json=text("#permission"), headers=key)
+    assert repeated.json() == one.json()
+
+    created = [
+        await api.client.post("/session", json={"cwd": workspace, "sessionScope": "thread"},
+                              headers={"Idempotency-Key": "create-1"})
+        for _ in range(2)
+    ]
+    assert created[0].status_code == created[1].status_code == 200
+    assert created[0].json()["sessionId"] == created[1].json()["sessionId"]
+
+
+# ---- readiness -------------------------------------------------------------------------------
+
+
+async def test_a_create_before_any_worker_waits_for_one(harness: Harness, workspace: str) -> None:
+    api = await harness.api()
+    assert (await api.client.get("/health")).json() == {"status": "ok"}
+    ready = await api.client.get("/health/ready")
+    assert ready.status_code == 503 and ready.json()["code"] == "no_worker"
+    creating = asyncio.ensure_future(
+        api.client.post("/session", json={"cwd": workspace, "sessionScope": "thread"}, timeout=60)
+    )
+    await asyncio.sleep(0.3)  # the create is in flight, with no worker anywhere
+    assert not creating.done()
+    await harness.worker()
+    created = await creating
+    assert created.status_code == 200, created.text
+    ready = await api.client.get("/health/ready")
+    assert ready.status_code == 200 and ready.json()["workers"] == 1
+
+
+# ---- the session hash's TTL --------------------------------------------------------------------
+
+
+async def test_session_hashes_expire_when_no_process_is_left_to_sweep(own_redis: RedisServer, workspace: str) -> None:
+    ttl_ms = 3000
+    harness = Harness(own_redis.url, workspace, free_port)
+    redis_client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    listener = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    pubsub = listener.pubsub()
+    try:
+        await redis_client.config_set("notify-keyspace-events", "Exg")
+        await pubsub.psubscribe("__keyevent@0__:*")
+        worker = await harness.worker("--lease-ms", "1000", "--session-ttl-ms", str(ttl_ms))
+        api = await harness.api()
+        ws = workspace_id(workspace)
+        sids = [(await create(api, workspace))["sessionId"] for _ in range(3)]
+        for sid in sids:
+            assert 0 < await redis_client.pttl(keys.session(ws, sid)) <= ttl_ms
+
+        # While the worker lives, it refreshes them (an `expire` event per refresh).
+        refreshed: set[str] = set()
+        async with asyncio.timeout(3 * ttl_ms / 1000):
+            async for message in pubsub.listen():
+                if message["type"] == "pmessage" and message["channel"].endswith(":expire"):
+                    refreshed.add(message["data"])
+                    if {keys.session(ws, sid) for sid in sids} <= refreshed:
+                        break
+
+        # With every process gone (no sweeper anywhere), they expire within the TTL.
+        await api.kill9()
+        await worker.kill9()
+        expired: set[str] = set()
+        async with asyncio.timeout(2 * ttl_ms / 1000 + 5):
+            async for message in pubsub.listen():
+                if message["type"] == "pmessage" and message["channel"].endswith(":expired"):
+                    expired.add(message["data"])
+                    if {keys.session(ws, sid) for sid in sids} <= expired:
+                        break
+    finally:
+        await pubsub.aclose()
+        await listener.aclose()
+        await harness.stop_all()
+        await redis_client.aclose()
