@@ -144,8 +144,10 @@ class Store(Protocol):
     async def session_fields(self, ws: str, sid: str) -> dict[str, str]: ...
     async def send(self, ws: str, sid: str, incarnation: str, command: dict[str, Any], admit_limit: int | None = None, idempotency_key: str | None = None) -> Admission: ...
     async def vote(self, ws: str, sid: str, incarnation: str, rid: str, selected: bool, option_id: str, client_id: str, command: dict[str, Any], idempotency_key: str | None = None) -> str: ...
-    async def claim_create(self, idempotency_key: str, sid: str, client_id: str) -> tuple[str, str] | None: ...
+    async def claim_create(self, idempotency_key: str, sid: str, client_id: str, ttl_ms: int = ...) -> tuple[str, str, bool] | None: ...
+    async def keep_create(self, idempotency_key: str, sid: str, client_id: str, attached: bool) -> None: ...
     async def forget_create(self, idempotency_key: str, sid: str) -> None: ...
+    async def catalog_row(self, ws: str, sid: str) -> dict[str, Any] | None: ...
     async def first_outcome(self, ws: str, sid: str, idempotency_key: str) -> Admission | None: ...
     async def attach(self, ws: str, sid: str, incarnation: str, client_id: str) -> bool: ...
     async def claim_single(self, ws: str, sid: str, ttl_ms: int) -> str | None: ...
@@ -510,6 +512,12 @@ class RedisStore:
             ],
         )
 
+    async def keep_create(self, idempotency_key: str, sid: str, client_id: str, attached: bool) -> None:
+        """The create succeeded (or attached to the workspace's shared session): its key
+        answers with that outcome for a day."""
+        value = f"{sid} {client_id} {int(attached)}"
+        await self.redis.set(keys.create_idempotency(idempotency_key), value, px=IDEMPOTENCY_TTL_MS)
+
     async def forget_create(self, idempotency_key: str, sid: str) -> None:
         """A create that failed: its key may be used again (if it is still this create's)."""
         key = keys.create_idempotency(idempotency_key)
@@ -517,15 +525,23 @@ class RedisStore:
         if first is not None and first.partition(" ")[0] == sid:
             await self.redis.delete(key)
 
-    async def claim_create(self, idempotency_key: str, sid: str, client_id: str) -> tuple[str, str] | None:
-        """Record a create under its idempotency key; returns the first one's (sid, clientId)."""
+    async def claim_create(
+        self, idempotency_key: str, sid: str, client_id: str, ttl_ms: int = IDEMPOTENCY_TTL_MS
+    ) -> tuple[str, str, bool] | None:
+        """Record a create under its idempotency key for `ttl_ms` (the create's own time
+        limit, until its outcome is kept); returns the first one's (sid, clientId, attached)."""
         first = await self.redis.set(
-            keys.create_idempotency(idempotency_key), f"{sid} {client_id}", nx=True, px=IDEMPOTENCY_TTL_MS, get=True
+            keys.create_idempotency(idempotency_key), f"{sid} {client_id} 0", nx=True, px=ttl_ms, get=True
         )
         if first is None:
             return None
-        first_sid, _, first_client = first.partition(" ")
-        return first_sid, first_client
+        first_sid, first_client, attached = first.split(" ")
+        return first_sid, first_client, attached == "1"
+
+    async def catalog_row(self, ws: str, sid: str) -> dict[str, Any] | None:
+        """A session's durable catalog row (written with its first snapshot), if kept."""
+        row = await self.redis.hget(keys.catalog(ws), sid)
+        return orjson.loads(row) if row else None
 
     async def attach(self, ws: str, sid: str, incarnation: str, client_id: str) -> bool:
         """Register a client on a live session (and tell its owner); False if it is gone."""

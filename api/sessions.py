@@ -12,7 +12,6 @@ from starlette.responses import Response
 
 from acp_state import ids
 from acp_state.ids import workspace_id
-from acp_state.keys import F
 from acp_state.store import Admission
 from acp_state.summary import live_summary
 
@@ -118,11 +117,25 @@ async def create_session(request: Request) -> Response:
     client_id = header_client or ids.new_id()
     sid = requested or ids.new_id()
     key = idempotency_key(request)
-    if key is not None:
-        first = await state.store.claim_create(key, sid, client_id)
-        if first is not None:
-            return await _repeated_create(state, ws, cwd, *first)
+    if key is None:
+        return OrjsonResponse(await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested))
+    claim_ms = int(state.settings.create_timeout_s * 1000) + 10_000
+    first = await state.store.claim_create(key, sid, client_id, claim_ms)
+    if first is not None:
+        return await _repeated_create(state, ws, cwd, *first)
+    try:
+        body = await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested)
+    except BaseException:
+        await state.store.forget_create(key, sid)
+        raise
+    await state.store.keep_create(key, body["sessionId"], client_id, body["attached"])
+    return OrjsonResponse(body)
 
+
+async def _create_or_attach(
+    state: AppState, ws: str, cwd: str, scope: str, sid: str, client_id: str, requested: str | None
+) -> dict[str, Any]:
+    """Create the session on a worker, or attach to the workspace's shared one."""
     if requested is not None:
         existing = await state.store.session_fields(ws, sid)
         if existing.get("inc") and await state.registry.is_live(existing["inc"]):
@@ -137,48 +150,45 @@ async def create_session(request: Request) -> Response:
                 break
             joined = await _join_single(state, ws, holder, client_id)
             if joined is not None:
-                return OrjsonResponse(
-                    {
-                        "sessionId": holder,
-                        "workspaceCwd": joined["workspaceCwd"],
-                        "attached": True,
-                        "clientId": client_id,
-                        "createdAt": joined["createdAt"],
-                    }
-                )
+                return {
+                    "sessionId": holder,
+                    "workspaceCwd": joined["workspaceCwd"],
+                    "attached": True,
+                    "clientId": client_id,
+                    "createdAt": joined["createdAt"],
+                }
             await state.store.release_single(ws, holder)  # a stale claim: take it over
         else:
             raise unavailable("the workspace's shared session is being replaced; retry", "session_busy")
 
     command = {"t": "create", "ws": ws, "sid": sid, "cwd": cwd, "scope": scope, "clientId": client_id}
     try:
-        reply = await _place(state, command)
+        async with effect():  # a create sent to a worker may have happened
+            reply = await _place(state, command)
     except BaseException:
         if claimed:
             await state.store.release_single(ws, sid)
-        if key is not None:
-            await state.store.forget_create(key, sid)
         raise
     state.locator.remember(sid, ws)
-    return OrjsonResponse(
-        {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id, "createdAt": reply["createdAt"]}
-    )
+    return {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id, "createdAt": reply["createdAt"]}
 
 
-async def _repeated_create(state: AppState, ws: str, cwd: str, sid: str, client_id: str) -> Response:
-    """The same create again (same Idempotency-Key): the first one's session, once live."""
+async def _repeated_create(
+    state: AppState, ws: str, cwd: str, sid: str, client_id: str, attached: bool
+) -> Response:
+    """The same create again (same Idempotency-Key): the first one's outcome. The session's
+    catalog row is written with its first snapshot, so the row says it was created (and
+    when), even if it has been closed since; without one, the first create is still under
+    way."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + state.settings.create_timeout_s
-    while True:
-        fields = await state.store.session_fields(ws, sid)
-        owner = fields.get(F.OWNER)
-        if owner and F.META in fields and await state.registry.is_live(owner):
-            state.locator.remember(sid, ws)
-            body = {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id}
-            return OrjsonResponse(dict(body, createdAt=live_summary(fields)["createdAt"]))
+    while (row := await state.store.catalog_row(ws, sid)) is None:
         if loop.time() >= deadline:
             raise ApiError(504, "the worker did not start the session in time", "agent_init_timeout")
         await asyncio.sleep(WAIT_STEP_S)
+    state.locator.remember(sid, ws)
+    body = {"sessionId": sid, "workspaceCwd": cwd, "attached": attached, "clientId": client_id}
+    return OrjsonResponse(dict(body, createdAt=row["createdAt"]))
 
 
 async def _live_or_first(
@@ -299,7 +309,8 @@ async def close(request: Request) -> Response:
     if admission.repeated:
         await _await_gone(request, sid)
         return Response(status_code=204)
-    reply = await state.store.await_reply(request_id, state.settings.close_timeout_s)
+    async with effect():  # the close was sent: a lost reply leaves its outcome unknown
+        reply = await state.store.await_reply(request_id, state.settings.close_timeout_s)
     if reply is None:
         raise ApiError(504, "the worker did not close the session in time", "close_timeout", sessionId=sid)
     if not reply.get("ok"):

@@ -205,7 +205,9 @@ async def test_out_of_memory_sweeps_nobody_and_workers_register_again(own_redis:
         worker = await harness.worker("--lease-ms", str(lease_ms))
         api = await harness.api()
         sids = [(await create(api, workspace))["sessionId"] for _ in range(3)]
-        await redis_client.set("ballast", "x" * (4 << 20))
+        # Ballast made inside Redis: a big SET would count its own query buffer, which Redis
+        # frees a moment later, and the limit below would no longer be exceeded.
+        await redis_client.execute_command("DEBUG", "POPULATE", 2000, "ballast", 2048)
         used = int((await redis_client.info("memory"))["used_memory"])
         await redis_client.config_set("maxmemory-policy", "noeviction")
         await redis_client.config_set("maxmemory", str(used - (2 << 20)))  # over it: writes refused
@@ -217,10 +219,13 @@ async def test_out_of_memory_sweeps_nobody_and_workers_register_again(own_redis:
             assert answer.status_code == 503 and answer.headers["content-type"] == "application/json"
             # Several leases pass without a renewal the store accepts.
             await until(lambda: _heartbeat_refused(worker), timeout=10)
+            metrics = (await api.client.get("/metrics")).text
+            assert 'acp_state_background_errors_total{task="sweeper"}' in metrics
             await asyncio.sleep(3 * lease_ms / 1000)
         finally:
             await redis_client.config_set("maxmemory", "0")
-            await redis_client.delete("ballast")
+            async for key in redis_client.scan_iter(match="ballast:*", count=1000):
+                await redis_client.delete(key)
         before = float(await redis_client.zscore(keys.WORKERS, worker.incarnation) or 0)
         await until(
             lambda: _renewed_after(redis_client, worker.incarnation, before), timeout=5 * lease_ms / 1000
@@ -243,6 +248,51 @@ async def _renewed_after(redis_client: aioredis.Redis, incarnation: str, before:
 
 
 # ---- acknowledged means done ---------------------------------------------------------------
+
+
+class _QuietAgent:
+    """The agent side of a LiveSession, for driving its state machine directly."""
+
+    async def cancel(self, agent_sid: str) -> None: ...
+    async def forget(self, agent_sid: str) -> None: ...
+
+
+async def test_an_update_that_races_the_first_snapshot_waits_for_it(redis_server: RedisServer) -> None:
+    """The race forced: the agent's update is handed to the session before its first
+    snapshot was even queued. It must be written after the snapshot, not fenced off (which
+    left a ghost: closed here, live and idle in the store, its prompts never run)."""
+    from acp_state.connection import connect
+    from acp_state.store import RedisStore
+    from worker.session import LiveSession
+
+    store = RedisStore(connect(redis_server.url))
+    fenced: list[int] = []
+    ws, sid = workspace_id("/tmp/race"), str(uuid.uuid4())
+
+    async def on_fenced(_: LiveSession, applied: int) -> None:
+        fenced.append(applied)
+
+    async def on_gone(_: LiveSession) -> None: ...
+
+    session = LiveSession(
+        store=store, incarnation="w-race", ws=ws, sid=sid, cwd="/tmp/race", agent=_QuietAgent(),  # type: ignore[arg-type]
+        agent_sid="a-1", single=False, on_gone=on_gone, on_fenced=on_fenced,
+    )
+    try:
+        early = asyncio.ensure_future(
+            session.on_update({"sessionUpdate": "available_commands_update", "availableCommands": []})
+        )
+        await asyncio.sleep(0)  # the update is in flight first
+        created = await session.publish_created(None)
+        await early
+        assert created is not None and created.applied == 1
+        assert not fenced and not session.closed
+        fields = await store.session_fields(ws, sid)
+        assert fields["inc"] == "w-race" and fields.get("seq") == "1"
+        logged, _ = await store.replay(ws, sid, 0)
+        assert '"available_commands_update"' in logged[0]
+    finally:
+        await store.close()
 
 
 async def test_sessions_survive_an_update_sent_right_after_session_new(harness: Harness, workspace: str) -> None:

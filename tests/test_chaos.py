@@ -1,0 +1,66 @@
+"""Seeded chaos runs (bench/chaos.py), 60 s each: one on a single Redis, one on a 3-master
+cluster with a replica per master. Faults of several kinds are injected while a load
+creates sessions, prompts, votes, answers, cancels, deletes, polls status and reads event
+streams; the recorded history must show no violation of any invariant
+(bench/chaos_check.py). Select them with `-k chaos`.
+
+The summary, history and process logs of a run stay in the test's tmp folder; a failure
+message names them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = 35  # its schedules: sleep, pause, pub/sub kill, maxmemory, restart-empty, kill -9 /
+# on the cluster: sleep, pause, an unplanned failover, API kill -9
+RUN_TIMEOUT_S = 170
+
+
+def run_chaos(tmp_path: Path, *extra: str) -> tuple[dict, subprocess.CompletedProcess[str]]:
+    out = tmp_path / "chaos.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.chaos", "--seed", str(SEED), "--minutes", "1", "--out", str(out),
+         "--log-dir", str(tmp_path / "logs"), *extra],
+        cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    )
+    if not out.exists():
+        pytest.fail(f"the chaos run wrote no summary (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(out.read_text()), done
+
+
+def assert_clean(summary: dict, done: subprocess.CompletedProcess[str]) -> None:
+    injected = summary["faults_injected_by_kind"]
+    assert len(injected) >= 4, f"too few kinds of faults injected: {injected}"
+    assert sum(summary["requests_by_route_and_status"].values()) > 1000
+    assert summary["events"]["distinct_events"] > 1000
+    assert all(summary["checks"][k] > 0 for k in "abcdegh"), summary["checks"]
+    examples = "\n".join(
+        f"  {inv}: {json.dumps(items[0], default=str)[:500]}" for inv, items in summary["violations"].items() if items
+    )
+    assert summary["violations_total"] == 0, (
+        f"violations by invariant {summary['violations_by_invariant']}\n"
+        f"kinds {json.dumps(summary['violation_kinds'])}\none example each:\n{examples}\n"
+        f"history: {summary['history']} (python -m bench.chaos_check <history>)\nlogs: {summary['logs']}"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_chaos_single_redis(tmp_path: Path) -> None:
+    summary, done = run_chaos(tmp_path)
+    assert "redis_restart_empty" in summary["faults_injected_by_kind"]
+    assert_clean(summary, done)
+
+
+def test_chaos_cluster(tmp_path: Path) -> None:
+    summary, done = run_chaos(tmp_path, "--cluster")
+    assert "cluster_failover" in summary["faults_injected_by_kind"]
+    assert_clean(summary, done)

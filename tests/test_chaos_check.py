@@ -1,0 +1,316 @@
+"""The chaos checker (bench/chaos_check.py) on small hand-made histories: a clean history
+passes, and each invariant's violation is reported, exactly that one. These prove the
+checker can fail."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import pytest
+
+from bench import chaos_check
+from bench.chaos import make_schedule
+
+SID = "11111111-1111-4111-8111-111111111111"
+PROMPT = "p-1"
+RID = "r-1"
+EPOCH = "e1"
+OWNER = "w0-1-aaaa"
+T0 = 1_000_000.0
+
+
+class History:
+    """Builds a history the way bench/chaos.py records one (same record kinds and fields)."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self._seq = itertools.count(1)
+        self._ids = itertools.count(1)
+        self.event_ids: dict[str, int] = {}
+
+    def add(self, kind: str, **fields: Any) -> dict[str, Any]:
+        record = {"seq": next(self._seq), "kind": kind, **fields}
+        self.records.append(record)
+        return record
+
+    def http(self, route: str, t: float, status: int | None, body: Any = None, *, key: str | None = None,
+             sid: str | None = SID, rid: str | None = None, sent: Any = None, text: str | None = None,
+             content_type: str = "application/json", error: str | None = None, chain: str | None = None,
+             attempt: int = 0) -> None:
+        self.add(
+            "http", id=next(self._ids), chain=chain or key or f"g{next(self._ids)}", attempt=attempt, method="POST",
+            route=route, path="/", api=0, sid=sid, rid=rid, key=key, sent=sent, text=text, t_sent=t,
+            t_answered=None if status is None else t + 0.01, status=status, body=body,
+            content_type=content_type if status is not None else None, error=error,
+        )
+
+    def open(self, reader: str, conn: int, t: float, last: int | None = None, hint: str | None = None) -> None:
+        self.add("sse_open", reader=reader, conn=conn, sid=SID, api=0, t=t, last_event_id=last, epoch_hint=hint,
+                 status=200)
+
+    def control(self, reader: str, conn: int, t: float, event_type: str, payload: dict[str, Any]) -> None:
+        self.add("sse", reader=reader, conn=conn, sid=SID, t=t, id=None, type=event_type,
+                 data={"v": 1, "type": event_type, "data": payload})
+
+    def event(self, reader: str, conn: int, t: float, event_id: int, event_type: str, data: dict[str, Any],
+              prompt_id: str | None = None) -> dict[str, Any]:
+        envelope: dict[str, Any] = {"id": event_id, "v": 1, "type": event_type}
+        if prompt_id:
+            envelope["promptId"] = prompt_id
+        envelope["data"] = data
+        envelope["_meta"] = {"serverTimestamp": int(t * 1000) - 1}
+        self.add("sse", reader=reader, conn=conn, sid=SID, t=t, id=event_id, type=event_type, data=envelope)
+        return envelope
+
+    def close(self, reader: str, conn: int, t: float) -> None:
+        self.add("sse_close", reader=reader, conn=conn, sid=SID, t=t, reason="ended")
+
+
+def scenario(
+    *,
+    second_winner: bool = False,
+    skip_event_id: bool = False,
+    announce_gap: bool = False,
+    zombie_status: bool = False,
+    terminal_prompt: str = PROMPT,
+    duplicate_terminal: bool = False,
+    resolved: bool = True,
+    ending: str | None = "closed",
+    faulted_owner: bool = False,
+    text_500: bool = False,
+    ttl: int = 60_000,
+    restart_after_ack: bool = False,
+    second_reader_misses: bool = False,
+) -> list[dict[str, Any]]:
+    """One session's life: create, a #permission prompt voted by two voters (one wins), the
+    turn completes, the session is closed (or dies) and a status read after that says 404."""
+    h = History()
+    h.add("meta", seed=1, minutes=1, cluster=False, lease_ms=3000, schedule=[])
+    h.add("worker", slot=0, pid=1, inc=OWNER, t=T0, event="started")
+    h.http("create", T0, 200, {"sessionId": SID, "clientId": "c"}, key="create-1", sid=None)
+    h.add("owner", sid=SID, inc=OWNER, t=T0 + 0.02)
+    h.open("r1", 1, T0 + 0.05)
+    h.control("r1", 1, T0 + 0.06, "session_snapshot", {"lastEventId": 0, "eventEpoch": EPOCH})
+    if second_reader_misses:
+        h.open("r2", 1, T0 + 0.05)
+        h.control("r2", 1, T0 + 0.06, "session_snapshot", {"lastEventId": 0, "eventEpoch": EPOCH})
+    text = "#permission k=prompt-1"
+    h.http("prompt", T0 + 0.1, 200, {"promptId": PROMPT, "lastEventId": 0, "eventEpoch": EPOCH}, key="prompt-1", text=text)
+    ids = itertools.count(1)
+    t = itertools.count(1)
+
+    def ev(event_type: str, data: dict[str, Any], prompt_id: str | None = None) -> None:
+        event_id = next(ids)
+        if skip_event_id and event_id == 3:
+            event_id = next(ids)
+            if announce_gap:
+                h.control("r1", 1, T0 + 0.2, "history_truncated", {"reason": "trimmed", "eventEpoch": EPOCH})
+        when = T0 + 0.2 + next(t) * 0.01
+        envelope = h.event("r1", 1, when, event_id, event_type, data, prompt_id)
+        if second_reader_misses and event_id == 1:  # the second stream silently stops after its first event
+            h.add("sse", reader="r2", conn=1, sid=SID, t=when, id=event_id, type=event_type, data=envelope)
+
+    ev("session_update", {"sessionId": SID, "update": {"sessionUpdate": "user_message_chunk",
+                                                        "content": {"type": "text", "text": text}}}, PROMPT)
+    ev("permission_request", {"requestId": RID, "sessionId": SID}, PROMPT)
+    vote = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
+    h.http("vote", T0 + 0.3, 200, {}, key="vote-1", rid=RID, sent=vote)
+    h.http("vote", T0 + 0.3, 404, {"error": "No pending permission request", "code": "request_not_found"},
+           key="vote-2", rid=RID, sent=vote)
+    if second_winner:
+        h.http("vote", T0 + 0.3, 200, {}, key="vote-3", rid=RID, sent={"outcome": {"outcome": "cancelled"}})
+    if resolved:
+        ev("permission_resolved", {"requestId": RID, "outcome": vote["outcome"]}, PROMPT)
+    else:
+        ev("session_update", {"sessionId": SID, "update": {"sessionUpdate": "agent_message_chunk"}}, PROMPT)
+    if restart_after_ack:
+        h.add("fault", fault="redis_restart_empty", target=0, t_start=T0 + 1.0, t_end=T0 + 1.5, detail={})
+    else:
+        ev("turn_complete", {"sessionId": SID, "stopReason": "end_turn", "promptId": terminal_prompt}, terminal_prompt)
+    if duplicate_terminal:
+        ev("turn_error", {"sessionId": SID, "message": "closed", "promptId": PROMPT}, PROMPT)
+    if faulted_owner:
+        h.add("fault", fault="worker_kill9", target=0, t_start=T0 + 0.15, t_end=T0 + 1.0, incarnations=[OWNER], detail={})
+    end_t = T0 + 2.0
+    if ending == "closed":
+        h.http("delete", end_t, 204, None, key="delete-1", content_type="")
+        ev("session_closed", {"sessionId": SID, "reason": "closed_by_client"})
+    elif ending == "died":
+        ev("session_died", {"sessionId": SID, "reason": "worker_lost"})
+    h.close("r1", 1, end_t + 0.5)
+    if second_reader_misses:  # open well past the delivery slack, and still nothing came
+        h.close("r2", 1, end_t + chaos_check.DELIVERY_SLACK_S + 5)
+    if ending:
+        status = (200, {"sessionId": SID}) if zombie_status else (404, {"error": "gone", "code": "session_not_found"})
+        h.add("http", id=999, chain="status-x", attempt=0, method="GET", route="status", path="/", api=1, sid=SID,
+              rid=None, key=None, t_sent=end_t + 1, t_answered=end_t + 1.01, status=status[0], body=status[1],
+              content_type="application/json")
+    if text_500:
+        h.http("cancel", end_t + 1.2, 500, "Internal Server Error", key="cancel-1", content_type="text/plain; charset=utf-8")
+    h.add("listing", t=end_t + 2, sids=[SID])
+    h.add("keys", node=6390, t=end_t + 3, keys=[[f"acp:{{ws}}:cat", "hash", 60_000], ["acp:{ws}:ev:x", "stream", ttl]])
+    h.add("end", t=end_t + 4)
+    return h.records
+
+
+def invariants(records: list[dict[str, Any]]) -> list[str]:
+    report = chaos_check.check(records)
+    return sorted(v["invariant"] + ": " + v["what"] for v in report.violations)
+
+
+def test_a_clean_history_has_no_violations_and_runs_every_check() -> None:
+    report = chaos_check.check(scenario())
+    assert report.violations == []
+    assert all(report.checks[k] > 0 for k in "abcdegh"), report.checks
+    # An ending that is a death (not by a store outage): f checks it and passes.
+    died = chaos_check.check(scenario(ending="died", faulted_owner=True))
+    assert died.violations == [] and died.checks["f"] == 1
+
+
+def test_a_second_winner_with_another_key_is_a_violation() -> None:
+    assert invariants(scenario(second_winner=True)) == ["a: several winners"]
+
+
+def test_a_repeated_200_with_the_same_key_is_not() -> None:
+    records = scenario()
+    again = dict(next(r for r in records if r.get("route") == "vote" and r["status"] == 200), seq=10_000, attempt=1)
+    records.append(again)
+    assert invariants(records) == []
+
+
+def test_b_an_unannounced_gap_is_a_violation() -> None:
+    assert invariants(scenario(skip_event_id=True)) == ["b: unannounced gap"]
+
+
+def test_b_a_gap_announced_by_history_truncated_is_not() -> None:
+    assert invariants(scenario(skip_event_id=True, announce_gap=True)) == []
+
+
+def test_b_an_id_going_back_in_one_epoch_is_a_violation() -> None:
+    records = scenario()
+    closing = next(r for r in records if r.get("type") == "session_closed")
+    echo = dict(closing, seq=closing["seq"], data=dict(closing["data"], id=2), id=2)
+    records[records.index(closing)] = echo
+    found = invariants(records)
+    assert "b: id not increasing" in found
+    assert {v.split(":")[0] for v in found} == {"b"}
+
+
+def test_b_a_live_stream_that_silently_misses_events_is_a_violation() -> None:
+    assert invariants(scenario(second_reader_misses=True)) == ["b: events made while the stream was open never reached it"]
+
+
+def test_b_one_event_under_two_epochs_is_a_violation() -> None:
+    records = scenario()
+    # A second reader resumes and is told nothing of a new epoch, yet labels the same event
+    # with another epoch than the first reader (the product swapped epochs silently).
+    first = next(r for r in records if r.get("type") == "turn_complete")
+    seq = max(r["seq"] for r in records)
+    records += [
+        {"seq": seq + 1, "kind": "sse_open", "reader": "r9", "conn": 1, "sid": SID, "api": 1, "t": T0 + 0.21,
+         "last_event_id": first["id"] - 1, "epoch_hint": "e2", "status": 200},
+        dict(first, seq=seq + 2, reader="r9"),
+        {"seq": seq + 3, "kind": "sse_close", "reader": "r9", "conn": 1, "sid": SID, "t": T0 + 0.25, "reason": "x"},
+    ]
+    assert invariants(records) == ["b: one event seen under two epochs (an unannounced epoch change)"]
+
+
+def test_c_status_200_after_the_session_ended_is_a_violation() -> None:
+    assert invariants(scenario(zombie_status=True)) == ["c: status 200 after the session ended"]
+
+
+def test_d_an_acknowledged_prompt_without_a_terminal_is_a_violation() -> None:
+    assert invariants(scenario(terminal_prompt="someone-else")) == ["d: acknowledged prompt without a terminal"]
+
+
+def test_d_a_duplicate_terminal_is_a_violation() -> None:
+    assert invariants(scenario(duplicate_terminal=True)) == ["d: duplicate terminals"]
+
+
+def test_d_a_prompt_acknowledged_just_before_a_restart_empty_is_unverifiable() -> None:
+    report = chaos_check.check(scenario(restart_after_ack=True))
+    assert report.violations == []
+    assert report.unverifiable["d: lost with the store"] == 1
+
+
+def test_e_a_winning_vote_that_never_reaches_the_agent_is_a_violation() -> None:
+    assert invariants(scenario(resolved=False, ending=None)) == ["e: winning vote never reached the agent"]
+
+
+def test_e_the_session_ending_resolves_a_winning_vote() -> None:
+    assert invariants(scenario(resolved=False, ending="closed")) == []
+
+
+def test_f_a_session_swept_while_its_worker_lived_is_a_violation() -> None:
+    assert invariants(scenario(ending="died")) == [
+        "f: live session swept (worker_lost) though its worker was never killed or stopped"
+    ]
+
+
+def test_f_a_session_swept_before_its_worker_was_killed_is_a_violation() -> None:
+    records = scenario(ending="died", faulted_owner=True)
+    fault = next(r for r in records if r["kind"] == "fault")
+    fault["t_start"] = T0 + 5  # the kill came after the sweep: the sweep was not its doing
+    assert invariants(records) == ["f: live session swept (worker_lost) before its worker was killed or stopped"]
+
+
+def test_g_a_text_500_is_a_violation() -> None:
+    assert invariants(scenario(text_500=True)) == ["g: 500 error that is not JSON"]
+
+
+def test_g_an_error_without_a_code_is_a_violation() -> None:
+    records = scenario()
+    loser = next(r for r in records if r.get("route") == "vote" and r["status"] == 404)
+    loser["body"] = {"error": "No pending permission request"}
+    assert invariants(records) == ["g: 404 JSON error without a code"]
+
+
+def test_g_an_outcome_left_unknown_is_a_violation() -> None:
+    records = scenario()
+    h = History()
+    h._seq = itertools.count(10_000)
+    for attempt in range(3):
+        h.http("cancel", T0 + 3 + attempt, 503, {"error": "?", "code": "outcome_unknown"}, key="cancel-9", attempt=attempt)
+    assert invariants(records + h.records) == ["g: outcome still unknown after retries with the same key"]
+
+
+def test_g_a_retry_that_runs_the_prompt_twice_is_a_violation() -> None:
+    records = scenario()
+    prompt = next(r for r in records if r.get("route") == "prompt")
+    # The first attempt's answer was lost (the connection broke after the request went
+    # out); the retry with the same key was answered with a new prompt ...
+    lost = dict(prompt, seq=prompt["seq"] - 0.5, status=None, body=None, error="ReadError", t_answered=None)
+    records.insert(records.index(prompt), lost)
+    # ... and the final read of the log shows that the first attempt ran too.
+    chunk = next(r for r in records if r.get("type") == "session_update")
+    first_run = json.loads(json.dumps(chunk))
+    first_run["data"].update(id=100, promptId="p-0", _meta={"serverTimestamp": int((T0 - 10) * 1000)})
+    first_run.update(seq=10_000, id=100, reader="final-end-x")
+    records.append(first_run)
+    assert invariants(records) == ["g: one idempotency key ran several prompts"]
+
+
+def test_g_a_session_created_without_an_acknowledged_create_is_a_violation() -> None:
+    records = scenario()
+    listing = next(r for r in records if r["kind"] == "listing")
+    listing["sids"] = [SID, "22222222-2222-4222-8222-222222222222"]
+    assert invariants(records) == ["g: session created without an acknowledged create"]
+
+
+def test_h_a_key_without_a_ttl_is_a_violation() -> None:
+    assert invariants(scenario(ttl=-1)) == ["h: key without a TTL"]
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_chaos_schedule_comes_from_the_seed_alone(cluster: bool) -> None:
+    plan = make_schedule(35, 1, 3000, cluster)
+    assert plan == make_schedule(35, 1, 3000, cluster)
+    assert plan != make_schedule(36, 1, 3000, cluster)
+    assert len({f["kind"] for f in plan}) >= 4
+    for earlier, later in zip(plan, plan[1:]):  # one at a time, with recovery in between
+        assert earlier["at_s"] + earlier["estimated_s"] + 3.0 <= later["at_s"]
+    assert plan[-1]["at_s"] + plan[-1]["estimated_s"] <= 60 - 10
+    if cluster:
+        assert "redis_restart_empty" not in {f["kind"] for f in plan}

@@ -1,0 +1,118 @@
+"""The lease scripts driven directly (HEARTBEAT, CLAIM_DEAD, RESIGN), on a Redis of their
+own: each rule of the lease is one assertion about what the registry answers."""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from acp_state import keys
+from acp_state.connection import connect
+from acp_state.store import RedisStore, Standing
+from tests.conftest import RedisServer
+
+LEASE = 1000
+
+
+@pytest.fixture
+async def store(own_redis: RedisServer) -> AsyncIterator[RedisStore]:
+    store = RedisStore(connect(own_redis.url))
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+async def raw(own_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+async def redis_ms(raw: aioredis.Redis) -> int:
+    seconds, micros = await raw.time()
+    return seconds * 1000 + micros // 1000
+
+
+async def lapse(raw: aioredis.Redis, incarnation: str, *, store_served_for_ms: int) -> None:
+    """Put a worker's deadline in the past, with the store seen serving (ticks) throughout the
+    last `store_served_for_ms` and its last silence before that."""
+    now = await redis_ms(raw)
+    await raw.zadd(keys.WORKERS, {incarnation: now - 1})
+    await raw.hset(keys.CLOCK, mapping={"tick": now, "stall": now - store_served_for_ms})
+
+
+async def test_a_first_heartbeat_registers_and_the_next_holds(store: RedisStore, raw: aioredis.Redis) -> None:
+    assert await store.heartbeat("w-1", {"sessions": 0}, LEASE) is Standing.NEW
+    assert await store.heartbeat("w-1", {"sessions": 0}, LEASE) is Standing.HELD
+    deadline = await raw.zscore(keys.WORKERS, "w-1")
+    assert 0 < deadline - await redis_ms(raw) <= LEASE  # on Redis's clock
+    for key in keys.REGISTRY_KEYS:
+        if await raw.exists(key):
+            assert await raw.pttl(key) > 0, key
+
+
+async def test_a_lapsed_worker_is_claimed_once_and_tombstoned(store: RedisStore, raw: aioredis.Redis) -> None:
+    await store.heartbeat("w-1", {}, LEASE)
+    await lapse(raw, "w-1", store_served_for_ms=10 * LEASE)
+    shortest, claimed = await store.claim_dead_workers()
+    assert (shortest, claimed) == (LEASE, ["w-1"])
+    assert (await store.claim_dead_workers())[1] == []  # exactly one sweeper gets it
+    assert await raw.zscore(keys.DEAD, "w-1") is not None
+    assert await store.heartbeat("w-1", {}, LEASE) is Standing.DEAD  # dead stays dead
+    assert await raw.zscore(keys.WORKERS, "w-1") is None
+
+
+async def test_no_worker_is_declared_dead_within_a_lease_of_a_store_stall(store: RedisStore, raw: aioredis.Redis) -> None:
+    await store.heartbeat("w-1", {}, LEASE)
+    await lapse(raw, "w-1", store_served_for_ms=LEASE // 2)
+    assert (await store.claim_dead_workers())[1] == []
+    # The worker renews in that grace: it was late, not dead.
+    assert await store.heartbeat("w-1", {}, LEASE) is Standing.LATE
+
+
+async def test_a_silence_of_the_store_is_recorded_as_a_stall(store: RedisStore, raw: aioredis.Redis) -> None:
+    await store.heartbeat("w-1", {}, LEASE)
+    now = await redis_ms(raw)
+    # Nothing reached the store for a whole lease (it slept, was paused, or was full),
+    # and the worker's deadline passed meanwhile: the next lease decision sees the silence.
+    await raw.zadd(keys.WORKERS, {"w-1": now - 1})
+    await raw.hset(keys.CLOCK, mapping={"tick": now - LEASE, "stall": now - 100 * LEASE})
+    assert (await store.claim_dead_workers())[1] == []
+    assert int(await raw.hget(keys.CLOCK, "stall")) >= now
+
+
+async def test_a_restarted_empty_store_counts_as_a_stall(store: RedisStore, raw: aioredis.Redis) -> None:
+    await raw.zadd(keys.WORKERS, {"w-1": await redis_ms(raw) - 1})
+    await raw.zadd(keys.LEASES, {"w-1": LEASE})
+    assert (await store.claim_dead_workers())[1] == []  # no clock at all: it just came back
+
+
+async def test_a_claim_whose_sweeper_died_is_handed_out_again(store: RedisStore, raw: aioredis.Redis) -> None:
+    await store.heartbeat("w-1", {}, LEASE)
+    await lapse(raw, "w-1", store_served_for_ms=10 * LEASE)
+    assert (await store.claim_dead_workers())[1] == ["w-1"]
+    await raw.zadd(keys.SWEEPS, {"w-1": await redis_ms(raw) - 1})  # its claim lapsed
+    assert (await store.claim_dead_workers())[1] == ["w-1"]
+    await store.forget_worker("w-1", set())
+    assert (await store.claim_dead_workers())[1] == []
+    assert await raw.zscore(keys.DEAD, "w-1") is not None  # the tombstone stays
+
+
+async def test_a_resigned_incarnation_is_swept_at_once(store: RedisStore, raw: aioredis.Redis) -> None:
+    await store.heartbeat("w-1", {}, LEASE)
+    await store.resign("w-1")
+    assert (await store.claim_dead_workers())[1] == ["w-1"]
+    assert await store.heartbeat("w-1", {}, LEASE) is Standing.DEAD
+
+
+async def test_the_lease_view_extends_liveness_over_a_stall(store: RedisStore, raw: aioredis.Redis) -> None:
+    await store.heartbeat("w-1", {}, LEASE)
+    now = await redis_ms(raw)
+    await raw.zadd(keys.WORKERS, {"w-1": now - 1})
+    await raw.hset(keys.CLOCK, mapping={"tick": now, "stall": now - 10 * LEASE})
+    assert (await store.lease_view()).live_until()["w-1"] < now  # a real lapse: hidden
+    await raw.hset(keys.CLOCK, "tick", now - LEASE)  # the store has been silent
+    view = await store.lease_view()
+    assert view.live_until()["w-1"] >= view.redis_now_ms + LEASE - 50
