@@ -9,6 +9,8 @@ pub/sub. Numbers that must survive Lua's float formatting (timestamps) travel as
 
 # A worker's state transition: update the session hash, append each event to the replay
 # log and publish it, and keep the listing set and the catalog in step, all or nothing.
+# Transitions carry the session's running number (`op`): one whose answer was lost is
+# retried, and applies once.
 # Readers' caches are told first (the workspace's change channel), so that a process never
 # delivers an event and then serves a cached status from before it.
 # Every write is fenced by the owner's incarnation, so a worker that lost its lease (and
@@ -18,13 +20,22 @@ pub/sub. Numbers that must survive Lua's float formatting (timestamps) travel as
 #   ARGV: 1 incarnation, 2 ops JSON (see RedisStore.apply), 3 the workspace's change channel,
 #         4 the session hash's TTL ms (refreshed by every transition)
 #   -> {applied, last event id, epoch}; applied: 1, 0 the session is not in the store (data
-#      loss, or swept: the worker asks the registry which), -1 another incarnation owns it
+#      loss, or swept: the worker asks the registry which), -1 another incarnation owns it,
+#      2 a rewrite (`missing_only`) found the session already there
 APPLY = """
 local inc = ARGV[1]
 local ops = cjson.decode(ARGV[2])
 local owner = redis.call('HGET', KEYS[1], 'inc')
+if ops.op and owner == inc and tonumber(redis.call('HGET', KEYS[1], 'op') or '0') >= ops.op then
+  -- A retry of a transition that did apply (its answer was lost): nothing happens twice.
+  return {1, tonumber(redis.call('HGET', KEYS[1], 'seq') or '0'), redis.call('HGET', KEYS[1], 'epoch') or ''}
+end
 if ops.mode == 'create' then
   if owner and owner ~= inc then return {-1, 0, ''} end
+  if owner and ops.missing_only then
+    -- A rewrite after a loss, but the session is here (another path rewrote it first).
+    return {2, tonumber(redis.call('HGET', KEYS[1], 'seq') or '0'), redis.call('HGET', KEYS[1], 'epoch') or ''}
+  end
   -- A whole snapshot (first publish, or a rewrite under a new epoch): start clean.
   redis.call('DEL', KEYS[1], KEYS[2])
   redis.call('HSET', KEYS[1], 'inc', inc)
@@ -100,7 +111,12 @@ if ops.mode == 'delete' then
   redis.call('DEL', KEYS[1])
   redis.call('SREM', KEYS[3], ops.sid)
   if redis.call('GET', KEYS[6]) == ops.sid then redis.call('DEL', KEYS[6]) end
+  if ops.uncatalog then
+    redis.call('HDEL', KEYS[4], ops.sid)
+    redis.call('ZREM', KEYS[5], ops.sid)
+  end
 else
+  if ops.op then redis.call('HSET', KEYS[1], 'op', ops.op) end
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
 end
 return {1, seq, epoch}
@@ -308,4 +324,28 @@ redis.call('ZADD', KEYS[4], now, ARGV[1])
 redis.call('ZADD', KEYS[5], now, ARGV[1])
 keep(ARGV[2])
 return 1
+"""
+
+
+# A worker answers a create or close, unless the API stopped waiting: then the worker is
+# told (0), and undoes what nobody was told of (a create).
+#   KEYS: 1 reply list   ARGV: 1 reply JSON, 2 TTL s, 3 the abandoned marker
+#   -> 1 delivered | 0 abandoned
+REPLY = """
+if redis.call('LINDEX', KEYS[1], 0) == ARGV[3] then return 0 end
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+# The API stops waiting for a reply: it takes one that arrived meanwhile, or leaves the
+# marker that tells the worker nobody is waiting any more.
+#   KEYS: 1 reply list   ARGV: 1 TTL s, 2 the abandoned marker
+#   -> the reply, or false
+ABANDON = """
+local reply = redis.call('RPOP', KEYS[1])
+if reply and reply ~= ARGV[2] then return reply end
+redis.call('RPUSH', KEYS[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return false
 """

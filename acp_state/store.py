@@ -13,7 +13,7 @@ import enum
 import hashlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 import orjson
 from redis.cluster import key_slot
@@ -34,6 +34,7 @@ REPLY_TTL_S = 60
 # One BLPOP must end well inside the client's socket read timeout (5 s by default since
 # redis-py 8), or the read fails with TimeoutError instead of returning nil.
 REPLY_WAIT_STEP_S = 1
+ABANDONED = "abandoned"  # left on a reply list by an API that stopped waiting
 # The first outcome of a command sent with an idempotency key is kept this long.
 IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000
 # Registry keys outlive a day without any process of the deployment.
@@ -129,7 +130,7 @@ class Store(Protocol):
     async def apply(self, ws: str, sid: str, incarnation: str, ops: dict[str, Any]) -> Applied: ...
     async def touch_sessions(self, incarnation: str, sessions: list[tuple[str, str, bool]]) -> set[tuple[str, str]]: ...
     async def read_commands(self, cursors: dict[str, str], block_ms: int) -> list[tuple[str, str, dict[str, Any]]]: ...
-    async def reply(self, request: str, payload: dict[str, Any]) -> None: ...
+    async def reply(self, request: str, payload: dict[str, Any]) -> bool: ...
     async def index_session(self, incarnation: str, ws: str, sid: str, present: bool) -> None: ...
     async def locate_request(self, rid: str, where: str | None) -> None: ...
     async def drop_inbox(self, ws: str, incarnation: str) -> None: ...
@@ -138,7 +139,7 @@ class Store(Protocol):
     async def lease_view(self) -> LeaseView: ...
     async def worker_reports(self, incarnations: list[str]) -> dict[str, dict[str, Any]]: ...
     async def send_control(self, incarnation: str, command: dict[str, Any]) -> None: ...
-    async def await_reply(self, request: str, timeout_s: float) -> dict[str, Any] | None: ...
+    async def await_reply(self, request: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None) -> dict[str, Any] | None: ...
     async def locate(self, sid: str) -> str | None: ...
     async def request_location(self, rid: str) -> tuple[str, str] | None: ...
     async def session_fields(self, ws: str, sid: str) -> dict[str, str]: ...
@@ -205,6 +206,8 @@ class RedisStore:
         self._claim_dead = Script(redis, scripts.CLAIM_DEAD)
         self._release = Script(redis, scripts.RELEASE)
         self._resign = Script(redis, scripts.RESIGN)
+        self._reply = Script(redis, scripts.REPLY)
+        self._abandon = Script(redis, scripts.ABANDON)
         self._batch: list[tuple[list[str], list[str], asyncio.Future[Applied]]] = []
         self._flushing: asyncio.Task[None] | None = None
         self._readers = _StreamReaders(redis) if is_cluster(redis) else None
@@ -342,11 +345,9 @@ class RedisStore:
             return await self._readers.read(cursors, block_ms)
         return _commands(await self.redis.xread(cursors, block=block_ms, count=COMMAND_BATCH))
 
-    async def reply(self, request: str, payload: dict[str, Any]) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.lpush(keys.reply(request), orjson.dumps(payload))
-        pipe.expire(keys.reply(request), REPLY_TTL_S)
-        await pipe.execute()
+    async def reply(self, request: str, payload: dict[str, Any]) -> bool:
+        """Answer a create or close; False if the API stopped waiting (see abandon_reply)."""
+        return bool(await self._reply([keys.reply(request)], [orjson.dumps(payload), REPLY_TTL_S, ABANDONED]))
 
     async def index_session(self, incarnation: str, ws: str, sid: str, present: bool) -> None:
         """Add or remove `ws/sid` in the worker's session index (the sweeper's map)."""
@@ -413,15 +414,21 @@ class RedisStore:
         pipe.pexpire(stream, INBOX_TTL_MS)
         await pipe.execute()
 
-    async def await_reply(self, request: str, timeout_s: float) -> dict[str, Any] | None:
+    async def await_reply(
+        self, request: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None
+    ) -> dict[str, Any] | None:
+        """The worker's reply; None once `timeout_s` passed or `alive()` says the worker is
+        gone, and then the worker is told that nobody waits any more (a create it finishes
+        later is undone, not left behind)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
             reply = await self.redis.blpop([keys.reply(request)], timeout=REPLY_WAIT_STEP_S)
             if reply:
                 return orjson.loads(reply[1])
-            if loop.time() >= deadline:
-                return None
+            if loop.time() >= deadline or (alive is not None and not await alive()):
+                late = await self._abandon([keys.reply(request)], [REPLY_TTL_S, ABANDONED])
+                return orjson.loads(late) if late else None
 
     async def locate(self, sid: str) -> str | None:
         return await self.redis.get(keys.locator(sid))

@@ -64,7 +64,11 @@ class StateCache:
 
     def on_change(self, channel: str, sid: str) -> None:
         """A session of the channel's workspace changed."""
-        ws = keys.workspace_of_channel(channel)
+        self.changed(keys.workspace_of_channel(channel), sid)
+
+    def changed(self, ws: str, sid: str) -> None:
+        """A session changed (announced on its workspace's channel, or done by this process:
+        a close it was told of is not served from the cache even before the news arrives)."""
         self._sessions.pop(sid, None)
         for key in [k for k in self._pages if k[0] == ws]:
             del self._pages[key]
@@ -111,10 +115,6 @@ class StateCache:
         entry = self._sessions.get(sid)
         (CACHE_MISSES if entry is None else CACHE_HITS).inc()
         return entry
-
-    def forget(self, sid: str) -> None:
-        """Drop a cached session (a caller about to re-read it from Redis)."""
-        self._sessions.pop(sid, None)
 
     def keep_session(self, sid: str, started: int, entry: CachedSession) -> None:
         if not self._current(entry.ws, sid, started):

@@ -35,6 +35,7 @@ RETRY_MS = 3000
 KEEPALIVE_S = 15.0
 MAX_SAFE_INTEGER = 2**53 - 1
 ENDING_TYPES = ("session_closed", "session_died")
+RESTORED = "session_restored"  # the first event of an epoch the worker rewrote
 
 
 def parse_last_event_id(value: str | None) -> int | None:
@@ -47,10 +48,11 @@ def frame(event_type: str, data: str, event_id: int | None = None) -> bytes:
     return f"{head}event: {event_type}\ndata: {data}\n\n".encode()
 
 
-def control(event_type: str, data: dict) -> bytes:
-    """A frame of the stream itself (no id: it does not move the client's resume point)."""
+def control(event_type: str, data: dict, event_id: int | None = None) -> bytes:
+    """A frame of the stream itself. Without an id it does not move the client's resume
+    point; `event_id=0` resets it to the start of a new epoch."""
     envelope = {"v": 1, "type": event_type, "data": data, "_meta": {"serverTimestamp": now_ms()}}
-    return frame(event_type, orjson.dumps(envelope).decode())
+    return frame(event_type, orjson.dumps(envelope).decode(), event_id)
 
 
 def _event_id_and_type(raw: str) -> tuple[int, str]:
@@ -131,7 +133,9 @@ async def _generate(
             if (epoch_hint and epoch_hint != epoch) or last_id > seq:
                 # The history this id refers to is gone (new epoch): say so, replay all we have.
                 reason = "epoch_changed" if epoch_hint and epoch_hint != epoch else "unknown_event_id"
-                yield control("history_truncated", {"reason": reason, "requestedAfter": last_id, "eventEpoch": epoch})
+                # `id: 0`: a client that reconnects from here resumes at the new epoch's start.
+                data = {"reason": reason, "requestedAfter": last_id, "eventEpoch": epoch}
+                yield control("history_truncated", data, 0)
                 cursor = 0
             frames, cursor, ended = await _from_log(store, ws, sid, cursor, None, epoch)
             for chunk in frames:
@@ -151,6 +155,15 @@ async def _generate(
                 continue
             if delivery is None and subscription.closed:
                 return  # this process is shutting down: the client resumes elsewhere (Last-Event-ID)
+            if delivery is None or delivery.event_type == RESTORED:
+                # The store may have lost the session's history meanwhile (a restart, a
+                # failover), and the worker rewritten it under a new epoch whose ids start
+                # again at 1: say so, and go on from the new epoch's start.
+                current = (await store.session_fields(ws, sid)).get(F.EPOCH, "")
+                if current and current != epoch:
+                    data = {"reason": "epoch_changed", "requestedAfter": cursor, "eventEpoch": current}
+                    yield control("history_truncated", data, 0)
+                    epoch, cursor = current, 0
             if delivery is None:  # skipped events (burst overflow, reconnect): catch up from the log
                 subscription.resync = False
                 frames, cursor, ended = await _from_log(store, ws, sid, cursor, None, epoch)

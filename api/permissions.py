@@ -18,11 +18,14 @@ from .responses import ApiError, OrjsonResponse, json_body
 from .sessions import _live_or_first, _state, client_id_header
 
 
+NO_REQUEST = "permission_request_not_found"
+
+
 def _parse(body: object) -> votes.Vote:
     try:
         return votes.parse(body)
     except votes.MalformedVote as error:
-        raise ApiError(400, str(error)) from None
+        raise ApiError(400, str(error), "invalid_vote") from None
 
 
 async def _cast(
@@ -52,14 +55,19 @@ async def _cast(
     if outcome == "ok":
         return OrjsonResponse({})
     if outcome in ("unknown", "gone"):
-        if legacy:
-            raise ApiError(404, "No pending permission request", requestId=rid)
-        raise ApiError(404, "No pending permission request for session", sessionId=sid, requestId=rid)
+        raise _no_request(sid, rid, legacy)
     if outcome == "client":
         raise ApiError(400, "X-Qwen-Client-Id is not registered on this session", "invalid_client_id")
     raise ApiError(
         400, "optionId is not one of the offered options", "invalid_option_id", requestId=rid, optionId=vote.option_id
     )
+
+
+def _no_request(sid: str, rid: str, legacy: bool = False) -> ApiError:
+    """The reference's 404 bodies, plus a `code` (every failure of acp-state carries one)."""
+    if legacy:
+        return ApiError(404, "No pending permission request", NO_REQUEST, requestId=rid)
+    return ApiError(404, "No pending permission request for session", NO_REQUEST, sessionId=sid, requestId=rid)
 
 
 async def vote_in_session(request: Request) -> Response:
@@ -73,7 +81,7 @@ async def vote_in_session(request: Request) -> Response:
         return OrjsonResponse({})  # the same vote again: it won the first time
     assert ref is not None
     if not ids.is_token(rid):
-        raise ApiError(404, "No pending permission request for session", sessionId=sid, requestId=rid)
+        raise _no_request(sid, rid)
     return await _cast(request, sid, ref, rid, vote, client_id, key)
 
 
@@ -85,13 +93,13 @@ async def vote_legacy(request: Request) -> Response:
     key = idempotency_key(request)
     where = await state.store.request_location(rid) if ids.is_token(rid) else None
     if where is None:
-        raise ApiError(404, "No pending permission request", requestId=rid)
+        raise _no_request("", rid, legacy=True)
     ws, sid = where
     state.locator.remember(sid, ws)
     try:
         ref, first = await _live_or_first(request, sid, key)
     except ApiError:
-        raise ApiError(404, "No pending permission request", requestId=rid) from None
+        raise _no_request("", rid, legacy=True) from None
     if first is not None:
         return OrjsonResponse({})  # the same vote again: it won the first time
     assert ref is not None

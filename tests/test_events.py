@@ -117,6 +117,7 @@ async def test_gaps_the_log_cannot_fill_are_announced(harness: Harness, workspac
     stale = await SseClient(api, sid, last_event_id=3, query="?eventEpoch=some-older-epoch").start()
     said = await stale.wait_for(lambda f: f["event"] == "history_truncated")
     assert said["data"]["data"]["reason"] == "epoch_changed"
+    assert said["id"] == 0  # the client's resume point moves to the new epoch's start
     assert status["sessionId"] == sid
     await live.close()
     await stale.close()

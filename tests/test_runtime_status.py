@@ -149,7 +149,8 @@ async def test_vote_errors_follow_the_reference(harness: Harness, workspace: str
     url = f"/session/{sid}/permission/{rid}"
 
     malformed = await api.client.post(url, json={"outcome": {"outcome": "selected"}})
-    assert malformed.status_code == 400 and malformed.json() == {"error": MALFORMED}
+    # The reference's bodies, each with a `code` added (every failure of acp-state has one).
+    assert malformed.status_code == 400 and malformed.json() == {"error": MALFORMED, "code": "invalid_vote"}
     not_json = await api.client.post(url, content=b"{nope")
     assert not_json.status_code == 400
 
@@ -159,6 +160,7 @@ async def test_vote_errors_follow_the_reference(harness: Harness, workspace: str
     assert unknown.status_code == 404
     assert unknown.json() == {
         "error": "No pending permission request for session",
+        "code": "permission_request_not_found",
         "sessionId": sid,
         "requestId": "no-such-request",
     }
@@ -192,7 +194,8 @@ async def test_vote_errors_follow_the_reference(harness: Harness, workspace: str
     assert resolved["data"]["outcome"] == {"outcome": "selected", "optionId": "cancel"}
 
     legacy = await api.client.post(f"/permission/{rid}", json={"outcome": {"outcome": "cancelled"}})
-    assert legacy.status_code == 404 and legacy.json() == {"error": "No pending permission request", "requestId": rid}
+    assert legacy.status_code == 404
+    assert legacy.json() == {"error": "No pending permission request", "code": "permission_request_not_found", "requestId": rid}
 
 
 async def test_concurrent_votes_on_two_apis_have_one_winner(harness: Harness, workspace: str) -> None:

@@ -19,6 +19,9 @@ COMMANDS = Counter("acp_state_commands_total", "Commands taken from Redis", ["ty
 TURN_ERRORS = Counter("acp_state_turn_errors_total", "Prompts that ended with turn_error", ["error_kind"])
 LEASE_RENEWALS = Counter("acp_state_lease_renewals_total", "Heartbeats that renewed the lease")
 LEASES_LOST = Counter("acp_state_leases_lost_total", "Heartbeats that found the lease gone")
+WRITES_DROPPED = Counter(
+    "acp_state_transitions_dropped_total", "Transitions given up after the store refused them for too long"
+)
 
 
 class WorkerCollector(Collector):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import orjson
+from redis import exceptions as redis_errors
 
 from acp_state import events, ids, interactions
 from acp_state.clock import iso, now_ms
@@ -24,7 +25,7 @@ from acp_state.store import Applied, Store
 from acp_state.turn_errors import LOOP_DETECTED_MESSAGE, TurnError, from_exception
 
 from .loop_guard import LoopGuard, LoopLimits, skipped_update
-from .metrics import EVENTS, TRANSITIONS, TURN_ERRORS
+from .metrics import EVENTS, TRANSITIONS, TURN_ERRORS, WRITES_DROPPED
 
 if TYPE_CHECKING:
     from .agent import AgentProcess
@@ -32,6 +33,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("worker.session")
 
 DISPLAY_NAME_MAX = 256
+# A transition the store cannot take yet is retried, from RETRY_FIRST_S doubling up to
+# RETRY_MAX_S, for WRITE_PATIENCE_S (a worker shutting down waits less).
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 1.0
+WRITE_PATIENCE_S = 120.0
+RETRIED = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.OutOfMemoryError,
+    redis_errors.ReadOnlyError,
+    redis_errors.ClusterDownError,
+    redis_errors.TryAgainError,
+)
+TERMINALS = ("turn_complete", "turn_error")
 CANCELLED = {"outcome": {"outcome": "cancelled"}}
 
 FOREGROUND = "foreground"
@@ -102,6 +117,11 @@ class LiveSession:
         # agent sends right after `session/new` must not reach the store before the
         # session itself, or the fence refuses it.
         self._published = asyncio.Event()
+        self._in_order = asyncio.Lock()  # FIFO: transitions reach the store in order
+        self._op = 0  # running number of this session's transitions
+        self._unwritten: list[str] = []  # terminals a fenced write carried, for the rewrite
+        self.abandoned = False
+        self.write_patience_s = WRITE_PATIENCE_S
         self.created_ms = now_ms()
         self.updated_ms = self.created_ms
         self.display_name: str | None = None
@@ -175,7 +195,11 @@ class LiveSession:
         if self.single:
             ops["single"] = True
         if reason_event:
-            ops["events"] = [events.body(reason_event, {"sessionId": self.sid})]
+            # A rewrite also carries the terminals the store lost with the rest: every
+            # acknowledged prompt still gets its one terminal.
+            ops["events"] = [events.body(reason_event, {"sessionId": self.sid}), *self._unwritten]
+            ops["missing_only"] = True  # the heartbeat and a refused write may both ask
+            self._unwritten = []
         return ops
 
     def current_state(self) -> str:
@@ -197,28 +221,58 @@ class LiveSession:
                 self._on_state(self.state, new)
             self.state = new
 
-    async def _write(self, ops: dict[str, Any]) -> Applied | None:
-        """Apply one transition. A fenced write (the store has no such session of ours) is
-        reported to the worker, which asks the registry whether we were declared dead or
-        the store lost the session."""
-        if ops.get("mode") != "create" and not self._published.is_set():
+    async def _write(self, ops: dict[str, Any] | Callable[[], dict[str, Any]]) -> Applied | None:
+        """Apply one transition, in order, until the store has it.
+
+        The state here is the truth and the store its projection, so a transition the store
+        could not take (unreachable, stalled, out of memory) is retried, in order (one at a
+        time per session), under a running number that makes a retry of one that did apply
+        a no-op. A fenced write (the store has no such session of ours) is reported to the
+        worker, which asks the registry whether we were declared dead or the store lost it;
+        the terminals it carried are then written again with the session. `ops` may be a
+        function, called in turn: a snapshot must see what the writes before it did."""
+        if not callable(ops) and ops.get("mode") != "create" and not self._published.is_set():
             await self._published.wait()
-        if self.closed and ops.get("mode") != "delete":
-            return None
-        TRANSITIONS.inc()
-        for body in ops.get("events", ()):
-            EVENTS.labels(events.event_type(body)).inc()
-        try:
-            result = await self.store.apply(self.ws, self.sid, self.incarnation, ops)
-        except Exception:
-            log.exception("transition failed", extra={"sessionId": self.sid})
-            return None
-        finally:
-            self._track_state()
-        if result.applied != 1 and not self.closed and self._on_fenced is not None:
-            log.warning("the store refused a write (%d); checking our lease", result.applied, extra={"sessionId": self.sid})
-            asyncio.ensure_future(self._on_fenced(self, result.applied))
+        async with self._in_order:
+            if callable(ops):
+                ops = ops()
+            if self.closed and ops.get("mode") != "delete":
+                return None
+            TRANSITIONS.inc()
+            for body in ops.get("events", ()):
+                EVENTS.labels(events.event_type(body)).inc()
+            self._op += 1
+            ops = dict(ops, op=self._op)
+            try:
+                result = await self._apply_until_taken(ops)
+            finally:
+                self._track_state()
+            if result is not None and result.applied not in (1, 2):
+                self._unwritten += [body for body in ops.get("events", ()) if events.event_type(body) in TERMINALS]
+                if not self.closed and self._on_fenced is not None:
+                    log.warning("the store refused a write (%d); checking our lease", result.applied, extra={"sessionId": self.sid})
+                    asyncio.ensure_future(self._on_fenced(self, result.applied))
         return result
+
+    async def _apply_until_taken(self, ops: dict[str, Any]) -> Applied | None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.write_patience_s
+        pause = RETRY_FIRST_S
+        while True:
+            try:
+                return await self.store.apply(self.ws, self.sid, self.incarnation, ops)
+            except RETRIED as error:
+                if self.abandoned or loop.time() + pause > deadline:
+                    WRITES_DROPPED.inc()
+                    log.error("a transition could not be written; dropped (%r)", error, extra={"sessionId": self.sid})
+                    return None
+                log.warning("a transition could not be written yet (%r); retrying", error, extra={"sessionId": self.sid})
+            except Exception:
+                WRITES_DROPPED.inc()
+                log.exception("transition failed", extra={"sessionId": self.sid})
+                return None
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RETRY_MAX_S)
 
     async def publish_created(self, client_id: str | None) -> Applied | None:
         if client_id:
@@ -226,7 +280,7 @@ class LiveSession:
         # No event: an idle session then costs no replay log (a stream's first node alone
         # takes ~4 KB of Redis memory); the log starts with the session's first event.
         try:
-            return await self._write(self.snapshot_ops())
+            return await self._write(self.snapshot_ops)
         finally:
             self._published.set()
 
@@ -234,7 +288,7 @@ class LiveSession:
         """Redis lost our state (restart, failover): write it again under a new epoch."""
         if self.closed:
             return
-        await self._write(self.snapshot_ops("session_restored"))
+        await self._write(lambda: self.snapshot_ops("session_restored"))
         for rid in list(self.pending):
             await self._locate_request(rid, True)
 
@@ -436,11 +490,14 @@ class LiveSession:
         if ops["events"]:
             await self._write(ops)
 
-    async def close(self, reason: str = "closed", publish: bool = True) -> None:
+    async def close(self, reason: str = "closed", publish: bool = True, uncatalog: bool = False) -> None:
         """Close the session: terminals for its prompts, pending cancelled, keys deleted."""
         if self.closed:
             return
         ops = self._end_ops("session_closed", "session closed before the prompt completed", "session_closed", reason)
+        if uncatalog:  # nobody was told it existed: it leaves no row behind
+            del ops["catalog"]
+            ops["uncatalog"] = True
         self.closed = True
         self._track_state()
         if publish:
@@ -466,6 +523,7 @@ class LiveSession:
         if self.closed:
             return
         self.closed = True
+        self.abandoned = True
         self._published.set()
         self._track_state()
         running = self.active

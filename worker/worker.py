@@ -43,6 +43,9 @@ DEFAULT_AGENT = f"{sys.executable} -m worker.scripted_agent"
 REFRESH_FRACTION = 0.5
 REFRESH_TICK_S = 1.0
 PULSE_S = 0.1
+# On SIGTERM, how long each session's last write may wait for a store that is away (the
+# sweeper removes what is left once the lease lapses).
+SHUTDOWN_PATIENCE_S = 3.0
 
 
 @dataclass
@@ -144,6 +147,8 @@ class Worker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for session in self.sessions.values():
+            session.write_patience_s = SHUTDOWN_PATIENCE_S  # a store that is away does not hold us up
         await asyncio.gather(
             *(s.close("worker_shutdown") for s in list(self.sessions.values())), return_exceptions=True
         )
@@ -404,19 +409,26 @@ class Worker:
                 await session.close("conflict", publish=False)
                 await self.store.reply(command["req"], {"ok": False, "code": "session_conflict"})
                 return
-            await self.store.reply(
+            told = await self.store.reply(
                 command["req"], {"ok": True, "createdAt": iso(session.created_ms), "incarnation": session.incarnation}
             )
+            if not told:
+                # The API stopped waiting and answered that the create failed: undo it, so
+                # that no session exists that its creator was told does not.
+                log.warning("the create was abandoned by the API; closing the session", extra={"sessionId": sid})
+                await session.close("create_abandoned", uncatalog=True)
         except Exception as error:
             log.exception("creating the session failed", extra={"sessionId": sid})
-            await self.store.reply(command["req"], {"ok": False, "code": "agent_unavailable", "error": str(error)})
+            with contextlib.suppress(Exception):  # the API times out and says so
+                await self.store.reply(command["req"], {"ok": False, "code": "agent_unavailable", "error": str(error)})
         finally:
             if reserved:
                 self._creating -= 1
 
     async def _close(self, session: LiveSession, command: dict[str, Any]) -> None:
         await session.close(command.get("reason", "closed_by_client"))
-        await self.store.reply(command["req"], {"ok": True})
+        with contextlib.suppress(Exception):  # the API's wait ends in outcome_unknown; a retry sees it gone
+            await self.store.reply(command["req"], {"ok": True})
 
     async def _session_gone(self, session: LiveSession) -> None:
         """A session left (closed, died, swept): drop it here and in the worker's index."""
