@@ -11,7 +11,6 @@ from starlette.responses import Response
 
 from acp_state import ids, votes
 
-from .auth import principal_of
 from .cache import CachedSession
 from .outcomes import effect, idempotency_key
 from .responses import ApiError, OrjsonResponse, json_body
@@ -71,7 +70,6 @@ def _no_request(sid: str, rid: str, legacy: bool = False) -> ApiError:
 
 
 async def vote_in_session(request: Request) -> Response:
-    state = _state(request)
     sid, rid = request.path_params["id"], request.path_params["requestId"]
     vote = _parse(await json_body(request))
     client_id = client_id_header(request)

@@ -53,6 +53,9 @@ INVARIANTS = {
 
 TERMINALS = ("turn_complete", "turn_error")
 ENDINGS = ("session_died", "session_closed")
+# Frames of one stream, not events of the session (a `history_truncated` may carry `id: 0`,
+# which moves the client's resume point to a new epoch's start).
+CONTROL_TYPES = ("session_snapshot", "history_truncated", "replay_complete")
 VOTE_ROUTES = ("vote", "vote_legacy")
 # Transport errors raised before the request could reach the server: nothing was done.
 NOT_SENT_ERRORS = ("ConnectError", "ConnectTimeout", "PoolTimeout")
@@ -182,7 +185,10 @@ class History:
                 chains[r.get("chain") or f"#{r.get('id')}"].append(r)
             elif kind in ("sse_open", "sse", "sse_close"):
                 h.frames.append(r)
-                if kind == "sse" and r.get("id") is not None and isinstance(r.get("data"), dict):
+                if (
+                    kind == "sse" and r.get("id") is not None and isinstance(r.get("data"), dict)
+                    and r.get("type") not in CONTROL_TYPES
+                ):
                     key = envelope_key(r["sid"], r["data"])
                     if key not in h.events:
                         h.events[key] = {"sid": r["sid"], "env": r["data"], "t": r["t"], "reader": r.get("reader")}
@@ -349,7 +355,7 @@ def _check_b_complete(h: History, report: Report, by_reader: dict[str, list[dict
     per_sid: dict[str, list[tuple[float, str, dict[str, Any]]]] = defaultdict(list)
     for identity, e in h.events.items():
         ts = _server_time(e["env"])
-        if ts is not None:
+        if ts is not None and e["env"].get("type") not in CONTROL_TYPES:
             per_sid[e["sid"]].append((ts, identity, e["env"]))
     for reader, frames in by_reader.items():
         if reader.startswith("final-") or not frames:
@@ -665,6 +671,12 @@ def check_g_outcomes(h: History, report: Report) -> None:
         if sid not in closed_by_client or any(c[-1].get("status") == 204 for c in chains):
             continue
         lost = [c for c in chains if any(is_unknown(r) for r in c) and c[-1].get("status") == 404]
+        # A store that restarted empty between the first try and the retry took the kept
+        # outcome with it: that retry cannot know.
+        forgotten = [c for c in lost if any(c[0]["t_sent"] <= hi and c[-1]["t_sent"] >= lo for lo, hi in h.restart_windows())]
+        if forgotten:
+            report.unverifiable["g: kept outcome lost with the store"] += len(forgotten)
+            lost = [c for c in lost if c not in forgotten]
         if lost:
             report.violation(
                 "g", "session closed by a delete whose retry was answered 404", sessionId=sid,

@@ -40,6 +40,25 @@ def own_redis() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
+async def own_harness(own_redis: RedisServer, workspace: str) -> AsyncIterator[Harness]:
+    """Processes on a Redis of the test's own (its faults, or a killed worker's lease, must
+    not reach other tests), stopped (SIGTERM) after the test."""
+    h = Harness(own_redis.url, workspace, free_port)
+    try:
+        yield h
+    finally:
+        await h.stop_all()
+
+
+@pytest.fixture
+async def own_client(own_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    """A plain client of the test's own Redis, for faults and for looking at keys."""
+    client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
 async def redis_client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
     client = connect(redis_server.url)
     yield client

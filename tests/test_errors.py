@@ -21,7 +21,7 @@ from api.app import create_app
 from api.auth import Token
 from api.settings import Settings
 from tests.harness import Harness
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import RedisServer
 
 OOM = "OOM command not allowed when used memory > 'maxmemory'."
 TOKEN = "errors-test-token-0123456789"
@@ -141,13 +141,6 @@ async def test_redis_loading_is_503_store_unavailable(client: httpx.AsyncClient)
 # ---- real processes, a real Redis out of memory ------------------------------------------
 
 
-@pytest.fixture
-async def own_harness(own_redis: RedisServer, workspace: str) -> AsyncIterator[Harness]:
-    h = Harness(own_redis.url, workspace, free_port)
-    try:
-        yield h
-    finally:
-        await h.stop_all()
 
 
 async def test_create_on_a_full_redis_is_json_503(own_harness: Harness, own_redis: RedisServer, workspace: str) -> None:

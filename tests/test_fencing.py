@@ -65,71 +65,68 @@ async def turn_done(api: ApiProcess, events: EventWatcher, sid: str, value: str 
 # ---- dead stays dead -----------------------------------------------------------------------
 
 
-async def test_a_worker_frozen_past_its_lease_stays_dead_when_it_wakes(own_redis: RedisServer, workspace: str) -> None:
-    harness = Harness(own_redis.url, workspace, free_port)
-    redis_client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+async def test_a_worker_frozen_past_its_lease_stays_dead_when_it_wakes(
+    own_harness: Harness, own_client: aioredis.Redis, workspace: str
+) -> None:
+    harness, redis_client = own_harness, own_client
+    events = await harness.events()
+    victim = await harness.worker("--lease-ms", str(LEASE_MS))
+    api = await harness.api()
+    running = (await create(api, workspace))["sessionId"]
+    waiting = (await create(api, workspace))["sessionId"]
+    idle = (await create(api, workspace))["sessionId"]
+    survivor = await harness.worker("--lease-ms", str(LEASE_MS))
+
+    slow = await prompt(api, running, "#slow 30")
+    await events.wait_type(running, "session_update", promptId=slow["promptId"])
+    queued = await prompt(api, running, "after the slow one")
+    asked = await prompt(api, waiting, "#permission")
+    request = await events.wait_type(waiting, "permission_request", promptId=asked["promptId"])
+
+    os.kill(victim.pid, signal.SIGSTOP)
     try:
-        events = await harness.events()
-        victim = await harness.worker("--lease-ms", str(LEASE_MS))
-        api = await harness.api()
-        running = (await create(api, workspace))["sessionId"]
-        waiting = (await create(api, workspace))["sessionId"]
-        idle = (await create(api, workspace))["sessionId"]
-        survivor = await harness.worker("--lease-ms", str(LEASE_MS))
-
-        slow = await prompt(api, running, "#slow 30")
-        await events.wait_type(running, "session_update", promptId=slow["promptId"])
-        queued = await prompt(api, running, "after the slow one")
-        asked = await prompt(api, waiting, "#permission")
-        request = await events.wait_type(waiting, "permission_request", promptId=asked["promptId"])
-
-        os.kill(victim.pid, signal.SIGSTOP)
-        try:
-            for sid in (running, waiting, idle):
-                await events.wait_type(sid, "session_died", timeout=10 * LEASE_MS / 1000)
-        finally:
-            os.kill(victim.pid, signal.SIGCONT)
-
-        # Every prompt the API acknowledged got its one terminal, before the session died.
-        for accepted in (slow, queued, asked):
-            sid = running if accepted is not asked else waiting
-            ends = terminals_of(events, sid, accepted["promptId"])
-            assert [e["data"]["code"] for e in ends] == ["worker_lost"], ends
-        died = {e["_channel"]: e["id"] for e in events.events if e["type"] == "session_died"}
-
-        # The woken worker finds out, ends what it hosted and joins again as a new incarnation.
-        old = victim.incarnation
-        fresh = await until(
-            lambda: _new_incarnation_of(redis_client, victim.pid, old), timeout=10 * LEASE_MS / 1000
-        )
-        assert old not in await registered(redis_client)
-
-        # Nothing of the dead incarnation came back: status, prompt, vote and close agree.
         for sid in (running, waiting, idle):
-            assert (await api.client.get(f"/session/{sid}/status")).status_code == 404
-            assert (await api.client.post(f"/session/{sid}/prompt", json=text("x"))).status_code == 404
-            assert (await api.client.delete(f"/session/{sid}")).status_code == 404
-            assert not await redis_client.exists(keys.session(workspace_id(workspace), sid))
-        vote = await api.client.post(
-            f"/session/{waiting}/permission/{request['data']['requestId']}",
-            json={"outcome": {"outcome": "selected", "optionId": "proceed_once"}},
-        )
-        assert vote.status_code == 404
-
-        # The rejoined worker serves new sessions (a barrier: its old sessions had every
-        # chance to write again by now), and no event of a dead session followed its death.
-        await victim.terminate()
-        newest = (await create(api, workspace))["sessionId"]
-        assert await incarnation_of(redis_client, workspace, newest) == survivor.incarnation
-        await turn_done(api, events, newest)
-        for channel, last in died.items():
-            assert max(e["id"] for e in events.events if e["_channel"] == channel) == last
-        assert fresh not in await registered(redis_client), "SIGTERM releases the new incarnation"
-        leftovers = [k async for k in redis_client.scan_iter(match=f"*{old}*")]
-        assert leftovers == []
+            await events.wait_type(sid, "session_died", timeout=10 * LEASE_MS / 1000)
     finally:
-        await harness.stop_all()
-        await redis_client.aclose()
+        os.kill(victim.pid, signal.SIGCONT)
+
+    # Every prompt the API acknowledged got its one terminal, before the session died.
+    for accepted in (slow, queued, asked):
+        sid = running if accepted is not asked else waiting
+        ends = terminals_of(events, sid, accepted["promptId"])
+        assert [e["data"]["code"] for e in ends] == ["worker_lost"], ends
+    died = {e["_channel"]: e["id"] for e in events.events if e["type"] == "session_died"}
+
+    # The woken worker finds out, ends what it hosted and joins again as a new incarnation.
+    old = victim.incarnation
+    fresh = await until(
+        lambda: _new_incarnation_of(redis_client, victim.pid, old), timeout=10 * LEASE_MS / 1000
+    )
+    assert old not in await registered(redis_client)
+
+    # Nothing of the dead incarnation came back: status, prompt, vote and close agree.
+    for sid in (running, waiting, idle):
+        assert (await api.client.get(f"/session/{sid}/status")).status_code == 404
+        assert (await api.client.post(f"/session/{sid}/prompt", json=text("x"))).status_code == 404
+        assert (await api.client.delete(f"/session/{sid}")).status_code == 404
+        assert not await redis_client.exists(keys.session(workspace_id(workspace), sid))
+    vote = await api.client.post(
+        f"/session/{waiting}/permission/{request['data']['requestId']}",
+        json={"outcome": {"outcome": "selected", "optionId": "proceed_once"}},
+    )
+    assert vote.status_code == 404
+
+    # The rejoined worker serves new sessions (a barrier: its old sessions had every
+    # chance to write again by now), and no event of a dead session followed its death.
+    await victim.terminate()
+    newest = (await create(api, workspace))["sessionId"]
+    assert await incarnation_of(redis_client, workspace, newest) == survivor.incarnation
+    await turn_done(api, events, newest)
+    for channel, last in died.items():
+        assert max(e["id"] for e in events.events if e["_channel"] == channel) == last
+    assert fresh not in await registered(redis_client), "SIGTERM releases the new incarnation"
+    leftovers = [k async for k in redis_client.scan_iter(match=f"*{old}*")]
+    assert leftovers == []
 
 
 async def _new_incarnation_of(redis_client: aioredis.Redis, pid: int, old: str) -> str | None:
@@ -196,47 +193,44 @@ async def test_a_store_stall_past_the_lease_sweeps_no_healthy_worker(
         await staller.aclose()
 
 
-async def test_out_of_memory_sweeps_nobody_and_workers_register_again(own_redis: RedisServer, workspace: str) -> None:
+async def test_out_of_memory_sweeps_nobody_and_workers_register_again(
+    own_harness: Harness, own_client: aioredis.Redis, workspace: str
+) -> None:
     lease_ms = 1000
-    harness = Harness(own_redis.url, workspace, free_port)
-    redis_client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    harness, redis_client = own_harness, own_client
+    events = await harness.events()
+    worker = await harness.worker("--lease-ms", str(lease_ms))
+    api = await harness.api()
+    sids = [(await create(api, workspace))["sessionId"] for _ in range(3)]
+    # Ballast made inside Redis: a big SET would count its own query buffer, which Redis
+    # frees a moment later, and the limit below would no longer be exceeded.
+    await redis_client.execute_command("DEBUG", "POPULATE", 2000, "ballast", 2048)
+    used = int((await redis_client.info("memory"))["used_memory"])
+    await redis_client.config_set("maxmemory-policy", "noeviction")
+    await redis_client.config_set("maxmemory", str(used // 2))  # far over it: every write refused
     try:
-        events = await harness.events()
-        worker = await harness.worker("--lease-ms", str(lease_ms))
-        api = await harness.api()
-        sids = [(await create(api, workspace))["sessionId"] for _ in range(3)]
-        # Ballast made inside Redis: a big SET would count its own query buffer, which Redis
-        # frees a moment later, and the limit below would no longer be exceeded.
-        await redis_client.execute_command("DEBUG", "POPULATE", 2000, "ballast", 2048)
-        used = int((await redis_client.info("memory"))["used_memory"])
-        await redis_client.config_set("maxmemory-policy", "noeviction")
-        await redis_client.config_set("maxmemory", str(used - (2 << 20)))  # over it: writes refused
-        try:
-            answer = await api.client.post("/session", json={"cwd": workspace, "sessionScope": "thread"}, timeout=30)
-            assert answer.status_code == 503, answer.text
-            assert answer.json()["code"] in ("store_full", "store_unavailable"), answer.text
-            answer = await api.client.post(f"/session/{sids[0]}/prompt", json=text("x"))
-            assert answer.status_code == 503 and answer.headers["content-type"] == "application/json"
-            # Several leases pass without a renewal the store accepts.
-            await until(lambda: _heartbeat_refused(worker), timeout=10)
-            metrics = (await api.client.get("/metrics")).text
-            assert 'acp_state_background_errors_total{task="sweeper"}' in metrics
-            await asyncio.sleep(3 * lease_ms / 1000)
-        finally:
-            await redis_client.config_set("maxmemory", "0")
-            async for key in redis_client.scan_iter(match="ballast:*", count=1000):
-                await redis_client.delete(key)
-        before = float(await redis_client.zscore(keys.WORKERS, worker.incarnation) or 0)
-        await until(
-            lambda: _renewed_after(redis_client, worker.incarnation, before), timeout=5 * lease_ms / 1000
-        )
-        for sid in sids:
-            await turn_done(api, events, sid)
-        assert not [e for e in events.events if e["type"] == "session_died"]
-        assert (await create(api, workspace))["sessionId"]
+        answer = await api.client.post("/session", json={"cwd": workspace, "sessionScope": "thread"}, timeout=30)
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["code"] in ("store_full", "store_unavailable"), answer.text
+        answer = await api.client.post(f"/session/{sids[0]}/prompt", json=text("x"))
+        assert answer.status_code == 503 and answer.headers["content-type"] == "application/json"
+        # Several leases pass without a renewal the store accepts.
+        await until(lambda: _heartbeat_refused(worker), timeout=10)
+        metrics = (await api.client.get("/metrics")).text
+        assert 'acp_state_background_errors_total{task="sweeper"}' in metrics
+        await asyncio.sleep(3 * lease_ms / 1000)
     finally:
-        await harness.stop_all()
-        await redis_client.aclose()
+        await redis_client.config_set("maxmemory", "0")
+        async for key in redis_client.scan_iter(match="ballast:*", count=1000):
+            await redis_client.delete(key)
+    before = float(await redis_client.zscore(keys.WORKERS, worker.incarnation) or 0)
+    await until(
+        lambda: _renewed_after(redis_client, worker.incarnation, before), timeout=5 * lease_ms / 1000
+    )
+    for sid in sids:
+        await turn_done(api, events, sid)
+    assert not [e for e in events.events if e["type"] == "session_died"]
+    assert (await create(api, workspace))["sessionId"]
 
 
 async def _heartbeat_refused(worker: WorkerProcess) -> bool:

@@ -90,6 +90,10 @@ async def test_heartbeat_is_one_script_whose_cost_does_not_grow_with_sessions(ow
     finally:
         await store.close()
         await redis_client.aclose()
-    assert empty == loaded, (empty, loaded)
+    # The store's clock (scripts._REGISTRY_PRELUDE) writes one or two HSETs depending on
+    # time alone (whether a millisecond passed, whether the store was silent): not on sessions.
+    clock = {"hset"}
+    assert {c: n for c, n in empty.items() if c not in clock} == {c: n for c, n in loaded.items() if c not in clock}
+    assert empty.get("hset", 0) <= 3 and loaded.get("hset", 0) <= 3, (empty, loaded)
     assert empty["evalsha"] == 1
     assert sum(empty.values()) < 20, empty

@@ -9,12 +9,10 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 
 from tests.harness import ROOT, Harness
-from tests.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 
@@ -90,14 +88,6 @@ async def _create_session(harness: Harness, workspace: str) -> None:
     assert response.status_code == 200, response.text
 
 
-@pytest.fixture
-async def own_harness(own_redis: RedisServer, workspace: str) -> AsyncIterator[Harness]:
-    """On a Redis of its own: the killed worker's lease must not outlive the test elsewhere."""
-    h = Harness(own_redis.url, workspace, free_port)
-    try:
-        yield h
-    finally:
-        await h.stop_all()
 
 
 async def test_a_killed_workers_stubborn_agent_and_grandchildren_die(

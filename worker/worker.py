@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from prometheus_client import REGISTRY, make_asgi_app
 
@@ -34,7 +34,7 @@ from acp_state.votes import Vote
 from .agent import AgentProcess
 from .loop_guard import LoopLimits
 from .metrics import COMMANDS, LEASE_RENEWALS, LEASES_LOST, WorkerCollector
-from .session import LiveSession, Prompt
+from .session import RETRY_FIRST_S, RETRY_MAX_S, LiveSession, Prompt
 
 log = logging.getLogger("worker")
 
@@ -60,6 +60,24 @@ class WorkerConfig:
     loop_limits: LoopLimits = field(default_factory=LoopLimits)
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+
+
+async def _stored(write: Callable[[], Awaitable[Any]], patience_s: float = 30.0) -> bool:
+    """Run a write until the store takes it (retrying while it is away, as session
+    transitions do); False if it said no (a reply nobody waits for) or never took it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience_s
+    pause = RETRY_FIRST_S
+    while True:
+        try:
+            return await write() is not False
+        except Exception as error:  # (redis-py can fail oddly on a connection torn mid-write)
+            if loop.time() + pause > deadline:
+                log.error("a write was given up: %r", error)
+                return False
+            log.warning("a write failed (%r); retrying", error)
+        await asyncio.sleep(pause)
+        pause = min(2 * pause, RETRY_MAX_S)
 
 
 def new_incarnation(name: str | None = None) -> str:
@@ -378,52 +396,49 @@ class Worker:
 
     async def _create(self, command: dict[str, Any]) -> None:
         ws, sid, cwd = command["ws"], command["sid"], command["cwd"]
-        reserved = True
         try:
             agent = await self._agent_for(cwd, sid)
             agent_sid = await agent.new_session(cwd)
-            session = LiveSession(
-                store=self.store,
-                incarnation=self.incarnation,
-                ws=ws,
-                sid=sid,
-                cwd=cwd,
-                agent=agent,
-                agent_sid=agent_sid,
-                single=command.get("scope") == "single",
-                on_gone=self._session_gone,
-                on_fenced=self._session_fenced,
-                loop_limits=self.config.loop_limits,
-                on_state=self._count_state,
-            )
-            agent.sessions[agent_sid] = session
-            self.sessions[sid] = session
-            self._creating -= 1  # the reservation is now a session: count it once
-            reserved = False
-            self._workspace_load[ws] = self._workspace_load.get(ws, 0) + 1
-            # An incarnation that changed while the agent started reads a new inbox.
-            self._cursors.setdefault(keys.inbox(ws, session.incarnation), "0")
-            await self.store.index_session(session.incarnation, ws, sid, True)
-            result = await session.publish_created(command.get("clientId"))
-            if result is None or result.applied != 1:
-                await session.close("conflict", publish=False)
-                await self.store.reply(command["req"], {"ok": False, "code": "session_conflict"})
-                return
-            told = await self.store.reply(
-                command["req"], {"ok": True, "createdAt": iso(session.created_ms), "incarnation": session.incarnation}
-            )
-            if not told:
-                # The API stopped waiting and answered that the create failed: undo it, so
-                # that no session exists that its creator was told does not.
-                log.warning("the create was abandoned by the API; closing the session", extra={"sessionId": sid})
-                await session.close("create_abandoned", uncatalog=True)
         except Exception as error:
+            self._creating -= 1
             log.exception("creating the session failed", extra={"sessionId": sid})
-            with contextlib.suppress(Exception):  # the API times out and says so
+            with contextlib.suppress(Exception):  # else the API times out and says so
                 await self.store.reply(command["req"], {"ok": False, "code": "agent_unavailable", "error": str(error)})
-        finally:
-            if reserved:
-                self._creating -= 1
+            return
+        session = LiveSession(
+            store=self.store,
+            incarnation=self.incarnation,
+            ws=ws,
+            sid=sid,
+            cwd=cwd,
+            agent=agent,
+            agent_sid=agent_sid,
+            single=command.get("scope") == "single",
+            on_gone=self._session_gone,
+            on_fenced=self._session_fenced,
+            loop_limits=self.config.loop_limits,
+            on_state=self._count_state,
+        )
+        agent.sessions[agent_sid] = session
+        self.sessions[sid] = session
+        self._creating -= 1  # the reservation is now a session: count it once
+        self._workspace_load[ws] = self._workspace_load.get(ws, 0) + 1
+        # An incarnation that changed while the agent started reads a new inbox.
+        self._cursors.setdefault(keys.inbox(ws, session.incarnation), "0")
+        # From here on the store is told, retrying while it is away: the sweeper's index
+        # first, then the session, then the API's answer. A session nobody was told of (the
+        # answer could not be given, or the API stopped waiting) is undone.
+        indexed = await _stored(lambda: self.store.index_session(session.incarnation, ws, sid, True))
+        result = await session.publish_created(command.get("clientId")) if indexed else None
+        if result is None or result.applied != 1:
+            await session.close("conflict", publish=result is None and indexed)
+            with contextlib.suppress(Exception):
+                await self.store.reply(command["req"], {"ok": False, "code": "session_conflict"})
+            return
+        answer = {"ok": True, "createdAt": iso(session.created_ms), "incarnation": session.incarnation}
+        if not await _stored(lambda: self.store.reply(command["req"], answer)):
+            log.warning("the create's answer was not taken; closing the session", extra={"sessionId": sid})
+            await session.close("create_abandoned", uncatalog=True)
 
     async def _close(self, session: LiveSession, command: dict[str, Any]) -> None:
         await session.close(command.get("reason", "closed_by_client"))
