@@ -140,12 +140,14 @@ class Store(Protocol):
     async def worker_reports(self, incarnations: list[str]) -> dict[str, dict[str, Any]]: ...
     async def send_control(self, incarnation: str, command: dict[str, Any]) -> None: ...
     async def await_reply(self, request: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None) -> dict[str, Any] | None: ...
+    async def abandon_reply(self, request: str) -> dict[str, Any] | None: ...
+    async def note_create_request(self, idempotency_key: str, sid: str, client_id: str, request: str) -> None: ...
     async def locate(self, sid: str) -> str | None: ...
     async def request_location(self, rid: str) -> tuple[str, str] | None: ...
     async def session_fields(self, ws: str, sid: str) -> dict[str, str]: ...
     async def send(self, ws: str, sid: str, incarnation: str, command: dict[str, Any], admit_limit: int | None = None, idempotency_key: str | None = None) -> Admission: ...
     async def vote(self, ws: str, sid: str, incarnation: str, rid: str, selected: bool, option_id: str, client_id: str, command: dict[str, Any], idempotency_key: str | None = None) -> str: ...
-    async def claim_create(self, idempotency_key: str, sid: str, client_id: str, ttl_ms: int = ...) -> tuple[str, str, bool] | None: ...
+    async def claim_create(self, idempotency_key: str, sid: str, client_id: str, ttl_ms: int = ...) -> tuple[str, str, bool, str] | None: ...
     async def keep_create(self, idempotency_key: str, sid: str, client_id: str, attached: bool) -> None: ...
     async def forget_create(self, idempotency_key: str, sid: str) -> None: ...
     async def catalog_row(self, ws: str, sid: str) -> dict[str, Any] | None: ...
@@ -427,8 +429,13 @@ class RedisStore:
             if reply:
                 return orjson.loads(reply[1])
             if loop.time() >= deadline or (alive is not None and not await alive()):
-                late = await self._abandon([keys.reply(request)], [REPLY_TTL_S, ABANDONED])
-                return orjson.loads(late) if late else None
+                return await self.abandon_reply(request)
+
+    async def abandon_reply(self, request: str) -> dict[str, Any] | None:
+        """Stop waiting for a reply: the one that arrived meanwhile, or None, and then the
+        worker is told nobody waits (it undoes a create it finishes later)."""
+        late = await self._abandon([keys.reply(request)], [REPLY_TTL_S, ABANDONED])
+        return orjson.loads(late) if late else None
 
     async def locate(self, sid: str) -> str | None:
         return await self.redis.get(keys.locator(sid))
@@ -522,8 +529,13 @@ class RedisStore:
     async def keep_create(self, idempotency_key: str, sid: str, client_id: str, attached: bool) -> None:
         """The create succeeded (or attached to the workspace's shared session): its key
         answers with that outcome for a day."""
-        value = f"{sid} {client_id} {int(attached)}"
+        value = f"{sid} {client_id} {int(attached)} -"
         await self.redis.set(keys.create_idempotency(idempotency_key), value, px=IDEMPOTENCY_TTL_MS)
+
+    async def note_create_request(self, idempotency_key: str, sid: str, client_id: str, request: str) -> None:
+        """Before a create is sent to a worker: the request whose reply a retry may abandon."""
+        value = f"{sid} {client_id} 0 {request}"
+        await self.redis.set(keys.create_idempotency(idempotency_key), value, xx=True, keepttl=True)
 
     async def forget_create(self, idempotency_key: str, sid: str) -> None:
         """A create that failed: its key may be used again (if it is still this create's)."""
@@ -534,16 +546,17 @@ class RedisStore:
 
     async def claim_create(
         self, idempotency_key: str, sid: str, client_id: str, ttl_ms: int = IDEMPOTENCY_TTL_MS
-    ) -> tuple[str, str, bool] | None:
+    ) -> tuple[str, str, bool, str] | None:
         """Record a create under its idempotency key for `ttl_ms` (the create's own time
-        limit, until its outcome is kept); returns the first one's (sid, clientId, attached)."""
+        limit, until its outcome is kept); returns the first one's (sid, clientId, attached,
+        the request sent to a worker or '-')."""
         first = await self.redis.set(
-            keys.create_idempotency(idempotency_key), f"{sid} {client_id} 0", nx=True, px=ttl_ms, get=True
+            keys.create_idempotency(idempotency_key), f"{sid} {client_id} 0 -", nx=True, px=ttl_ms, get=True
         )
         if first is None:
             return None
-        first_sid, first_client, attached = first.split(" ")
-        return first_sid, first_client, attached == "1"
+        first_sid, first_client, attached, request = first.split(" ")
+        return first_sid, first_client, attached == "1", request
 
     async def catalog_row(self, ws: str, sid: str) -> dict[str, Any] | None:
         """A session's durable catalog row (written with its first snapshot), if kept."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import orjson
 from starlette.requests import Request
@@ -57,8 +57,11 @@ async def _live_reports(state: AppState) -> list[dict[str, Any]]:
         await asyncio.sleep(WAIT_STEP_S)
 
 
-async def _place(state: AppState, command: dict[str, Any]) -> dict[str, Any]:
-    """Send a create to a live worker with spare capacity; try the next one if it is full."""
+async def _place(
+    state: AppState, command: dict[str, Any], before_send: Callable[[str], Awaitable[None]] | None = None
+) -> dict[str, Any]:
+    """Send a create to a live worker with spare capacity; try the next one if it is full.
+    `before_send(request id)` runs before each create goes out."""
     candidates = await _live_reports(state)
     if not candidates:
         raise unavailable("no worker is registered", "no_worker", retry_after_s=2)
@@ -69,6 +72,8 @@ async def _place(state: AppState, command: dict[str, Any]) -> dict[str, Any]:
     for report in candidates:
         request_id = ids.new_id()
         incarnation = report["incarnation"]
+        if before_send is not None:
+            await before_send(request_id)
         await state.store.send_control(incarnation, dict(command, req=request_id))
         reply = await state.store.await_reply(
             request_id, state.settings.create_timeout_s, alive=lambda: state.registry.is_live(incarnation)
@@ -127,21 +132,46 @@ async def create_session(request: Request) -> Response:
     claim_ms = int(state.settings.create_timeout_s * 1000) + 10_000
     first = await state.store.claim_create(key, sid, client_id, claim_ms)
     if first is not None:
-        return await _repeated_create(state, ws, cwd, *first)
+        return await _repeated_create(state, key, ws, cwd, *first)
+    sent: list[str] = []
+
+    async def note(request_id: str) -> None:  # before the create goes out, so a retry can stop it
+        await state.store.note_create_request(key, sid, client_id, request_id)
+        sent.append(request_id)
+
     try:
-        body = await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested)
+        body = await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested, note)
     except BaseException as error:
-        # A create that did not happen frees its key; one whose outcome is unknown keeps it,
-        # so that the retry finds the session if it was made after all.
         if not (isinstance(error, ApiError) and error.body.get("code") == "outcome_unknown"):
+            await state.store.forget_create(key, sid)  # it did not happen: the key is free
+            raise
+        if not sent:  # nothing went out: it did not happen
             await state.store.forget_create(key, sid)
-        raise
+            raise unavailable("the state store is unavailable; retry shortly", "store_unavailable") from error
+        # The create went out and its answer did not come back: stop waiting for it, and
+        # learn how it ended (or keep the key, and the retry finds out).
+        try:
+            late = await state.store.abandon_reply(sent[-1])
+        except Exception:
+            raise error from None
+        if late is None or not late.get("ok"):
+            await state.store.forget_create(key, sid)  # abandoned: the worker undoes it
+            raise unavailable("the create was not confirmed and is undone; retry", "create_undone") from error
+        body = {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id,
+                "createdAt": late["createdAt"]}
     await state.store.keep_create(key, body["sessionId"], client_id, body["attached"])
     return OrjsonResponse(body)
 
 
 async def _create_or_attach(
-    state: AppState, ws: str, cwd: str, scope: str, sid: str, client_id: str, requested: str | None
+    state: AppState,
+    ws: str,
+    cwd: str,
+    scope: str,
+    sid: str,
+    client_id: str,
+    requested: str | None,
+    before_send: Callable[[str], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
     """Create the session on a worker, or attach to the workspace's shared one."""
     if requested is not None:
@@ -172,7 +202,7 @@ async def _create_or_attach(
     command = {"t": "create", "ws": ws, "sid": sid, "cwd": cwd, "scope": scope, "clientId": client_id}
     try:
         async with effect():  # a create sent to a worker may have happened
-            reply = await _place(state, command)
+            reply = await _place(state, command, before_send)
     except BaseException:
         if claimed:
             await state.store.release_single(ws, sid)
@@ -182,17 +212,21 @@ async def _create_or_attach(
 
 
 async def _repeated_create(
-    state: AppState, ws: str, cwd: str, sid: str, client_id: str, attached: bool
+    state: AppState, key: str, ws: str, cwd: str, sid: str, client_id: str, attached: bool, request: str
 ) -> Response:
     """The same create again (same Idempotency-Key): the first one's outcome. The session's
     catalog row is written with its first snapshot, so the row says it was created (and
     when), even if it has been closed since; without one, the first create is still under
-    way."""
+    way. When that takes too long, its request is abandoned: the worker undoes it if it
+    finishes later, and the key is free for a create that is new."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + state.settings.create_timeout_s
     while (row := await state.store.catalog_row(ws, sid)) is None:
         if loop.time() >= deadline:
-            raise ApiError(504, "the worker did not start the session in time", "agent_init_timeout")
+            late = await state.store.abandon_reply(request) if request != "-" else None
+            if late is None or not late.get("ok"):
+                await state.store.forget_create(key, sid)
+                raise ApiError(504, "the worker did not start the session in time", "agent_init_timeout")
         await asyncio.sleep(WAIT_STEP_S)
     state.locator.remember(sid, ws)
     body = {"sessionId": sid, "workspaceCwd": cwd, "attached": attached, "clientId": client_id}
