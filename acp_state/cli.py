@@ -299,7 +299,7 @@ async def run_api(args: argparse.Namespace) -> None:
 async def run_worker(args: argparse.Namespace) -> None:
     from worker.worker import Worker
 
-    store = RedisStore(connect(args.redis_url), _retention(args))
+    store = RedisStore.from_url(args.redis_url, _retention(args))
     worker = Worker(store, _worker_config(args))
     logs.stamp(workerId=worker.incarnation)
 
@@ -324,7 +324,7 @@ async def run_dev(args: argparse.Namespace) -> None:
     from api.app import create_app, end_streams
     from worker.worker import Worker
 
-    store = RedisStore(connect(args.redis_url), _retention(args))
+    store = RedisStore.from_url(args.redis_url, _retention(args))
     settings = _api_settings(args)
     worker = Worker(store, _worker_config(args))
     app = create_app(settings, store=store)
@@ -354,7 +354,7 @@ async def run_dev(args: argparse.Namespace) -> None:
 async def run_status(args: argparse.Namespace) -> None:
     from .status import watch
 
-    await watch(RedisStore(connect(args.redis_url)), once=args.once, interval_s=args.interval)
+    await watch(RedisStore.from_url(args.redis_url), once=args.once, interval_s=args.interval)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -21,7 +21,7 @@ from redis.exceptions import NoScriptError
 
 from . import events, keys, scripts
 from .clock import now_ms
-from .connection import Client, is_cluster
+from .connection import MEMORY, Client, connect, is_cluster
 from .metrics import REDIS_ROUNDTRIP
 
 log = logging.getLogger("acp_state.store")
@@ -173,8 +173,13 @@ class Script:
     same call works on a single Redis and on a cluster, alone or pipelined.
     """
 
-    def __init__(self, redis: Client, source: str) -> None:
+    def __init__(self, redis: Client, source: str, *, allow_oom: bool = False) -> None:
         self.redis = redis
+        if allow_oom and not type(redis).__module__.startswith("fakeredis"):
+            # Runs when Redis is out of memory (its writes are a few small fields): a full
+            # Redis must not keep healthy workers from renewing. (The embedded fakeredis
+            # never runs out of memory, and does not read script flags.)
+            source = "#!lua flags=allow-oom\n" + source
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
@@ -196,28 +201,40 @@ class Script:
 class RedisStore:
     """`Store` over redis-py. Transitions from one process are auto-pipelined in order."""
 
-    def __init__(self, redis: Client, retention: Retention | None = None) -> None:
+    def __init__(self, redis: Client, retention: Retention | None = None, lease_redis: Client | None = None) -> None:
         self.redis = redis
+        # Lease decisions go out on a client of their own: a shard that stalls must not hold
+        # up a heartbeat to the registry's shard behind the main client's connections and
+        # slot-map refreshes.
+        self.lease_redis = lease_redis or redis
         self.retention = retention or Retention()
         self._apply = Script(redis, scripts.APPLY)
         self._send = Script(redis, scripts.SEND)
         self._vote = Script(redis, scripts.VOTE)
         self._attach = Script(redis, scripts.ATTACH)
         self._list = Script(redis, scripts.LIST)
-        self._heartbeat = Script(redis, scripts.HEARTBEAT)
-        self._claim_dead = Script(redis, scripts.CLAIM_DEAD)
-        self._release = Script(redis, scripts.RELEASE)
-        self._resign = Script(redis, scripts.RESIGN)
+        self._heartbeat = Script(self.lease_redis, scripts.HEARTBEAT, allow_oom=True)
+        self._claim_dead = Script(self.lease_redis, scripts.CLAIM_DEAD, allow_oom=True)
+        self._release = Script(self.lease_redis, scripts.RELEASE, allow_oom=True)
+        self._resign = Script(self.lease_redis, scripts.RESIGN, allow_oom=True)
         self._reply = Script(redis, scripts.REPLY)
         self._abandon = Script(redis, scripts.ABANDON)
         self._batch: list[tuple[list[str], list[str], asyncio.Future[Applied]]] = []
         self._flushing: asyncio.Task[None] | None = None
         self._readers = _StreamReaders(redis) if is_cluster(redis) else None
 
+    @classmethod
+    def from_url(cls, url: str, retention: Retention | None = None) -> RedisStore:
+        """A store on `url` (see acp_state.connection), with its own client for leases."""
+        lease = connect(url) if not url.startswith(MEMORY) else None
+        return cls(connect(url), retention, lease)
+
     async def close(self) -> None:
         if self._readers is not None:
             await self._readers.stop()
         await self.redis.aclose()
+        if self.lease_redis is not self.redis:
+            await self.lease_redis.aclose()
 
     # ---- worker side -------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 
-from acp_state.connection import connect
 from acp_state.fanout import Fanout
 from acp_state.registry import WorkerRegistry
 from acp_state.store import RedisStore
@@ -70,7 +69,7 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        own_store = store or RedisStore(connect(settings.redis_url))
+        own_store = store or RedisStore.from_url(settings.redis_url)
         registry = WorkerRegistry(own_store)
         fanout = Fanout(own_store.redis)
         cache = StateCache(fanout)

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from acp_state import keys
 from acp_state.ids import workspace_id
 from tests.conftest import RedisServer, free_port
-from tests.harness import ApiProcess, EventWatcher, Harness, WorkerProcess
+from tests.harness import ApiProcess, EventWatcher, Harness
 from tests.test_runtime_status import create, prompt, status
 
 LEASE_MS = 1500
@@ -193,7 +193,7 @@ async def test_a_store_stall_past_the_lease_sweeps_no_healthy_worker(
         await staller.aclose()
 
 
-async def test_out_of_memory_sweeps_nobody_and_workers_register_again(
+async def test_out_of_memory_sweeps_nobody_and_the_lease_holds(
     own_harness: Harness, own_client: aioredis.Redis, workspace: str
 ) -> None:
     lease_ms = 1000
@@ -214,11 +214,10 @@ async def test_out_of_memory_sweeps_nobody_and_workers_register_again(
         assert answer.json()["code"] in ("store_full", "store_unavailable"), answer.text
         answer = await api.client.post(f"/session/{sids[0]}/prompt", json=text("x"))
         assert answer.status_code == 503 and answer.headers["content-type"] == "application/json"
-        # Several leases pass without a renewal the store accepts.
-        await until(lambda: _heartbeat_refused(worker), timeout=10)
-        metrics = (await api.client.get("/metrics")).text
-        assert 'acp_state_background_errors_total{task="sweeper"}' in metrics
-        await asyncio.sleep(3 * lease_ms / 1000)
+        # Several leases pass with Redis refusing every write but the lease's own (its
+        # scripts may run out of memory): the worker keeps renewing all along.
+        renewed = float(await redis_client.zscore(keys.WORKERS, worker.incarnation))
+        await until(lambda: _renewed_after(redis_client, worker.incarnation, renewed + 3 * lease_ms), timeout=10)
     finally:
         await redis_client.config_set("maxmemory", "0")
         async for key in redis_client.scan_iter(match="ballast:*", count=1000):
@@ -231,10 +230,6 @@ async def test_out_of_memory_sweeps_nobody_and_workers_register_again(
         await turn_done(api, events, sid)
     assert not [e for e in events.events if e["type"] == "session_died"]
     assert (await create(api, workspace))["sessionId"]
-
-
-async def _heartbeat_refused(worker: WorkerProcess) -> bool:
-    return "heartbeat failed" in worker.log_path.read_text()
 
 
 async def _renewed_after(redis_client: aioredis.Redis, incarnation: str, before: float) -> bool:

@@ -116,3 +116,18 @@ async def test_the_lease_view_extends_liveness_over_a_stall(store: RedisStore, r
     await raw.hset(keys.CLOCK, "tick", now - LEASE)  # the store has been silent
     view = await store.lease_view()
     assert view.live_until()["w-1"] >= view.redis_now_ms + LEASE - 50
+
+
+async def test_a_background_task_survives_an_error_and_counts_it() -> None:
+    from acp_state.tasks import BACKGROUND_ERRORS, survive
+
+    before = BACKGROUND_ERRORS.labels("test task")._value.get()
+
+    async def fails() -> None:
+        raise RuntimeError("the store said no")
+
+    async def works() -> None: ...
+
+    assert await survive("test task", fails) is False
+    assert await survive("test task", works) is True
+    assert BACKGROUND_ERRORS.labels("test task")._value.get() == before + 1
