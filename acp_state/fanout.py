@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import orjson
+from redis.asyncio.client import PubSub
 
 from . import keys
 from .connection import Client, is_cluster, node_client
@@ -32,6 +33,14 @@ RECONNECT_DELAY_S = 0.2
 # A process follows the changes of at most this many workspaces (one subscription each);
 # reads in further workspaces go to Redis every time.
 MAX_WATCHED = 10_000
+# On a cluster, a node can stall while its replica takes its slots over: the connection to
+# the stalled node stays open and silent while the changes go out on the new owner. A
+# change link counts as current only while its node answered a ping within FRESH_S, which
+# stays below any cluster's failover time (cluster-node-timeout, 2 s at its shortest in our
+# chaos runs, 15 s by default); a link that went silent longer may have missed changes.
+PING_S = 0.25
+FRESH_S = 1.0
+FRESH_TOKEN = "acp-state-fresh"
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,19 @@ class Subscription:
             self.queue.put_nowait(None)
 
 
+class _PubSub(PubSub):
+    """redis-py's PubSub, reading a ping's reply on a sharded-only connection right.
+
+    Redis answers PING there as a plain reply (not `["pong", msg]`), which redis-py takes
+    for a pong only when replies are bytes: with decoded replies it read the string's
+    letters as a message's type, channel and data."""
+
+    async def handle_message(self, response: Any, ignore_subscribe_messages: bool = False) -> Any:
+        if isinstance(response, str):
+            response = ["pong", "" if response == "PONG" else response]
+        return await super().handle_message(response, ignore_subscribe_messages)
+
+
 class _Link:
     """One pub/sub connection (the server's, or one cluster node's) and the task reading it."""
 
@@ -80,6 +102,15 @@ class _Link:
         self.leaving: Counter[str] = Counter()  # our SUNSUBSCRIBEs not yet confirmed
         self.connected = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.heard = asyncio.get_running_loop().time()  # the node's last answer to a ping
+        self.lapsed = False  # it was found silent for longer than FRESH_S
+
+    def fresh(self) -> bool:
+        if self.lapsed:
+            return False
+        if asyncio.get_running_loop().time() - self.heard > FRESH_S:
+            self.lapsed = True
+        return not self.lapsed
 
 
 class Fanout:
@@ -108,6 +139,8 @@ class Fanout:
         self._broken: set[str] = set()  # subscriptions to make again
         self._retired: list[_Link] = []  # failed connections to close
         self._repair: asyncio.Task[None] | None = None
+        self._link_of: dict[str, _Link] = {}  # channel -> the link it is subscribed on
+        self._pinger: asyncio.Task[None] | None = None
         self._stopped = False
         self._ending = False
 
@@ -120,9 +153,10 @@ class Fanout:
 
     async def stop(self) -> None:
         self._stopped = True
-        if self._repair is not None:
-            self._repair.cancel()
-            await asyncio.gather(self._repair, return_exceptions=True)
+        for task in (self._repair, self._pinger):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         for link in [*self._links.values(), *self._retired]:
             await self._close(link)
         self._links.clear()
@@ -159,9 +193,18 @@ class Fanout:
     # ---- the change feed (caches) -------------------------------------------------------
 
     def watching(self, ws: str) -> bool:
-        """True while this process is subscribed to the workspace's change channel."""
-        confirmed = self._confirmed.get(keys.invalidations(ws)) if ws in self._watched else None
-        return confirmed is not None and confirmed.is_set()
+        """True while this process is subscribed to the workspace's change channel (on a
+        cluster: and its node answered a ping lately)."""
+        if ws not in self._watched:
+            return False
+        channel = keys.invalidations(ws)
+        confirmed = self._confirmed.get(channel)
+        if confirmed is None or not confirmed.is_set():
+            return False
+        if not self._cluster:
+            return True  # one server: a stalled server takes no change either
+        link = self._link_of.get(channel)
+        return link is not None and link.fresh()
 
     async def watch(self, ws: str) -> bool:
         """Follow a workspace's changes; False when too many workspaces are followed."""
@@ -191,6 +234,7 @@ class Fanout:
 
     async def _drop(self, channel: str) -> None:
         self._confirmed.pop(channel, None)
+        self._link_of.pop(channel, None)
         self._interrupted.discard(channel)
         async with self._lock:
             for link in self._links.values():
@@ -211,10 +255,15 @@ class Fanout:
             name, connect = "redis", (lambda: self._redis)
         link = self._links.get(name)
         if link is None:
-            link = _Link(name, connect().pubsub())
+            client = connect()
+            pubsub = _PubSub(client.connection_pool) if self._cluster else client.pubsub()
+            link = _Link(name, pubsub)
             self._links[name] = link
             link.task = asyncio.ensure_future(self._pump(link))
+            if self._cluster and self._pinger is None:
+                self._pinger = asyncio.ensure_future(self._ping_loop())
         link.channels.add(channel)
+        self._link_of[channel] = link
         await link.pubsub.ssubscribe(channel)
         link.connected.set()
 
@@ -244,6 +293,10 @@ class Fanout:
 
     def _handle(self, link: _Link, message: dict[str, Any]) -> None:
         kind, channel = message["type"], message["channel"]
+        if kind == "pong":
+            if message["data"] == FRESH_TOKEN:
+                self._heard(link)
+            return
         if kind == "smessage":
             if channel.endswith(":inv"):
                 if self.on_change is not None:
@@ -295,6 +348,26 @@ class Fanout:
                 self.on_reset()  # also voids the reads that began during the gap
         for subscription in list(self._subscriptions.get(channel, ())):
             subscription.deliver(None)
+
+    def _heard(self, link: _Link) -> None:
+        link.heard = asyncio.get_running_loop().time()
+        if link.lapsed:  # changes may have gone out elsewhere while its node was silent
+            link.lapsed = False
+            log.info("pub/sub connection %s answers again; the caches start over", link.name)
+            if self.on_reset is not None:
+                self.on_reset()
+
+    async def _ping_loop(self) -> None:
+        """Ping every cluster link, so a silent node is noticed within FRESH_S (`watching`)."""
+        while not self._stopped:
+            await asyncio.sleep(PING_S)
+            for link in list(self._links.values()):
+                link.fresh()  # a silence is noted even while no read asks
+                if link.connected.is_set():
+                    try:
+                        await link.pubsub.ping(FRESH_TOKEN)
+                    except Exception:  # a dead connection: its pump notices and repairs it
+                        log.debug("ping on %s failed", link.name, exc_info=True)
 
     async def _repair_loop(self) -> None:
         while self._broken and not self._stopped:

@@ -349,3 +349,13 @@ redis.call('RPUSH', KEYS[1], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 return false
 """
+
+
+# A retried create takes the first create's reply, which its API stopped waiting for
+# without being able to say so: the reply, the abandoned marker (left in place), or false.
+#   KEYS: 1 reply list   ARGV: 1 the abandoned marker
+TAKE = """
+local reply = redis.call('LPOP', KEYS[1])
+if reply == ARGV[1] then redis.call('LPUSH', KEYS[1], reply) end
+return reply
+"""

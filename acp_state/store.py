@@ -103,6 +103,26 @@ class Admission:
 
 
 @dataclass(frozen=True)
+class CreateRecord:
+    """What an idempotency key of a create holds: the first create's session and client,
+    and how far it got."""
+
+    sid: str
+    client_id: str
+    attached: bool
+    request: str | None  # the request sent to a worker, while its answer is not taken
+    kept: bool  # its outcome was told: the key answers with this session
+
+    def pack(self) -> str:
+        return f"{self.sid} {self.client_id} {int(self.attached)} {'+' if self.kept else self.request or '-'}"
+
+    @classmethod
+    def unpack(cls, value: str) -> CreateRecord:
+        sid, client_id, attached, request = value.split(" ")
+        return cls(sid, client_id, attached == "1", request if request not in ("+", "-") else None, request == "+")
+
+
+@dataclass(frozen=True)
 class Retention:
     """How long things outside the lease are kept."""
 
@@ -130,7 +150,17 @@ class Store(Protocol):
     async def apply(self, ws: str, sid: str, incarnation: str, ops: dict[str, Any]) -> Applied: ...
     async def touch_sessions(self, incarnation: str, sessions: list[tuple[str, str, bool]]) -> set[tuple[str, str]]: ...
     async def read_commands(self, cursors: dict[str, str], block_ms: int) -> list[tuple[str, str, dict[str, Any]]]: ...
-    async def reply(self, request: str, payload: dict[str, Any]) -> bool: ...
+    async def reply(self, request: str, payload: dict[str, Any], ttl_s: int = ...) -> bool: ...
+    async def reclaim_replies(self, answers: list[tuple[str, dict[str, Any]]]) -> list[bool]: ...
+    async def reclaim_replies(self, answers: list[tuple[str, dict[str, Any]]]) -> list[bool]:
+        """Take back answers that nobody took while their API waited: True where the answer
+        was still there. Nobody was told of those creates (their API gave up, and perhaps
+        could not even say so), so the worker undoes them; an answer taken stays taken."""
+        pipe = self.redis.pipeline(transaction=False)
+        for request, payload in answers:
+            pipe.lrem(keys.reply(request), 0, orjson.dumps(payload))
+        return [bool(removed) for removed in await pipe.execute()]
+
     async def index_session(self, incarnation: str, ws: str, sid: str, present: bool) -> None: ...
     async def locate_request(self, rid: str, where: str | None) -> None: ...
     async def drop_inbox(self, ws: str, incarnation: str) -> None: ...
@@ -140,14 +170,24 @@ class Store(Protocol):
     async def worker_reports(self, incarnations: list[str]) -> dict[str, dict[str, Any]]: ...
     async def send_control(self, incarnation: str, command: dict[str, Any]) -> None: ...
     async def await_reply(self, request: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None) -> dict[str, Any] | None: ...
+    async def take_reply(self, request: str) -> dict[str, Any] | str | None:
+        """Take a reply without waiting: the reply, ABANDONED if an API gave up on it (the
+        marker stays), or None if there is none (not given yet, or taken)."""
+        reply = await self._take([keys.reply(request)], [ABANDONED])
+        if not reply:
+            return None
+        return ABANDONED if reply == ABANDONED else orjson.loads(reply)
+
     async def abandon_reply(self, request: str) -> dict[str, Any] | None: ...
+    async def take_reply(self, request: str) -> dict[str, Any] | str | None: ...
     async def note_create_request(self, idempotency_key: str, sid: str, client_id: str, request: str) -> None: ...
     async def locate(self, sid: str) -> str | None: ...
     async def request_location(self, rid: str) -> tuple[str, str] | None: ...
     async def session_fields(self, ws: str, sid: str) -> dict[str, str]: ...
     async def send(self, ws: str, sid: str, incarnation: str, command: dict[str, Any], admit_limit: int | None = None, idempotency_key: str | None = None) -> Admission: ...
     async def vote(self, ws: str, sid: str, incarnation: str, rid: str, selected: bool, option_id: str, client_id: str, command: dict[str, Any], idempotency_key: str | None = None) -> str: ...
-    async def claim_create(self, idempotency_key: str, sid: str, client_id: str, ttl_ms: int = ...) -> tuple[str, str, bool, str] | None: ...
+    async def claim_create(self, idempotency_key: str, sid: str, client_id: str, ttl_ms: int = ...) -> CreateRecord | None: ...
+    async def create_record(self, idempotency_key: str) -> CreateRecord | None: ...
     async def keep_create(self, idempotency_key: str, sid: str, client_id: str, attached: bool) -> None: ...
     async def forget_create(self, idempotency_key: str, sid: str) -> None: ...
     async def catalog_row(self, ws: str, sid: str) -> dict[str, Any] | None: ...
@@ -219,6 +259,7 @@ class RedisStore:
         self._resign = Script(self.lease_redis, scripts.RESIGN, allow_oom=True)
         self._reply = Script(redis, scripts.REPLY)
         self._abandon = Script(redis, scripts.ABANDON)
+        self._take = Script(redis, scripts.TAKE)
         self._batch: list[tuple[list[str], list[str], asyncio.Future[Applied]]] = []
         self._flushing: asyncio.Task[None] | None = None
         self._readers = _StreamReaders(redis) if is_cluster(redis) else None
@@ -364,9 +405,20 @@ class RedisStore:
             return await self._readers.read(cursors, block_ms)
         return _commands(await self.redis.xread(cursors, block=block_ms, count=COMMAND_BATCH))
 
-    async def reply(self, request: str, payload: dict[str, Any]) -> bool:
-        """Answer a create or close; False if the API stopped waiting (see abandon_reply)."""
-        return bool(await self._reply([keys.reply(request)], [orjson.dumps(payload), REPLY_TTL_S, ABANDONED]))
+    async def reply(self, request: str, payload: dict[str, Any], ttl_s: int = REPLY_TTL_S) -> bool:
+        """Answer a create or close, kept `ttl_s` for its API (and longer than the worker
+        may want it back, see reclaim_replies); False if the API stopped waiting (see
+        abandon_reply)."""
+        return bool(await self._reply([keys.reply(request)], [orjson.dumps(payload), ttl_s, ABANDONED]))
+
+    async def reclaim_replies(self, answers: list[tuple[str, dict[str, Any]]]) -> list[bool]:
+        """Take back answers that nobody took while their API waited: True where the answer
+        was still there. Nobody was told of those creates (their API gave up, and perhaps
+        could not even say so), so the worker undoes them; an answer taken stays taken."""
+        pipe = self.redis.pipeline(transaction=False)
+        for request, payload in answers:
+            pipe.lrem(keys.reply(request), 0, orjson.dumps(payload))
+        return [bool(removed) for removed in await pipe.execute()]
 
     async def index_session(self, incarnation: str, ws: str, sid: str, present: bool) -> None:
         """Add or remove `ws/sid` in the worker's session index (the sweeper's map)."""
@@ -447,6 +499,14 @@ class RedisStore:
                 return orjson.loads(reply[1])
             if loop.time() >= deadline or (alive is not None and not await alive()):
                 return await self.abandon_reply(request)
+
+    async def take_reply(self, request: str) -> dict[str, Any] | str | None:
+        """Take a reply without waiting: the reply, ABANDONED if an API gave up on it (the
+        marker stays), or None if there is none (not given yet, or taken)."""
+        reply = await self._take([keys.reply(request)], [ABANDONED])
+        if not reply:
+            return None
+        return ABANDONED if reply == ABANDONED else orjson.loads(reply)
 
     async def abandon_reply(self, request: str) -> dict[str, Any] | None:
         """Stop waiting for a reply: the one that arrived meanwhile, or None, and then the
@@ -544,15 +604,16 @@ class RedisStore:
         )
 
     async def keep_create(self, idempotency_key: str, sid: str, client_id: str, attached: bool) -> None:
-        """The create succeeded (or attached to the workspace's shared session): its key
-        answers with that outcome for a day."""
-        value = f"{sid} {client_id} {int(attached)} -"
-        await self.redis.set(keys.create_idempotency(idempotency_key), value, px=IDEMPOTENCY_TTL_MS)
+        """The create succeeded (or attached to the workspace's shared session), and its
+        creator is told: its key answers with that outcome for a day."""
+        record = CreateRecord(sid, client_id, attached, None, kept=True)
+        await self.redis.set(keys.create_idempotency(idempotency_key), record.pack(), px=IDEMPOTENCY_TTL_MS)
 
     async def note_create_request(self, idempotency_key: str, sid: str, client_id: str, request: str) -> None:
-        """Before a create is sent to a worker: the request whose reply a retry may abandon."""
-        value = f"{sid} {client_id} 0 {request}"
-        await self.redis.set(keys.create_idempotency(idempotency_key), value, xx=True, keepttl=True)
+        """Before a create is sent to a worker: the request whose answer a retry may take or
+        abandon."""
+        record = CreateRecord(sid, client_id, False, request, kept=False)
+        await self.redis.set(keys.create_idempotency(idempotency_key), record.pack(), xx=True, keepttl=True)
 
     async def forget_create(self, idempotency_key: str, sid: str) -> None:
         """A create that failed: its key may be used again (if it is still this create's)."""
@@ -563,17 +624,18 @@ class RedisStore:
 
     async def claim_create(
         self, idempotency_key: str, sid: str, client_id: str, ttl_ms: int = IDEMPOTENCY_TTL_MS
-    ) -> tuple[str, str, bool, str] | None:
+    ) -> CreateRecord | None:
         """Record a create under its idempotency key for `ttl_ms` (the create's own time
-        limit, until its outcome is kept); returns the first one's (sid, clientId, attached,
-        the request sent to a worker or '-')."""
+        limit, until its outcome is kept); returns the first one's record if there is one."""
+        record = CreateRecord(sid, client_id, False, None, kept=False)
         first = await self.redis.set(
-            keys.create_idempotency(idempotency_key), f"{sid} {client_id} 0 -", nx=True, px=ttl_ms, get=True
+            keys.create_idempotency(idempotency_key), record.pack(), nx=True, px=ttl_ms, get=True
         )
-        if first is None:
-            return None
-        first_sid, first_client, attached, request = first.split(" ")
-        return first_sid, first_client, attached == "1", request
+        return None if first is None else CreateRecord.unpack(first)
+
+    async def create_record(self, idempotency_key: str) -> CreateRecord | None:
+        value = await self.redis.get(keys.create_idempotency(idempotency_key))
+        return None if value is None else CreateRecord.unpack(value)
 
     async def catalog_row(self, ws: str, sid: str) -> dict[str, Any] | None:
         """A session's durable catalog row (written with its first snapshot), if kept."""

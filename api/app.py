@@ -26,7 +26,6 @@ from .responses import (
     api_error_handler,
     internal_error_handler,
     store_error_handler,
-    store_unavailable_handler,
 )
 from .settings import Settings
 from .state import AppState
@@ -98,11 +97,9 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette
         lifespan=lifespan,
         exception_handlers={
             ApiError: api_error_handler,
-            # BusyLoadingError (Redis loading its dataset) is a ConnectionError: 503 too.
-            redis_errors.ConnectionError: store_unavailable_handler,
-            redis_errors.TimeoutError: store_unavailable_handler,
-            # OOM (maxmemory, noeviction): 503 store_full; any other refusal: the 500 below.
-            redis_errors.ResponseError: store_error_handler,
+            # Every error of the store: 503 store_full (out of memory) or store_unavailable
+            # (unreachable, stalled, loading, read-only, a cluster failing over), else 500.
+            **{kind: store_error_handler for kind in (redis_errors.RedisError, redis_errors.RedisClusterException)},
             # Starlette runs this one outermost (ServerErrorMiddleware), so it also answers
             # what a middleware raised: JSON 500 `internal_error`, never text/plain.
             Exception: internal_error_handler,

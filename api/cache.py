@@ -3,8 +3,9 @@
 Every change to a session's status is announced on its workspace's change channel before
 the change's events go out; this process follows that channel (`Fanout.watch`) for every
 workspace it caches, so the cached copy is dropped before any SSE listener of this process
-sees the event. Nothing is kept for a workspace whose channel is not confirmed, and a read
-that raced a change is served but not kept. Liveness is never cached here: a hit is still
+sees the event. Nothing is kept or served for a workspace whose channel is not confirmed
+(on a cluster: whose node did not answer a ping within the last second), and a read that
+raced a change is served but not kept. Liveness is never cached here: a hit is still
 checked against the owner's lease deadline.
 """
 
@@ -113,6 +114,8 @@ class StateCache:
 
     def session(self, sid: str) -> CachedSession | None:
         entry = self._sessions.get(sid)
+        if entry is not None and not self._feed.watching(entry.ws):
+            entry = None  # its changes may not reach us now: read Redis
         (CACHE_MISSES if entry is None else CACHE_HITS).inc()
         return entry
 
@@ -126,7 +129,7 @@ class StateCache:
     # ---- listing pages ------------------------------------------------------------------
 
     def page(self, ws: str, offset: int, size: int) -> CachedPage | None:
-        return self._pages.get((ws, offset, size))
+        return self._pages.get((ws, offset, size)) if self._feed.watching(ws) else None
 
     def keep_page(self, ws: str, offset: int, size: int, started: int, page: CachedPage) -> None:
         if not self._current(ws, ws, started):

@@ -12,10 +12,9 @@ from __future__ import annotations
 import contextlib
 from typing import AsyncIterator
 
-from redis import exceptions as redis_errors
 from starlette.requests import Request
 
-from acp_state import ids
+from acp_state import faults, ids
 
 from .responses import ApiError
 
@@ -32,14 +31,6 @@ def idempotency_key(request: Request) -> str | None:
     return value
 
 
-def _never_sent(error: Exception) -> bool:
-    """The command cannot have reached Redis: no connection was made, or Redis was loading."""
-    if isinstance(error, redis_errors.BusyLoadingError):
-        return True
-    text = str(error)
-    return "connecting to" in text or "No connection available" in text or "Connection refused" in text
-
-
 def outcome_unknown() -> ApiError:
     error = ApiError(
         503,
@@ -54,11 +45,11 @@ def outcome_unknown() -> ApiError:
 @contextlib.asynccontextmanager
 async def effect() -> AsyncIterator[None]:
     """Around the one store call that makes a command's effect: a broken or timed-out
-    connection becomes 503 `outcome_unknown` (a refusal before sending stays
-    `store_unavailable`: nothing was done)."""
+    connection becomes 503 `outcome_unknown` (a refusal, or a command never sent, stays
+    `store_unavailable` or `store_full`: nothing was done)."""
     try:
         yield
-    except (redis_errors.ConnectionError, redis_errors.TimeoutError) as error:
-        if _never_sent(error):
-            raise
+    except Exception as error:
+        if not faults.is_transient(error) or faults.never_ran(error):
+            raise  # a bug (500), or a refusal: the app's store error handler answers it
         raise outcome_unknown() from error

@@ -6,9 +6,10 @@ import logging
 from typing import Any
 
 import orjson
-from redis import exceptions as redis_errors
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+
+from acp_state import faults
 
 MAX_BODY_BYTES = 1024 * 1024
 # Memory frees as retention windows pass or as an operator acts: not within a second.
@@ -47,34 +48,25 @@ async def api_error_handler(_: Request, error: Exception) -> Response:
     return OrjsonResponse(error.body, status_code=error.status, headers=error.headers)
 
 
-async def store_unavailable_handler(_: Request, error: Exception) -> Response:
-    """Redis is unreachable: nothing was taken, say so and when to try again (never a drop)."""
+def _store_unavailable() -> Response:
+    """Redis could not take the command now: nothing was taken, say so and when to retry."""
     body = {"error": "the state store is unavailable; retry shortly", "code": "store_unavailable", "retryAfterMs": 1000}
     return OrjsonResponse(body, status_code=503, headers={"Retry-After": "1"})
 
 
-def is_out_of_memory(error: redis_errors.ResponseError) -> bool:
-    """Redis refused a write at maxmemory under `noeviction`: the reply "OOM command not
-    allowed ...", which redis-py raises as OutOfMemoryError without the "OOM" (with
-    "Command # n (...) of pipeline caused error: " in front inside a pipeline); the text
-    checks catch the reply where it reaches us unparsed."""
-    if isinstance(error, redis_errors.OutOfMemoryError):
-        return True
-    message = str(error)
-    return message.startswith("OOM") or "OOM command not allowed" in message
-
-
 async def store_error_handler(request: Request, error: Exception) -> Response:
-    """A command Redis answered with an error. Out of memory: Redis refused the command
-    before it ran (a script is refused before its first write), so nothing happened and the
-    client may retry later: 503 `store_full`. Any other is a bug of ours: 500."""
-    assert isinstance(error, redis_errors.ResponseError)
-    if not is_out_of_memory(error):
-        return await internal_error_handler(request, error)
-    log.warning("Redis is out of memory (maxmemory): %s %s refused", request.method, request.url.path)
-    return await api_error_handler(
-        request, unavailable("the state store is full; retry later", "store_full", STORE_FULL_RETRY_S)
-    )
+    """An error from Redis. Out of memory: Redis refused the command before it ran (a script
+    is refused before its first write), so the client may retry later: 503 `store_full`.
+    Unreachable, stalled, loading, read-only or a cluster failing over: 503
+    `store_unavailable`. Any other is a bug of ours: 500."""
+    if faults.is_out_of_memory(error):
+        log.warning("Redis is out of memory (maxmemory): %s %s refused", request.method, request.url.path)
+        return await api_error_handler(
+            request, unavailable("the state store is full; retry later", "store_full", STORE_FULL_RETRY_S)
+        )
+    if faults.is_transient(error):
+        return _store_unavailable()
+    return await internal_error_handler(request, error)
 
 
 async def internal_error_handler(request: Request, error: Exception) -> Response:
@@ -84,9 +76,7 @@ async def internal_error_handler(request: Request, error: Exception) -> Response
     are answered as that handler would, since a middleware's are not seen by it."""
     if isinstance(error, ApiError):
         return await api_error_handler(request, error)
-    if isinstance(error, (redis_errors.ConnectionError, redis_errors.TimeoutError)):
-        return await store_unavailable_handler(request, error)
-    if isinstance(error, redis_errors.ResponseError) and is_out_of_memory(error):
+    if faults.is_transient(error):
         return await store_error_handler(request, error)
     log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=error)
     return OrjsonResponse({"error": "internal server error", "code": "internal_error"}, status_code=500)

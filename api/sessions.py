@@ -12,7 +12,8 @@ from starlette.responses import Response
 
 from acp_state import ids
 from acp_state.ids import workspace_id
-from acp_state.store import Admission
+from acp_state.clock import iso, now_ms
+from acp_state.store import ABANDONED, Admission, CreateRecord
 from acp_state.summary import live_summary
 
 from .auth import principal_of
@@ -132,7 +133,7 @@ async def create_session(request: Request) -> Response:
     claim_ms = int(state.settings.create_timeout_s * 1000) + 10_000
     first = await state.store.claim_create(key, sid, client_id, claim_ms)
     if first is not None:
-        return await _repeated_create(state, key, ws, cwd, *first)
+        return await _repeated_create(state, key, ws, cwd, first)
     sent: list[str] = []
 
     async def note(request_id: str) -> None:  # before the create goes out, so a retry can stop it
@@ -199,7 +200,12 @@ async def _create_or_attach(
         else:
             raise unavailable("the workspace's shared session is being replaced; retry", "session_busy")
 
-    command = {"t": "create", "ws": ws, "sid": sid, "cwd": cwd, "scope": scope, "clientId": client_id}
+    command = {
+        "t": "create", "ws": ws, "sid": sid, "cwd": cwd, "scope": scope, "clientId": client_id,
+        # How long the API waits for the answer: one nobody took by then is taken back and
+        # the session undone, even if the API could not say that it gave up.
+        "waitMs": int(state.settings.create_timeout_s * 1000),
+    }
     try:
         async with effect():  # a create sent to a worker may have happened
             reply = await _place(state, command, before_send)
@@ -211,26 +217,42 @@ async def _create_or_attach(
     return {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id, "createdAt": reply["createdAt"]}
 
 
-async def _repeated_create(
-    state: AppState, key: str, ws: str, cwd: str, sid: str, client_id: str, attached: bool, request: str
-) -> Response:
-    """The same create again (same Idempotency-Key): the first one's outcome. The session's
-    catalog row is written with its first snapshot, so the row says it was created (and
-    when), even if it has been closed since; without one, the first create is still under
-    way. When that takes too long, its request is abandoned: the worker undoes it if it
-    finishes later, and the key is free for a create that is new."""
+async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: CreateRecord) -> Response:
+    """The same create again (same Idempotency-Key): the first one's outcome.
+
+    A kept outcome is answered at once. A first create still under way (or whose API gave
+    up on it) is followed: its answer, if nobody took it, is taken here and told; when it
+    takes too long, its request is abandoned, so the worker undoes it if it finishes later,
+    and the key is free for a create that is new."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + state.settings.create_timeout_s
-    while (row := await state.store.catalog_row(ws, sid)) is None:
-        if loop.time() >= deadline:
-            late = await state.store.abandon_reply(request) if request != "-" else None
-            if late is None or not late.get("ok"):
-                await state.store.forget_create(key, sid)
+    record: CreateRecord | None = first
+    created_at = None
+    while record is not None and not record.kept:
+        answer = await state.store.take_reply(record.request) if record.request else None
+        if answer == ABANDONED:
+            await state.store.forget_create(key, record.sid)
+            raise unavailable("the create was not confirmed and is undone; retry", "create_undone")
+        if answer is None and loop.time() >= deadline:
+            answer = await state.store.abandon_reply(record.request) if record.request else None
+            if answer is None:
+                await state.store.forget_create(key, record.sid)
                 raise ApiError(504, "the worker did not start the session in time", "agent_init_timeout")
+        if isinstance(answer, dict):
+            if not answer.get("ok"):
+                await state.store.forget_create(key, record.sid)
+                raise ApiError(503, answer.get("error") or "the agent could not start", answer.get("code", "agent_unavailable"))
+            await state.store.keep_create(key, record.sid, record.client_id, record.attached)
+            created_at = answer.get("createdAt")
+            break
         await asyncio.sleep(WAIT_STEP_S)
-    state.locator.remember(sid, ws)
-    body = {"sessionId": sid, "workspaceCwd": cwd, "attached": attached, "clientId": client_id}
-    return OrjsonResponse(dict(body, createdAt=row["createdAt"]))
+        record = await state.store.create_record(key)
+    if record is None or record.sid != first.sid:  # the first create failed and said so
+        raise unavailable("the first create with this key failed; retry", "create_undone")
+    row = await state.store.catalog_row(ws, record.sid)
+    state.locator.remember(record.sid, ws)
+    body = {"sessionId": record.sid, "workspaceCwd": cwd, "attached": record.attached, "clientId": record.client_id}
+    return OrjsonResponse(dict(body, createdAt=row["createdAt"] if row else created_at or iso(now_ms())))
 
 
 async def _live_or_first(

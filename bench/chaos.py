@@ -50,11 +50,14 @@ WORKERS = 2
 APIS = 2
 WARMUP_S = 4.0
 READY_TIMEOUT_S = 45
-REQUEST_TIMEOUT = httpx.Timeout(20.0, connect=3.0)
+# A request may wait out a stalled master and its replica's promotion (sleep 5 leases plus
+# the node timeout): a client that gave up sooner would leave outcomes unknown that the
+# system would have told.
+REQUEST_TIMEOUT = httpx.Timeout(45.0, connect=3.0)
 POLL_TIMEOUT = httpx.Timeout(8.0, connect=2.0)
 SSE_TIMEOUT = httpx.Timeout(connect=3.0, read=25.0, write=5.0, pool=5.0)
-CHAIN_BUDGET_S = 40.0
-WORKER_NAME = "chaos-w{slot}"  # --name: incarnations are `<name>-<pid>-<8 hex>`  # how long one logical mutating request is retried with its key
+CHAIN_BUDGET_S = 120.0  # how long one logical mutating request is retried with its key
+WORKER_NAME = "chaos-w{slot}"  # --name: incarnations are `<name>-<pid>-<8 hex>`
 ENDING = chaos_check.ENDINGS
 
 FAULTS_SINGLE = (

@@ -19,6 +19,7 @@ from acp_state.connection import connect
 from api import auth, metrics
 from api.app import create_app
 from api.auth import Token
+from api.outcomes import effect
 from api.settings import Settings
 from tests.harness import Harness
 from tests.redis_server import RedisServer
@@ -36,11 +37,39 @@ FAILURES: dict[str, Exception] = {
     "/wrongtype": redis_errors.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
     "/loading": redis_errors.BusyLoadingError("Redis is loading the dataset in memory"),
 }
+# A cluster failing over or a shard stalled, as redis-py reports each once its retries end.
+CLUSTER_FAULTS: dict[str, Exception] = {
+    "/cluster-ttl-exhausted": redis_errors.ClusterError("TTL exhausted."),
+    "/cluster-down": redis_errors.ClusterDownError("The cluster is down"),
+    "/master-down": redis_errors.MasterDownError("Link with MASTER is down and replica-serve-stale-data is set to 'no'."),
+    "/try-again": redis_errors.TryAgainError("Multiple keys request during rehashing of slot"),
+    "/slot-not-covered": redis_errors.SlotNotCoveredError("Slot 1234 is not covered by the cluster."),
+    "/read-only": redis_errors.ReadOnlyError("You can't write against a read only replica."),
+}
+FAILURES.update(CLUSTER_FAULTS)
+# Inside the one store call that makes a command's effect: was the command run, or not?
+EFFECT_FAULTS: dict[str, tuple[Exception, str]] = {
+    "/effect/reset": (redis_errors.ConnectionError("Connection reset by peer"), "outcome_unknown"),
+    "/effect/timeout": (redis_errors.TimeoutError("Timeout reading from socket"), "outcome_unknown"),
+    "/effect/cluster-ttl-exhausted": (redis_errors.ClusterError("TTL exhausted."), "outcome_unknown"),
+    "/effect/refused": (redis_errors.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused."), "store_unavailable"),
+    "/effect/cluster-down": (redis_errors.ClusterDownError("The cluster is down"), "store_unavailable"),
+    "/effect/read-only": (redis_errors.ReadOnlyError("You can't write against a read only replica."), "store_unavailable"),
+    "/effect/oom": (redis_errors.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."), "store_full"),
+}
 
 
 def _raiser(error: Exception):  # type: ignore[no-untyped-def]
     async def route(_: Request) -> Response:
         raise error
+
+    return route
+
+
+def _effect_raiser(error: Exception):  # type: ignore[no-untyped-def]
+    async def route(_: Request) -> Response:
+        async with effect():
+            raise error
 
     return route
 
@@ -52,6 +81,7 @@ async def app(redis_server: RedisServer, workspace: str) -> AsyncIterator[Starle
         Settings(redis_url=redis_server.url, workspaces=[workspace], tokens=[Token.parse(f"{TOKEN},role=admin")])
     )
     application.router.routes.extend(Route(path, _raiser(error)) for path, error in FAILURES.items())
+    application.router.routes.extend(Route(path, _effect_raiser(e)) for path, (e, _) in EFFECT_FAULTS.items())
     async with application.router.lifespan_context(application):
         yield application
 
@@ -161,3 +191,19 @@ async def test_create_on_a_full_redis_is_json_503(own_harness: Harness, own_redi
     made = await api.client.post("/session", json=body)  # nothing was left behind in the way
     assert made.status_code == 200, made.text
 
+
+
+@pytest.mark.parametrize("path", sorted(CLUSTER_FAULTS))
+async def test_a_cluster_failing_over_is_503_store_unavailable(client: httpx.AsyncClient, path: str) -> None:
+    """Not a 500: the client may retry, and with its Idempotency-Key learns the outcome."""
+    response = await client.get(path)
+    _assert_json(response, 503, "store_unavailable")
+    assert response.headers["retry-after"] == "1"
+
+
+@pytest.mark.parametrize("path", sorted(EFFECT_FAULTS))
+async def test_a_command_that_may_have_run_is_outcome_unknown_and_one_that_cannot_is_refused(
+    client: httpx.AsyncClient, path: str
+) -> None:
+    response = await client.get(path)
+    _assert_json(response, 503, EFFECT_FAULTS[path][1])

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+import signal
+import time
+from typing import AsyncIterator, Callable
 
 import orjson
 import pytest
 from redis.exceptions import ConnectionError
 
+from acp_state import keys
 from acp_state.connection import connect
-from acp_state.fanout import Fanout
-from tests.redis_server import RedisServer
+from acp_state.fanout import FRESH_S, PING_S, Fanout
+from tests.redis_server import RedisCluster, RedisServer
 
 
 @pytest.fixture
@@ -72,3 +75,39 @@ async def test_a_watch_refused_while_redis_is_away_is_made_when_it_returns(own_r
     assert await asyncio.wait_for(fanout.watch("fanout-test3"), 10)
     assert fanout.watching("fanout-test3")
     await fanout.stop()
+
+
+async def test_a_silent_cluster_node_stops_the_cache_until_it_answers_again() -> None:
+    """A master that stalls keeps its connections open and silent, while its replica may take
+    its slots over and the changes go out there. The process stops trusting the change link
+    of that node within FRESH_S, and once the node answers again its caches start over."""
+    cluster = RedisCluster(masters=3).start()
+    fanout = Fanout(connect(cluster.url))
+    resets: list[float] = []
+    fanout.on_reset = lambda: resets.append(time.monotonic())
+    try:
+        ws = "fanout-test4"
+        assert await fanout.watch(ws)
+        assert fanout.watching(ws)
+        node = next(n for n in cluster.nodes if n.port == cluster.owner_of(keys.invalidations(ws)))
+        node.process.send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        try:
+            await _until(lambda: not fanout.watching(ws), timeout=10)
+            silent_for = time.monotonic() - stopped_at
+            assert silent_for <= FRESH_S + 2 * PING_S + 0.5, silent_for
+            assert not resets
+        finally:
+            node.process.send_signal(signal.SIGCONT)
+        await _until(lambda: fanout.watching(ws), timeout=10)
+        assert len(resets) == 1, "the caches start over once, when the node answers again"
+    finally:
+        await fanout.stop()
+        cluster.stop()
+
+
+async def _until(condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)

@@ -18,9 +18,11 @@ import redis.asyncio as aioredis
 
 from acp_state import keys
 from acp_state.ids import workspace_id
+from acp_state.store import RedisStore
 from tests.conftest import RedisServer, free_port
 from tests.harness import ApiProcess, EventWatcher, Harness
 from tests.test_runtime_status import create, prompt, status
+from worker.worker import RECLAIM_MARGIN_S
 
 LEASE_MS = 1500
 TERMINALS = ("turn_complete", "turn_error")
@@ -426,3 +428,58 @@ async def test_session_hashes_expire_when_no_process_is_left_to_sweep(own_redis:
         await listener.aclose()
         await harness.stop_all()
         await redis_client.aclose()
+
+
+# ---- creates nobody was told of ---------------------------------------------------------------
+
+
+async def _send_create(store: RedisStore, incarnation: str, workspace: str, wait_ms: int) -> tuple[str, str]:
+    """What an API sends to a worker for a create; returns (session id, request id)."""
+    sid, request = str(uuid.uuid4()), f"req-{uuid.uuid4().hex[:8]}"
+    await store.send_control(incarnation, {
+        "t": "create", "ws": workspace_id(workspace), "sid": sid, "cwd": workspace, "scope": "thread",
+        "clientId": "client-1", "req": request, "waitMs": wait_ms,
+    })
+    return sid, request
+
+
+async def test_a_create_answer_nobody_took_is_taken_back_and_the_session_undone(
+    harness: Harness, workspace: str
+) -> None:
+    """The API gave up on a create without being able to say so (Redis was away when it
+    stopped waiting, or restarted empty and lost its marker): once the API's wait is over,
+    the worker takes its answer back and undoes the session nobody was told of."""
+    events = await harness.events()
+    worker = await harness.worker()
+    api = await harness.api()
+    store = RedisStore.from_url(harness.redis_url)
+    try:
+        sid, request = await _send_create(store, worker.incarnation, workspace, wait_ms=300)
+        await events.wait_type(sid, "session_closed", timeout=30)
+        assert await events.redis.llen(keys.reply(request)) == 0, "the answer was taken back"
+        assert await store.catalog_row(workspace_id(workspace), sid) is None, "no catalog row left behind"
+        assert (await api.client.get(f"/session/{sid}/status")).status_code == 404
+    finally:
+        await store.close()
+
+
+async def test_a_retried_create_delivers_the_answer_its_first_api_left(harness: Harness, workspace: str) -> None:
+    """The first API sent the create and gave up (its process died): a retry with the same
+    Idempotency-Key takes the answer and tells it, and the session stays."""
+    worker = await harness.worker()
+    api = await harness.api()
+    store = RedisStore.from_url(harness.redis_url)
+    try:
+        sid, request = await _send_create(store, worker.incarnation, workspace, wait_ms=300)
+        assert await store.claim_create("create-left", sid, "client-1") is None
+        await store.note_create_request("create-left", sid, "client-1", request)
+        retried = await api.client.post("/session", json={"cwd": workspace, "sessionScope": "thread"},
+                                        headers={"Idempotency-Key": "create-left"})
+        assert retried.status_code == 200, retried.text
+        assert retried.json()["sessionId"] == sid and retried.json()["clientId"] == "client-1"
+        # An absence to check: past the first API's wait and the worker's margin (plus a
+        # tick of its loop), the session is still there.
+        await asyncio.sleep(0.3 + RECLAIM_MARGIN_S + 1.5)
+        assert (await api.client.get(f"/session/{sid}/status")).status_code == 200
+    finally:
+        await store.close()

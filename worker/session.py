@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import orjson
-from redis import exceptions as redis_errors
 
-from acp_state import events, ids, interactions
+from acp_state import events, faults, ids, interactions
 from acp_state.clock import iso, now_ms
 from acp_state.keys import F
 from acp_state.store import Applied, Store
@@ -38,14 +37,6 @@ DISPLAY_NAME_MAX = 256
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 1.0
 WRITE_PATIENCE_S = 120.0
-RETRIED = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.OutOfMemoryError,
-    redis_errors.ReadOnlyError,
-    redis_errors.ClusterDownError,
-    redis_errors.TryAgainError,
-)
 TERMINALS = ("turn_complete", "turn_error")
 CANCELLED = {"outcome": {"outcome": "cancelled"}}
 
@@ -261,16 +252,18 @@ class LiveSession:
         while True:
             try:
                 return await self.store.apply(self.ws, self.sid, self.incarnation, ops)
-            except RETRIED as error:
+            except Exception as error:
+                # Retried whatever the error: the running number makes a retry of a write
+                # that did apply a no-op, and redis-py can fail oddly on a connection torn
+                # mid-reply. An error that is not the store's being away is logged in full.
                 if self.abandoned or loop.time() + pause > deadline:
                     WRITES_DROPPED.inc()
                     log.error("a transition could not be written; dropped (%r)", error, extra={"sessionId": self.sid})
                     return None
-                log.warning("a transition could not be written yet (%r); retrying", error, extra={"sessionId": self.sid})
-            except Exception:
-                WRITES_DROPPED.inc()
-                log.exception("transition failed", extra={"sessionId": self.sid})
-                return None
+                log.warning(
+                    "a transition could not be written yet (%r); retrying", error,
+                    exc_info=not faults.is_transient(error), extra={"sessionId": self.sid},
+                )
             await asyncio.sleep(pause)
             pause = min(pause * 2, RETRY_MAX_S)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import math
 import os
@@ -46,6 +48,12 @@ PULSE_S = 0.1
 # On SIGTERM, how long each session's last write may wait for a store that is away (the
 # sweeper removes what is left once the lease lapses).
 SHUTDOWN_PATIENCE_S = 3.0
+# A create's answer that no API took within the API's wait (`waitMs`) and this margin is
+# taken back, and the session undone: its API gave up, perhaps without being able to say so
+# (Redis was away, or restarted empty and lost the marker).
+RECLAIM_MARGIN_S = 5.0
+DEFAULT_REPLY_WAIT_MS = 60_000
+RECLAIM_TICK_S = 1.0
 
 
 @dataclass
@@ -107,6 +115,9 @@ class Worker:
         self.started_ms = now_ms()
         self.renewed_ms = self.started_ms
         self.ready = asyncio.Event()
+        # Creates answered and not yet known to be taken: (deadline, n, request, answer, session).
+        self._answered: list[tuple[float, int, str, dict[str, Any], LiveSession]] = []
+        self._answered_seq = itertools.count()
         self.state_counts: dict[str, int] = dict.fromkeys(SESSION_STATES, 0)
         self._collector = WorkerCollector(self)
         REGISTRY.register(self._collector)
@@ -148,6 +159,7 @@ class Worker:
             asyncio.ensure_future(self._command_loop()),
             asyncio.ensure_future(run_sweeper(self.store, sweep_interval_s, self._stop)),
             asyncio.ensure_future(self._refresh_loop()),
+            asyncio.ensure_future(self._reclaim_loop()),
         ]
         if self.config.metrics_port is not None:
             self._tasks.append(asyncio.ensure_future(self._serve_metrics()))
@@ -287,6 +299,26 @@ class Worker:
             lost = [s for s in live if (s.ws, s.sid) in missing]
             await self.check_standing()
             await self._rewrite([s for s in lost if s.incarnation == self.incarnation])
+
+    async def _reclaim_loop(self) -> None:
+        """Undo the creates whose answer nobody took (see RECLAIM_MARGIN_S)."""
+        while True:
+            await asyncio.sleep(RECLAIM_TICK_S)
+            now = asyncio.get_running_loop().time()
+            due = []
+            while self._answered and self._answered[0][0] <= now:
+                due.append(heapq.heappop(self._answered))
+            due = [entry for entry in due if not entry[4].closed]
+            if due and not await survive("create reclaim", lambda: self._reclaim(due)):
+                for entry in due:  # the store is away: ask again next time
+                    heapq.heappush(self._answered, entry)
+
+    async def _reclaim(self, due: list[tuple[float, int, str, dict[str, Any], LiveSession]]) -> None:
+        untaken = await self.store.reclaim_replies([(request, answer) for _, _, request, answer, _ in due])
+        for (_, _, _, _, session), reclaimed in zip(due, untaken, strict=True):
+            if reclaimed:
+                log.warning("nobody took the create's answer; closing the session", extra={"sessionId": session.sid})
+                await session.close("create_abandoned", uncatalog=True)
 
     # ---- commands -----------------------------------------------------------------------
 
@@ -436,9 +468,15 @@ class Worker:
                 await self.store.reply(command["req"], {"ok": False, "code": "session_conflict"})
             return
         answer = {"ok": True, "createdAt": iso(session.created_ms), "incarnation": session.incarnation}
-        if not await _stored(lambda: self.store.reply(command["req"], answer)):
+        wait_ms = command.get("waitMs")
+        wait_s = (wait_ms if isinstance(wait_ms, int) and 0 < wait_ms <= 3_600_000 else DEFAULT_REPLY_WAIT_MS) / 1000
+        kept_s = math.ceil(wait_s + 3 * RECLAIM_MARGIN_S)  # still there when taken back
+        if not await _stored(lambda: self.store.reply(command["req"], answer, kept_s)):
             log.warning("the create's answer was not taken; closing the session", extra={"sessionId": sid})
             await session.close("create_abandoned", uncatalog=True)
+            return
+        deadline = asyncio.get_running_loop().time() + wait_s + RECLAIM_MARGIN_S
+        heapq.heappush(self._answered, (deadline, next(self._answered_seq), command["req"], answer, session))
 
     async def _close(self, session: LiveSession, command: dict[str, Any]) -> None:
         await session.close(command.get("reason", "closed_by_client"))

@@ -1,0 +1,72 @@
+"""What a Redis error says about the command that met it.
+
+Both sides ask the same two questions of an error: may the command be tried again (the store
+could not take it now: unreachable, stalled, loading, full, failing over), and could it have
+run before the error (then only a retry under the same running number or idempotency key is
+safe, and an API answers that the outcome is unknown)? Anything else is a bug of ours.
+"""
+
+from __future__ import annotations
+
+from redis import exceptions as redis_errors
+
+# The store could not take the command now; the same command may succeed later. On a cluster,
+# redis-py gives up on a slot whose redirections or connection errors outlast its retries
+# with a bare ClusterError ("TTL exhausted"), and on a slot no node serves with
+# SlotNotCoveredError (not even a RedisError).
+TRANSIENT: tuple[type[BaseException], ...] = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.OutOfMemoryError,
+    redis_errors.ReadOnlyError,
+    redis_errors.TryAgainError,
+    redis_errors.ClusterError,  # ClusterDownError and MasterDownError too
+    redis_errors.SlotNotCoveredError,
+)
+
+# Refused by a Redis that answered, before the command ran: out of memory (a script is
+# refused before its first write), a replica's read-only refusal, a cluster that is down or
+# a slot that is migrating. Loading is a ConnectionError subclass, refused before running.
+_REFUSED: tuple[type[BaseException], ...] = (
+    redis_errors.BusyLoadingError,
+    redis_errors.OutOfMemoryError,
+    redis_errors.ReadOnlyError,
+    redis_errors.TryAgainError,
+    redis_errors.ClusterDownError,
+    redis_errors.SlotNotCoveredError,
+)
+
+
+def is_transient(error: BaseException) -> bool:
+    return isinstance(error, TRANSIENT) or (
+        isinstance(error, redis_errors.ResponseError) and (is_out_of_memory(error) or _says(error, "READONLY"))
+    )
+
+
+def never_ran(error: BaseException) -> bool:
+    """The command cannot have run: Redis refused it, or it was never sent."""
+    if isinstance(error, _REFUSED):
+        return True
+    if isinstance(error, redis_errors.ResponseError):
+        return is_out_of_memory(error) or _says(error, "READONLY") or _says(error, "CLUSTERDOWN")
+    text = str(error)
+    # No connection was made: redis-py's texts for a refused or failed connect, a full pool.
+    return "connecting to" in text or "No connection available" in text or "Connection refused" in text
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Redis refused a write at maxmemory under `noeviction`: the reply "OOM command not
+    allowed ...", which redis-py raises as OutOfMemoryError without the "OOM" (with
+    "Command # n (...) of pipeline caused error: " in front inside a pipeline); the text
+    checks catch the reply where it reaches us unparsed."""
+    if isinstance(error, redis_errors.OutOfMemoryError):
+        return True
+    if not isinstance(error, redis_errors.ResponseError):
+        return False
+    message = str(error)
+    return message.startswith("OOM") or "OOM command not allowed" in message
+
+
+def _says(error: BaseException, code: str) -> bool:
+    message = str(error)
+    return message.startswith(code) or f"error: {code}" in message
