@@ -1,0 +1,290 @@
+"""The import graph between rooms and between modules, and the rules it must keep.
+
+    python scripts/import_graph.py [--root PATH] [--rooms-only]
+
+Reads the source (never imports it), so it runs on any checkout: `--root` a `git worktree`
+of an older commit prints that commit's graph. Module names are the installed ones: a
+folder that pyproject.toml's `[tool.setuptools.package-dir]` maps (`api/` installs as
+`acp_state.api`) is named by its mapping. Exits 1, after the graph, when a rule is broken:
+
+* an import cycle among modules (lazy imports inside functions count; imports under
+  `if TYPE_CHECKING:` never run, so they are listed, and judged by the room rules, but make
+  no cycle: two modules that name each other's classes in annotations are one design);
+* a room importing one it may not (`MAY_IMPORT`: api and worker never import each other,
+  the core neither of them, production code nothing of `tests/`);
+* a private name (`_name`, or a `_module`) imported from, or read off, another module;
+* a test module importing helpers from another test module (they share `tests/helpers.py`;
+  importing a `test_*` function to collect it again, as `tests/test_cluster.py` does, is fine);
+* an installed top-level package other than `acp_state` (a generic `api` or `worker` in
+  site-packages collides with anything else of that name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+import tomllib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Rooms by folder (relative to the repository root); the longest folder that holds a file
+# names its room. `acp_state/cli.py`, a module, is not the folder `acp_state/cli/`.
+ROOMS = {
+    "acp_state": "core",
+    "acp_state/cli": "composition root",
+    "acp_state/testing": "testing double",
+    "api": "api",
+    "worker": "worker",
+    "tests": "tests",
+    "bench": "bench",
+    "scripts": "scripts",
+}
+PRODUCTION = {"core", "composition root", "testing double", "api", "worker"}
+EVERY_ROOM = set(ROOMS.values())
+MAY_IMPORT = {
+    "core": {"core"},
+    "api": {"core", "api"},
+    "worker": {"core", "worker"},
+    "testing double": {"core", "testing double"},
+    "composition root": {"core", "api", "worker", "testing double", "composition root"},
+    # Tests and tools drive everything; production code never imports them.
+    "tests": EVERY_ROOM,
+    "bench": EVERY_ROOM,
+    "scripts": EVERY_ROOM,
+}
+INSTALLED_TOP_LEVEL = {"acp_state"}
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    room: str
+    is_package: bool
+    imports: dict[str, int] = field(default_factory=dict)  # module -> line of its first import
+    type_only: set[str] = field(default_factory=set)  # imported only under `if TYPE_CHECKING:`
+
+
+@dataclass
+class Graph:
+    modules: dict[str, Module]
+    problems: list[str]
+
+
+def package_dirs(root: Path) -> dict[str, str]:
+    """folder -> package name, from pyproject's package-dir (empty when it maps nothing)."""
+    pyproject = root / "pyproject.toml"
+    if not pyproject.exists():
+        return {}
+    config = tomllib.loads(pyproject.read_text()).get("tool", {}).get("setuptools", {})
+    return {folder.strip("/"): name for name, folder in config.get("package-dir", {}).items() if name}
+
+
+def room_of(relative: Path) -> str | None:
+    folders = [f for f in ROOMS if relative.parts[: len(Path(f).parts)] == Path(f).parts and len(relative.parts) > len(Path(f).parts)]
+    return ROOMS[max(folders, key=len)] if folders else None
+
+
+def module_name(relative: Path, mapping: dict[str, str]) -> str:
+    parts = list(relative.with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    for folder, package in sorted(mapping.items(), key=lambda item: -len(item[0])):
+        prefix = Path(folder).parts
+        if tuple(parts[: len(prefix)]) == prefix:
+            return ".".join([package, *parts[len(prefix):]])
+    return ".".join(parts)
+
+
+def discover(root: Path) -> dict[str, Module]:
+    mapping = package_dirs(root)
+    modules: dict[str, Module] = {}
+    for folder in sorted({Path(f).parts[0] for f in ROOMS}):
+        for path in sorted((root / folder).rglob("*.py")):
+            relative = path.relative_to(root)
+            room = room_of(relative)
+            if room is None or any(part.startswith(".") for part in relative.parts):
+                continue
+            name = module_name(relative, mapping)
+            modules[name] = Module(name, path, room, path.name == "__init__.py")
+    return modules
+
+
+def resolve(module: Module, level: int, target: str | None) -> str:
+    """The absolute name a relative import (`from ..x import y`) refers to."""
+    if level == 0:
+        return target or ""
+    base = module.name.split(".")
+    if not module.is_package:
+        base.pop()
+    base = base[: len(base) - (level - 1)]
+    return ".".join([*base, *([target] if target else [])])
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def scan(module: Module, modules: dict[str, Module], problems: list[str]) -> None:
+    tree = ast.parse(module.path.read_text(), str(module.path))
+    where = f"{module.path.name}"
+    aliases: dict[str, str] = {}  # a local name bound to one of our modules -> that module
+
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for inner in ast.walk(node)
+    }
+    runtime: set[str] = set()
+
+    def edge(target: str, line: int) -> None:
+        if target == module.name:
+            return
+        module.imports.setdefault(target, line)
+        if id(current) not in typing_only:
+            runtime.add(target)
+
+    for node in ast.walk(tree):
+        current = node
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in modules:
+                    edge(alias.name, node.lineno)
+                    aliases[alias.asname or alias.name] = alias.name
+                    if any(private(part) for part in alias.name.split(".")):
+                        problems.append(f"private module: {module.name} imports {alias.name} ({where}:{node.lineno})")
+        elif isinstance(node, ast.ImportFrom):
+            source = resolve(module, node.level, node.module)
+            if source not in modules:
+                continue
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                if submodule in modules:  # `from package import module`
+                    edge(submodule, node.lineno)
+                    aliases[alias.asname or alias.name] = submodule
+                else:
+                    edge(source, node.lineno)
+                if private(alias.name) and source != module.name:
+                    problems.append(
+                        f"private name: {module.name} imports {alias.name} from {source} ({where}:{node.lineno})"
+                    )
+                if (
+                    module.room == "tests" and source.startswith("tests.test_")
+                    and not alias.name.startswith("test_") and submodule not in modules
+                ):
+                    problems.append(
+                        f"test helper shared between test modules: {module.name} imports {alias.name} "
+                        f"from {source} (helpers live in tests/helpers.py) ({where}:{node.lineno})"
+                    )
+    module.type_only = set(module.imports) - runtime
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+            and node.value.id in aliases and private(node.attr)
+        ):
+            problems.append(
+                f"private name: {module.name} reads {aliases[node.value.id]}.{node.attr} ({where}:{node.lineno})"
+            )
+
+
+def cycles(modules: dict[str, Module]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(name: str) -> None:
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        for target in set(modules[name].imports) - modules[name].type_only:
+            if target not in index:
+                visit(target)
+                low[name] = min(low[name], low[target])
+            elif target in stack:
+                low[name] = min(low[name], index[target])
+        if low[name] == index[name]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == name:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for name in sorted(modules):
+        if name not in index:
+            visit(name)
+    return found
+
+
+def build(root: Path) -> Graph:
+    modules = discover(root)
+    problems: list[str] = []
+    for module in modules.values():
+        scan(module, modules, problems)
+    for module in modules.values():
+        for target, line in module.imports.items():
+            room = modules[target].room
+            if room not in MAY_IMPORT[module.room]:
+                problems.append(
+                    f"forbidden import: {module.room} -> {room}: {module.name} imports {target} "
+                    f"({module.path.name}:{line})"
+                )
+    for component in cycles(modules):
+        problems.append(f"import cycle: {' <-> '.join(component)}")
+    generic = sorted({m.name.split(".")[0] for m in modules.values() if m.room in PRODUCTION} - INSTALLED_TOP_LEVEL)
+    for name in generic:
+        problems.append(f"packaging: installs a top-level package named {name!r} (map its folder under acp_state)")
+    return Graph(modules, problems)
+
+
+def render(graph: Graph, rooms_only: bool = False) -> str:
+    modules = graph.modules
+    lines = ["rooms (modules) and the rooms each imports (number of module imports):"]
+    by_room: dict[str, list[Module]] = defaultdict(list)
+    for module in modules.values():
+        by_room[module.room].append(module)
+    for room in sorted(by_room, key=list(dict.fromkeys(ROOMS.values())).index):
+        counts: dict[str, int] = defaultdict(int)
+        for module in by_room[room]:
+            for target in module.imports:
+                if modules[target].room != room:
+                    counts[modules[target].room] += 1
+        targets = ", ".join(f"{r} ({n})" for r, n in sorted(counts.items())) or "-"
+        lines.append(f"  {room} ({len(by_room[room])}) -> {targets}")
+    if not rooms_only:
+        lines.append("")
+        lines.append("modules and the modules each imports:")
+        for room in sorted(by_room, key=list(dict.fromkeys(ROOMS.values())).index):
+            lines.append(f"  [{room}]")
+            for module in sorted(by_room[room], key=lambda m: m.name):
+                targets = [f"{t} (types)" if t in module.type_only else t for t in sorted(module.imports)]
+                lines.append(f"    {module.name} -> {', '.join(targets) or '-'}")
+    lines.append("")
+    if graph.problems:
+        lines.append(f"{len(graph.problems)} problems:")
+        lines.extend(f"  {problem}" for problem in sorted(graph.problems))
+    else:
+        lines.append("no cycles, no forbidden imports, no private names across modules")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent,
+                        help="the checkout to read (default: this one)")
+    parser.add_argument("--rooms-only", action="store_true", help="leave out the module listing")
+    args = parser.parse_args(argv)
+    graph = build(args.root.resolve())
+    print(render(graph, args.rooms_only))
+    return 1 if graph.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
