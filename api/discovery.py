@@ -10,7 +10,8 @@ from starlette.responses import Response
 
 from .auth import principal_of
 from .responses import MAX_BODY_BYTES, OrjsonResponse
-from .sessions import MAX_QUEUED_PROMPTS, _state
+from .sessions import MAX_QUEUED_PROMPTS
+from .state import app_state
 
 log = logging.getLogger("api.discovery")
 READY_TIMEOUT_S = 2.0
@@ -43,7 +44,7 @@ async def health(_: Request) -> Response:
 async def ready(request: Request) -> Response:
     """Readiness, for a load balancer: Redis answers and at least one worker holds a lease.
     A create sent while not ready waits for a worker (up to the create timeout) anyway."""
-    state = _state(request)
+    state = app_state(request)
     try:
         live = await asyncio.wait_for(state.registry.live(), READY_TIMEOUT_S)
     except Exception as error:  # unreachable, stalled, loading: all mean not ready
@@ -59,7 +60,7 @@ async def ready(request: Request) -> Response:
 
 
 async def capabilities(request: Request) -> Response:
-    state = _state(request)
+    state = app_state(request)
     principal = principal_of(request)
     return OrjsonResponse(
         {

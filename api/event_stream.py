@@ -27,7 +27,7 @@ from acp_state.summary import live_summary
 from .auth import principal_of
 from .locator import not_found
 from .responses import parse_decimal
-from .sessions import _state
+from .state import app_state
 
 log = logging.getLogger("api.events")
 
@@ -61,7 +61,7 @@ def _event_id_and_type(raw: str) -> tuple[int, str]:
 
 
 async def stream_events(request: Request) -> Response:
-    state = _state(request)
+    state = app_state(request)
     sid = request.path_params["id"]
     last_id = parse_last_event_id(request.headers.get("last-event-id"))
     epoch_hint = request.query_params.get("eventEpoch")
@@ -118,7 +118,7 @@ async def _generate(
     epoch_hint: str | None,
     subscription: Subscription,
 ) -> AsyncIterator[bytes]:
-    state = _state(request)
+    state = app_state(request)
     store, fanout = state.store, state.fanout
     seq = int(fields.get(F.SEQ, "0"))
     epoch = fields.get(F.EPOCH, "")

@@ -21,7 +21,8 @@ from acp_state.summary import live_summary
 from .auth import principal_of
 from .locator import not_found
 from .responses import ApiError, OrjsonResponse, json_body, parse_decimal
-from .sessions import _state, client_id_header
+from .sessions import client_id_header
+from .state import app_state
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 500
@@ -58,7 +59,7 @@ def _record(raw: str) -> dict[str, Any]:
 
 
 async def transcript(request: Request) -> Response:
-    state = _state(request)
+    state = app_state(request)
     sid = request.path_params["id"]
     limit = _page_size(request.query_params.get("limit"))
     cursor = _cursor(request.query_params.get("cursor"))
@@ -85,7 +86,7 @@ async def transcript(request: Request) -> Response:
 
 async def load(request: Request) -> Response:
     """`POST /session/:id/load` for a live session, with `historyReplay: "response"`."""
-    state = _state(request)
+    state = app_state(request)
     sid = request.path_params["id"]
     client_id = client_id_header(request) or ids.new_id()
     body = await json_body(request, required=False)

@@ -11,7 +11,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .auth import principal_of
 from .responses import ApiError
-from .sessions import _state
+from .state import app_state
 
 REQUESTS = Counter("acp_state_http_requests_total", "HTTP requests answered", ["route", "status"])
 SSE_CLIENTS = Gauge("acp_state_sse_clients", "SSE event streams open on this process")
@@ -55,7 +55,7 @@ class RequestMetrics:
 async def metrics(request: Request) -> Response:
     if principal_of(request).role != "admin":
         raise ApiError(403, "metrics need an admin token", "forbidden")
-    state = _state(request)
+    state = app_state(request)
     live = await state.registry.live()
     reports = await state.store.worker_reports(live)
     totals: dict[str, int] = {}

@@ -14,7 +14,8 @@ from acp_state import ids, votes
 from .cache import CachedSession
 from .outcomes import effect, idempotency_key
 from .responses import ApiError, OrjsonResponse, json_body
-from .sessions import _live_or_first, _state, client_id_header
+from .sessions import client_id_header, live_or_first
+from .state import app_state
 
 
 NO_REQUEST = "permission_request_not_found"
@@ -37,7 +38,7 @@ async def _cast(
     key: str | None,
     legacy: bool = False,
 ) -> Response:
-    state = _state(request)
+    state = app_state(request)
     command = {
         "t": "vote",
         "sid": sid,
@@ -74,7 +75,7 @@ async def vote_in_session(request: Request) -> Response:
     vote = _parse(await json_body(request))
     client_id = client_id_header(request)
     key = idempotency_key(request)
-    ref, first = await _live_or_first(request, sid, key)
+    ref, first = await live_or_first(request, sid, key)
     if first is not None:
         return OrjsonResponse({})  # the same vote again: it won the first time
     assert ref is not None
@@ -84,7 +85,7 @@ async def vote_in_session(request: Request) -> Response:
 
 
 async def vote_legacy(request: Request) -> Response:
-    state = _state(request)
+    state = app_state(request)
     rid = request.path_params["requestId"]
     vote = _parse(await json_body(request))
     client_id = client_id_header(request)
@@ -95,7 +96,7 @@ async def vote_legacy(request: Request) -> Response:
     ws, sid = where
     state.locator.remember(sid, ws)
     try:
-        ref, first = await _live_or_first(request, sid, key)
+        ref, first = await live_or_first(request, sid, key)
     except ApiError:
         raise _no_request("", rid, legacy=True) from None
     if first is not None:

@@ -21,7 +21,7 @@ from .cache import CachedSession
 from .locator import not_found
 from .outcomes import effect, idempotency_key, outcome_unknown
 from .responses import ApiError, OrjsonResponse, json_body, unavailable
-from .state import AppState
+from .state import AppState, app_state
 
 MAX_QUEUED_PROMPTS = 5
 SINGLE_WAIT_STEP_S = 0.05
@@ -40,10 +40,6 @@ def client_id_header(request: Request) -> str | None:
     if not ids.is_token(value):
         raise ApiError(400, "X-Qwen-Client-Id must be 1-128 characters of [A-Za-z0-9._:-]", "invalid_client_id")
     return value
-
-
-def _state(request: Request) -> AppState:
-    return request.app.state.acp
 
 
 async def _live_reports(state: AppState) -> list[dict[str, Any]]:
@@ -106,7 +102,7 @@ async def _join_single(state: AppState, ws: str, holder: str, client_id: str) ->
 
 
 async def create_session(request: Request) -> Response:
-    state = _state(request)
+    state = app_state(request)
     body = await json_body(request)
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", "invalid_request")
@@ -255,12 +251,12 @@ async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: 
     return OrjsonResponse(dict(body, createdAt=row["createdAt"] if row else created_at or iso(now_ms())))
 
 
-async def _live_or_first(
+async def live_or_first(
     request: Request, sid: str, key: str | None
 ) -> tuple[CachedSession | None, Admission | None]:
     """The live session, or, for a repeated Idempotency-Key, the first outcome even if the
     session has gone since (a retry must not turn a success into a 404)."""
-    state = _state(request)
+    state = app_state(request)
     principal = principal_of(request)
     try:
         return await state.locator.live(sid, principal), None
@@ -308,14 +304,14 @@ def _turn_kind(request: Request, body: dict[str, Any]) -> tuple[dict[str, Any] |
 
 
 async def prompt(request: Request) -> Response:
-    state = _state(request)
+    state = app_state(request)
     sid = request.path_params["id"]
     client_id = client_id_header(request)
     key = idempotency_key(request)
     body = await json_body(request)
     blocks, text = _prompt_blocks(body)
     meta, kind = _turn_kind(request, body)
-    ref, admission = await _live_or_first(request, sid, key)
+    ref, admission = await live_or_first(request, sid, key)
     if ref is not None:
         command = {
             "t": "prompt",
@@ -344,11 +340,11 @@ async def prompt(request: Request) -> Response:
 
 
 async def cancel(request: Request) -> Response:
-    state = _state(request)
+    state = app_state(request)
     sid = request.path_params["id"]
     client_id_header(request)
     key = idempotency_key(request)
-    ref, admission = await _live_or_first(request, sid, key)
+    ref, admission = await live_or_first(request, sid, key)
     if ref is not None:
         async with effect():
             admission = await state.store.send(ref.ws, sid, ref.owner, {"t": "cancel", "sid": sid}, idempotency_key=key)
@@ -358,11 +354,11 @@ async def cancel(request: Request) -> Response:
 
 
 async def close(request: Request) -> Response:
-    state = _state(request)
+    state = app_state(request)
     sid = request.path_params["id"]
     client_id_header(request)
     key = idempotency_key(request)
-    ref, admission = await _live_or_first(request, sid, key)
+    ref, admission = await live_or_first(request, sid, key)
     request_id = ids.new_id()
     if ref is not None:
         command = {"t": "close", "sid": sid, "req": request_id, "reason": "closed_by_client"}
@@ -386,7 +382,7 @@ async def close(request: Request) -> Response:
 
 async def _await_gone(request: Request, sid: str) -> None:
     """A repeated close: done once the session is no longer live."""
-    state = _state(request)
+    state = app_state(request)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + state.settings.close_timeout_s
     while True:
@@ -401,7 +397,7 @@ async def _await_gone(request: Request, sid: str) -> None:
 
 async def status(request: Request) -> Response:
     """One HGETALL on a cache miss; none while the cached state is current."""
-    ref = await _state(request).locator.live(request.path_params["id"], principal_of(request))
+    ref = await app_state(request).locator.live(request.path_params["id"], principal_of(request))
     if ref.status_body is None:
         ref.status_body = orjson.dumps(live_summary(ref.fields))
     return Response(ref.status_body, media_type="application/json")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from starlette.requests import Request
+
 from acp_state.fanout import Fanout
 from acp_state.registry import WorkerRegistry
 from acp_state.store import Store
@@ -20,3 +22,8 @@ class AppState:
     locator: SessionLocator
     workspaces: dict[str, str]  # workspace id -> cwd
     fanout: Fanout
+
+
+def app_state(request: Request) -> AppState:
+    """What the API process serving `request` holds (set up by `app.create_app`)."""
+    return request.app.state.acp

@@ -15,7 +15,7 @@ from acp_state.summary import live_summary, merged_row, persisted_row
 from .auth import principal_of
 from .cache import CachedPage
 from .responses import ApiError, OrjsonResponse, parse_decimal
-from .sessions import _state
+from .state import app_state
 
 DEFAULT_SIZE = 20
 MAX_SIZE = 100
@@ -37,7 +37,7 @@ def decode_cursor(cursor: str) -> int:
 
 
 async def list_sessions(request: Request) -> Response:
-    state = _state(request)
+    state = app_state(request)
     ws = request.path_params["id"]
     if not ids.is_workspace_id(ws) or ws not in state.workspaces or not principal_of(request).may(ws):
         raise ApiError(404, f'No workspace with id "{ws}"', "workspace_not_found", workspaceId=ws)

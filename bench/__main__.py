@@ -28,7 +28,7 @@ import httpx
 import redis.asyncio as aioredis
 
 from acp_state import events, keys
-from acp_state.cli import DEFAULT_SERVER, SERVERS
+from acp_state.cli.serving import DEFAULT_SERVER, SERVERS
 from acp_state.connection import connect
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
@@ -340,12 +340,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-        "server": _server_stack(args.server),
+        "server": server_stack(args.server),
         "sections": sections,
     }
 
 
-def _server_stack(name: str) -> str:
+def server_stack(name: str) -> str:
     """The ASGI server with its version, and the event loop: e.g. `granian 2.8.9, uvloop 0.23.0`."""
     from importlib.metadata import PackageNotFoundError, version
 

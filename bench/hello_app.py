@@ -1,5 +1,5 @@
 """Baseline servers on the same stack as the API (Starlette on the ASGI server `acp-state api
---server` picks, served by the very code that serves the API: `acp_state.cli._serve_http`,
+--server` picks, served by the very code that serves the API: `acp_state.cli.serving.serve_http`,
 on uvloop): `hello` answers a JSON constant; `hgetall` does one Redis HGETALL per request.
 
     python -m bench.hello_app --port 8001 [--server granian|uvicorn] [--redis-url URL --key K]
@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from acp_state.cli import DEFAULT_SERVER, SERVERS, _serve_http, _started, _until_signal
+from acp_state.cli.serving import DEFAULT_SERVER, SERVERS, serve_http, started, until_signal
 
 
 def build(redis_url: str | None, key: str) -> Starlette:
@@ -41,15 +41,15 @@ def hello() -> Starlette:
 
 
 async def serve(app: Starlette, port: int, server_name: str) -> None:
-    server = _serve_http(app, "127.0.0.1", port, server_name)
+    server = serve_http(app, "127.0.0.1", port, server_name)
 
     async def run() -> None:
         serving = asyncio.ensure_future(server.serve())
-        await _started(server, serving)
+        await started(server, serving)
         print(f"listening on http://127.0.0.1:{server.port} ({server_name})", flush=True)
         await serving
 
-    await _until_signal(run, server.stop)
+    await until_signal(run, server.stop)
 
 
 def main() -> None:

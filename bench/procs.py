@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from acp_state.cli import DEFAULT_SERVER
+from acp_state.cli.serving import DEFAULT_SERVER
 from tests.redis_server import RedisServer as _RedisServer
 from tests.redis_server import free_port
 

@@ -28,9 +28,9 @@ from typing import Any
 
 import httpx
 
-from acp_state.cli import SERVERS
+from acp_state.cli.serving import SERVERS
 
-from .__main__ import RESULTS, _server_stack, bench_reference, create_sessions, ensure_wrk, log, run_wrk, wait_port
+from .__main__ import RESULTS, server_stack, bench_reference, create_sessions, ensure_wrk, log, run_wrk, wait_port
 from .procs import ROOT, RedisServer, api, free_port, worker
 
 GRANIAN_CLI = {  # name -> extra granian options (always: ASGI, 1 worker, uvloop)
@@ -131,7 +131,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "load": f"wrk -t2 -c32 -d5s, {args.rounds} alternating rounds, medians",
-        "servers": {name: _server_stack(name) for name in args.server},
+        "servers": {name: server_stack(name) for name in args.server},
         "figures": figures,
     }
 

@@ -21,7 +21,7 @@ from acp_state import events, keys
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
 
-from acp_state.cli import DEFAULT_SERVER, SERVERS
+from acp_state.cli.serving import DEFAULT_SERVER, SERVERS
 
 from .procs import RedisServer, api, percentile, worker
 

@@ -18,14 +18,13 @@ import pytest
 from acp_state import keys
 from acp_state.ids import workspace_id
 from tests.harness import Harness
+from tests.helpers import create, is_type, prompt, watched_session_after_a_turn
 from tests.redis_server import RedisCluster, free_port
 from tests.test_events import (  # noqa: F401  (collected here, on the cluster)
-    is_type,
     test_cached_status_is_never_older_than_a_delivered_event,
     test_client_of_a_killed_api_resumes_on_another_without_loss,
     test_gaps_the_log_cannot_fill_are_announced,
     test_sse_frames_and_replay_through_any_api,
-    watched_session_after_a_turn,
 )
 from tests.test_faults import test_kill9_of_a_worker_hosting_1000_sessions  # noqa: F401
 from tests.test_lease import test_kill9_worker_leaves_live_status_within_its_lease  # noqa: F401
@@ -34,8 +33,6 @@ from tests.test_loop_detection import (  # noqa: F401
     test_reload_appends_the_turn_error_until_a_newer_prompt_starts,
 )
 from tests.test_runtime_status import (  # noqa: F401
-    create,
-    prompt,
     test_cancel_resolves_pending_and_ends_cancelled,
     test_close_removes_live_state_but_keeps_the_catalog_row,
     test_concurrent_votes_on_two_apis_have_one_winner,

@@ -15,12 +15,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from acp_state.api import auth, metrics
+from acp_state.api.app import create_app
+from acp_state.api.auth import Token
+from acp_state.api.outcomes import effect
+from acp_state.api.settings import Settings
 from acp_state.connection import connect
-from api import auth, metrics
-from api.app import create_app
-from api.auth import Token
-from api.outcomes import effect
-from api.settings import Settings
 from tests.harness import Harness
 from tests.redis_server import RedisServer
 

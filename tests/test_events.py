@@ -9,25 +9,8 @@ import orjson
 
 from acp_state import keys
 from acp_state.ids import workspace_id
-from tests.harness import ApiProcess, Harness, SseClient
-from tests.test_runtime_status import create, prompt
-
-
-def is_type(event_type: str, **data: object):
-    return lambda f: f["event"] == event_type and all(f["data"]["data"].get(k) == v for k, v in data.items())
-
-
-async def watched_session_after_a_turn(harness: Harness, workspace: str, text: str = "#burst 3") -> tuple[ApiProcess, str, SseClient]:
-    """A worker and an API; a session watched by an SSE client from its snapshot on, whose
-    first turn (`text`) has completed on that stream."""
-    await harness.worker()
-    api = await harness.api()
-    sid = (await create(api, workspace))["sessionId"]
-    live = await SseClient(api, sid).start()
-    await live.wait_for(lambda f: f["event"] == "session_snapshot")
-    first = await prompt(api, sid, text)
-    await live.wait_for(is_type("turn_complete", promptId=first["promptId"]))
-    return api, sid, live
+from tests.harness import Harness, SseClient
+from tests.helpers import create, is_type, prompt
 
 
 async def test_sse_frames_and_replay_through_any_api(harness: Harness, workspace: str) -> None:

@@ -8,8 +8,7 @@ import time
 
 from tests.conftest import RedisServer, free_port
 from tests.harness import Harness, SseClient
-from tests.test_events import watched_session_after_a_turn
-from tests.test_runtime_status import create, prompt
+from tests.helpers import create, prompt, watched_session_after_a_turn
 
 LEASE_MS = 1200
 

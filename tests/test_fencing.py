@@ -19,10 +19,10 @@ import redis.asyncio as aioredis
 from acp_state import keys
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
+from acp_state.worker.worker import RECLAIM_MARGIN_S
 from tests.conftest import RedisServer, free_port
 from tests.harness import ApiProcess, EventWatcher, Harness
-from tests.test_runtime_status import create, prompt, status
-from worker.worker import RECLAIM_MARGIN_S
+from tests.helpers import create, prompt, status
 
 LEASE_MS = 1500
 TERMINALS = ("turn_complete", "turn_error")
@@ -254,7 +254,7 @@ async def test_an_update_that_races_the_first_snapshot_waits_for_it(redis_server
     left a ghost: closed here, live and idle in the store, its prompts never run)."""
     from acp_state.connection import connect
     from acp_state.store import RedisStore
-    from worker.session import LiveSession
+    from acp_state.worker.session import LiveSession
 
     store = RedisStore(connect(redis_server.url))
     fenced: list[int] = []

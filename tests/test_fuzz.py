@@ -41,11 +41,11 @@ from schemathesis.specs.openapi.checks import (
 )
 from starlette.routing import Route
 
+from acp_state.api import web
+from acp_state.api.app import ROUTES
 from acp_state.ids import workspace_id
-from api import web
-from api.app import ROUTES
 from tests.harness import Harness
-from tests.test_runtime_status import create, prompt, status
+from tests.helpers import create, prompt, status
 
 TARGET_REQUESTS = 10_000
 TIME_LIMIT_S = 140  # the whole test must stay under ~3 minutes on 2 cores

@@ -12,7 +12,7 @@ from acp_state.connection import connect
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
 from tests.harness import Harness
-from tests.test_runtime_status import create, prompt
+from tests.helpers import create, prompt
 
 LEASE_MS = 1500
 

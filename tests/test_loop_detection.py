@@ -8,7 +8,7 @@ import signal
 
 from acp_state.turn_errors import LOOP_DETECTED_MESSAGE
 from tests.harness import ApiProcess, Harness, SseClient
-from tests.test_runtime_status import create, prompt, status
+from tests.helpers import create, prompt, status
 
 LOOP_STATUS = {"message": LOOP_DETECTED_MESSAGE, "code": "LOOP_DETECTED", "errorKind": "loop_detected"}
 

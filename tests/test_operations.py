@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from acp_state.summary import SESSION_STATES, state_of
 from tests.conftest import free_port
 from tests.harness import ROOT, Harness
-from tests.test_runtime_status import create, prompt, status
+from tests.helpers import create, prompt, status
 
 
 def samples(text: str, name: str) -> dict[tuple, float]:

@@ -25,7 +25,7 @@ import signal, subprocess, sys
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 subprocess.Popen([sys.executable, "-c", "import signal\\nwhile True: signal.pause()"],
                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-subprocess.Popen([sys.executable, "-m", "worker.scripted_agent"]).wait()  # ACP on our stdio
+subprocess.Popen([sys.executable, "-m", "acp_state.testing.scripted_agent"]).wait()  # ACP on our stdio
 while True:
     signal.pause()
 """
@@ -112,7 +112,7 @@ async def test_a_killed_workers_stubborn_agent_and_grandchildren_die(
 async def test_the_reaper_leaves_with_a_worker_that_stops(harness: Harness, workspace: str) -> None:
     worker = await harness.worker()
     await _create_session(harness, workspace)
-    (agent,) = _children(worker.pid, "worker.scripted_agent")
+    (agent,) = _children(worker.pid, "acp_state.testing.scripted_agent")
     (reaper,) = _children(worker.pid, "reaper.py")
 
     assert await worker.terminate() == 0
@@ -129,7 +129,7 @@ async def test_the_reaper_ignores_sigterm_and_kills_only_groups_it_still_knows()
 
     kept, forgotten = stubborn_group(), stubborn_group()
     reaper = subprocess.Popen(
-        [sys.executable, "-m", "worker.reaper", "0.2"], stdin=subprocess.PIPE, cwd=str(ROOT)
+        [sys.executable, "-m", "acp_state.worker.reaper", "0.2"], stdin=subprocess.PIPE, cwd=str(ROOT)
     )
     try:
         assert reaper.stdin is not None
@@ -150,7 +150,7 @@ async def test_the_reaper_ignores_sigterm_and_kills_only_groups_it_still_knows()
 
 
 async def test_a_dead_reaper_is_replaced_and_told_every_group() -> None:
-    from worker.reaper import Reaper
+    from acp_state.worker.reaper import Reaper
 
     groups = [subprocess.Popen([sys.executable, "-c", "import signal\nsignal.pause()"], start_new_session=True)
               for _ in range(2)]

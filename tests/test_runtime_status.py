@@ -9,7 +9,8 @@ import signal
 
 from acp_state import keys
 from acp_state.ids import workspace_id
-from tests.harness import ApiProcess, Harness
+from tests.harness import Harness
+from tests.helpers import create, prompt, status
 
 PERMISSION_OPTIONS = [
     {"optionId": "proceed_once", "label": "Allow", "kind": "allow_once"},
@@ -20,24 +21,6 @@ QUESTION_OPTIONS = [
     {"optionId": "cancel", "label": "Cancel", "kind": "reject_once"},
 ]
 MALFORMED = '`outcome` must be `{ outcome: "cancelled" }` or `{ outcome: "selected", optionId: string }`'
-
-
-async def create(api: ApiProcess, workspace: str, **body: object) -> dict:
-    response = await api.client.post("/session", json={"cwd": workspace, "sessionScope": "thread", **body})
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-async def prompt(api: ApiProcess, sid: str, text: str) -> dict:
-    response = await api.client.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": text}]})
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-async def status(api: ApiProcess, sid: str) -> dict:
-    response = await api.client.get(f"/session/{sid}/status")
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def agent_text(events: list[dict], prompt_id: str) -> str:

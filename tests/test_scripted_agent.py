@@ -1,4 +1,4 @@
-"""Drive the real scripted ACP agent (`python -m worker.scripted_agent`) with raw JSON lines."""
+"""Drive the real scripted ACP agent (`python -m acp_state.testing.scripted_agent`) with raw JSON lines."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class AgentProcess:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "worker.scripted_agent",
+            "acp_state.testing.scripted_agent",
             cwd=REPO,
             env=env,
             stdin=asyncio.subprocess.PIPE,

@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover - scripts/test installs it
 
 from acp_state.turn_errors import LOOP_DETECTED_MESSAGE
 from tests.harness import ApiProcess, Harness
-from tests.test_runtime_status import create, prompt
+from tests.helpers import create, prompt
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"

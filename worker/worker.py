@@ -18,7 +18,6 @@ import math
 import os
 import secrets
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -40,7 +39,6 @@ from .session import RETRY_FIRST_S, RETRY_MAX_S, LiveSession, Prompt
 
 log = logging.getLogger("worker")
 
-DEFAULT_AGENT = f"{sys.executable} -m worker.scripted_agent"
 # Each live session's TTL is refreshed once per this fraction of the TTL, spread evenly.
 REFRESH_FRACTION = 0.5
 REFRESH_TICK_S = 1.0
@@ -58,7 +56,7 @@ RECLAIM_TICK_S = 1.0
 
 @dataclass
 class WorkerConfig:
-    agent: str = DEFAULT_AGENT
+    agent: str  # the ACP agent command (`acp-state` defaults to the scripted test double)
     max_sessions: int = 1000
     lease_ms: int = 10_000
     child_per: str = "workspace"  # or "session"
@@ -381,23 +379,17 @@ class Worker:
         """`GET /metrics` of this worker (Prometheus text), on its own small HTTP listener."""
         import uvicorn
 
-        class Server(uvicorn.Server):
-            def install_signal_handlers(self) -> None:  # the worker owns SIGTERM
-                pass
-
-            @contextlib.contextmanager
-            def capture_signals(self):  # type: ignore[override]
-                yield
+        from acp_state.uvicorn_server import UvicornServer  # the worker owns SIGTERM
 
         config = uvicorn.Config(
             make_asgi_app(), host=self.config.metrics_host, port=self.config.metrics_port or 0,
             log_level="warning", lifespan="off",
         )
-        server = Server(config)
+        server = UvicornServer(config)
         try:
             await server.serve()
         except asyncio.CancelledError:
-            server.should_exit = True
+            server.stop()
             raise
 
     async def _agent_for(self, cwd: str, sid: str) -> AgentProcess:

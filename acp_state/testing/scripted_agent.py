@@ -1,4 +1,4 @@
-"""A deterministic ACP (Agent Client Protocol v1) agent for tests: ``python -m worker.scripted_agent``.
+"""A deterministic ACP (Agent Client Protocol v1) agent for tests: ``python -m acp_state.testing.scripted_agent``.
 
 It uses the standard library only, so it starts in a few tens of milliseconds. It speaks
 newline-delimited JSON-RPC 2.0: one compact JSON object per line on stdin and stdout. Nothing

@@ -1,0 +1,66 @@
+"""The rooms keep their rules (docs/architecture.md): `scripts/import_graph.py` finds no cycle,
+no forbidden cross-room import, no private name used across modules, no generic package."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "import_graph.py"
+
+
+def load_checker():
+    spec = importlib.util.spec_from_file_location("import_graph", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_repository_keeps_the_import_rules() -> None:
+    run = subprocess.run([sys.executable, str(SCRIPT), "--rooms-only"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "no cycles, no forbidden imports, no private names across modules" in run.stdout
+
+
+def test_the_check_catches_each_kind_of_break(tmp_path: Path) -> None:
+    """A small checkout that breaks every rule once: the check names each break."""
+    files = {
+        "pyproject.toml": '[tool.setuptools.package-dir]\n"acp_state.api" = "api"\n',
+        "acp_state/__init__.py": "",
+        "acp_state/keys.py": "from acp_state.api import app\n",  # core -> api
+        "acp_state/one.py": "from . import two\n",
+        "acp_state/two.py": "from . import one\n",  # a cycle
+        "acp_state/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import one\n",
+        "api/__init__.py": "",
+        "api/app.py": "from worker import loop\nfrom .routes import _state\n",  # api -> worker; private
+        "api/routes.py": "def _state(): ...\n",
+        "api/reads.py": "from . import routes\nroutes._state()\n",  # a private name read off a module
+        "worker/__init__.py": "",  # not mapped: a generic top-level `worker`
+        "worker/loop.py": "import tests.helpers\n",  # production -> tests
+        "tests/__init__.py": "",
+        "tests/helpers.py": "",
+        "tests/test_a.py": "def make(): ...\ndef test_a(): ...\n",
+        "tests/test_b.py": "from tests.test_a import make, test_a\n",  # a helper from a test module
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+
+    problems = "\n".join(load_checker().build(tmp_path).problems)
+
+    assert "forbidden import: core -> api: acp_state.keys imports acp_state.api.app" in problems
+    assert "forbidden import: api -> worker: acp_state.api.app imports worker.loop" in problems
+    assert "forbidden import: worker -> tests: worker.loop imports tests.helpers" in problems
+    assert "import cycle: acp_state.one <-> acp_state.two" in problems
+    assert "acp_state.typed" not in problems  # an import only for annotations makes no cycle
+    assert "private name: acp_state.api.app imports _state from acp_state.api.routes" in problems
+    assert "private name: acp_state.api.reads reads acp_state.api.routes._state" in problems
+    assert "packaging: installs a top-level package named 'worker'" in problems
+    assert "tests.test_b imports make from tests.test_a" in problems
+    assert "test_a from" not in problems  # re-collecting a test function is fine
+    assert len(problems.splitlines()) == 8, problems
