@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .commands import CANCEL_SENTINEL
+
 USER_QUESTION = "user_question"
 PERMISSION = "permission"
-# The mediator's internal "cancelled" vote; an agent may never offer it as an option id.
-CANCEL_SENTINEL = "__cancelled__"
 MAX_PENDING_PER_SESSION = 64
 
 

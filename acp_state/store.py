@@ -19,8 +19,9 @@ import orjson
 from redis.cluster import key_slot
 from redis.exceptions import NoScriptError
 
-from . import events, keys, scripts
+from . import commands, events, keys, scripts
 from .clock import now_ms
+from .commands import CANCEL_SENTINEL, Attach, Command, Create, MalformedCommand, Vote
 from .connection import MEMORY, Client, connect, is_cluster
 from .metrics import REDIS_ROUNDTRIP
 
@@ -149,7 +150,7 @@ class Store(Protocol):
     async def resign(self, incarnation: str) -> None: ...
     async def apply(self, ws: str, sid: str, incarnation: str, ops: dict[str, Any]) -> Applied: ...
     async def touch_sessions(self, incarnation: str, sessions: list[tuple[str, str, bool]]) -> set[tuple[str, str]]: ...
-    async def read_commands(self, cursors: dict[str, str], block_ms: int) -> list[tuple[str, str, dict[str, Any]]]: ...
+    async def read_commands(self, cursors: dict[str, str], block_ms: int) -> list[tuple[str, str, Command | MalformedCommand]]: ...
     async def reply(self, request: str, payload: dict[str, Any], ttl_s: int = ...) -> bool: ...
     async def reclaim_replies(self, answers: list[tuple[str, dict[str, Any]]]) -> list[bool]: ...
     async def reclaim_replies(self, answers: list[tuple[str, dict[str, Any]]]) -> list[bool]:
@@ -168,7 +169,7 @@ class Store(Protocol):
     # API side
     async def lease_view(self) -> LeaseView: ...
     async def worker_reports(self, incarnations: list[str]) -> dict[str, dict[str, Any]]: ...
-    async def send_control(self, incarnation: str, command: dict[str, Any]) -> None: ...
+    async def send_control(self, incarnation: str, command: Create) -> None: ...
     async def await_reply(self, request: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None) -> dict[str, Any] | None: ...
     async def take_reply(self, request: str) -> dict[str, Any] | str | None:
         """Take a reply without waiting: the reply, ABANDONED if an API gave up on it (the
@@ -184,15 +185,15 @@ class Store(Protocol):
     async def locate(self, sid: str) -> str | None: ...
     async def request_location(self, rid: str) -> tuple[str, str] | None: ...
     async def session_fields(self, ws: str, sid: str) -> dict[str, str]: ...
-    async def send(self, ws: str, sid: str, incarnation: str, command: dict[str, Any], admit_limit: int | None = None, idempotency_key: str | None = None) -> Admission: ...
-    async def vote(self, ws: str, sid: str, incarnation: str, rid: str, selected: bool, option_id: str, client_id: str, command: dict[str, Any], idempotency_key: str | None = None) -> str: ...
+    async def send(self, ws: str, incarnation: str, command: Command, admit_limit: int | None = None, idempotency_key: str | None = None) -> Admission: ...
+    async def vote(self, ws: str, incarnation: str, command: Vote, idempotency_key: str | None = None) -> str: ...
     async def claim_create(self, idempotency_key: str, sid: str, client_id: str, ttl_ms: int = ...) -> CreateRecord | None: ...
     async def create_record(self, idempotency_key: str) -> CreateRecord | None: ...
     async def keep_create(self, idempotency_key: str, sid: str, client_id: str, attached: bool) -> None: ...
     async def forget_create(self, idempotency_key: str, sid: str) -> None: ...
     async def catalog_row(self, ws: str, sid: str) -> dict[str, Any] | None: ...
     async def first_outcome(self, ws: str, sid: str, idempotency_key: str) -> Admission | None: ...
-    async def attach(self, ws: str, sid: str, incarnation: str, client_id: str) -> bool: ...
+    async def attach(self, ws: str, incarnation: str, command: Attach) -> bool: ...
     async def claim_single(self, ws: str, sid: str, ttl_ms: int) -> str | None: ...
     async def release_single(self, ws: str, sid: str) -> None: ...
     async def list_page(self, ws: str, offset: int, size: int) -> list[tuple[str, dict[str, Any] | None, dict[str, str]]]: ...
@@ -395,8 +396,9 @@ class RedisStore:
 
     async def read_commands(
         self, cursors: dict[str, str], block_ms: int
-    ) -> list[tuple[str, str, dict[str, Any]]]:
-        """Block until commands arrive on any of the streams; returns (stream, id, command).
+    ) -> list[tuple[str, str, Command | MalformedCommand]]:
+        """Block until commands arrive on any of the streams; returns (stream, id, command),
+        where an entry that is no command (commands.decode refused it) is its error.
 
         On a single Redis this is one XREAD over every stream. A cluster refuses an XREAD
         across slots, so there each stream has its own blocking reader (see _StreamReaders).
@@ -478,10 +480,10 @@ class RedisStore:
         values = await self.redis.hmget(keys.REPORTS, incarnations)
         return {inc: orjson.loads(v) for inc, v in zip(incarnations, values, strict=True) if v}
 
-    async def send_control(self, incarnation: str, command: dict[str, Any]) -> None:
+    async def send_control(self, incarnation: str, command: Create) -> None:
         pipe = self.redis.pipeline(transaction=False)
         stream = keys.worker_control(incarnation)
-        pipe.xadd(stream, {"c": orjson.dumps(command)}, maxlen=INBOX_MAXLEN, approximate=True)
+        pipe.xadd(stream, {"c": commands.encode(command)}, maxlen=INBOX_MAXLEN, approximate=True)
         pipe.pexpire(stream, INBOX_TTL_MS)
         await pipe.execute()
 
@@ -531,27 +533,26 @@ class RedisStore:
     async def send(
         self,
         ws: str,
-        sid: str,
         incarnation: str,
-        command: dict[str, Any],
+        command: Command,
         admit_limit: int | None = None,
         idempotency_key: str | None = None,
     ) -> Admission:
         """Hand a command to the session's owner (scripts.SEND); prompts pass `admit_limit`.
 
         With `idempotency_key`, the first success is kept and a repeat returns it."""
-        key_list = [keys.session(ws, sid), keys.inbox(ws, incarnation)]
+        key_list = [keys.session(ws, command.sid), keys.inbox(ws, incarnation)]
         if idempotency_key is not None:
-            key_list.append(keys.idempotency(ws, sid, idempotency_key))
+            key_list.append(keys.idempotency(ws, command.sid, idempotency_key))
         result = await self._send(
             key_list,
             [
                 incarnation,
-                orjson.dumps(command),
+                commands.encode(command),
                 "" if admit_limit is None else admit_limit,
                 INBOX_TTL_MS,
                 INBOX_MAXLEN,
-                command.get("promptId", "") if command.get("t") == "prompt" else "",
+                command.prompt_id if isinstance(command, commands.Prompt) else "",
                 IDEMPOTENCY_TTL_MS,
             ],
         )
@@ -569,36 +570,25 @@ class RedisStore:
         result = orjson.loads(first)
         return Admission("ok", int(result[1]), result[2], result[3], True)
 
-    async def vote(
-        self,
-        ws: str,
-        sid: str,
-        incarnation: str,
-        rid: str,
-        selected: bool,
-        option_id: str,
-        client_id: str,
-        command: dict[str, Any],
-        idempotency_key: str | None = None,
-        sentinel: str = "__cancelled__",
-    ) -> str:
-        key_list = [keys.session(ws, sid), keys.inbox(ws, incarnation)]
+    async def vote(self, ws: str, incarnation: str, command: Vote, idempotency_key: str | None = None) -> str:
+        """Decide a vote and enqueue it to the owner in one step (scripts.VOTE)."""
+        key_list = [keys.session(ws, command.sid), keys.inbox(ws, incarnation)]
         if idempotency_key is not None:
-            key_list.append(keys.idempotency(ws, sid, idempotency_key))
+            key_list.append(keys.idempotency(ws, command.sid, idempotency_key))
         return await self._vote(
             key_list,
             [
                 incarnation,
-                rid,
-                "selected" if selected else "cancelled",
-                option_id,
-                client_id,
-                orjson.dumps(command),
+                command.rid,
+                "selected" if command.selected else "cancelled",
+                command.option_id or "",
+                command.client_id or "",
+                commands.encode(command),
                 INBOX_TTL_MS,
                 INBOX_MAXLEN,
-                sentinel,
+                CANCEL_SENTINEL,
                 keys.invalidations(ws),
-                sid,
+                command.sid,
                 IDEMPOTENCY_TTL_MS,
             ],
         )
@@ -642,13 +632,15 @@ class RedisStore:
         row = await self.redis.hget(keys.catalog(ws), sid)
         return orjson.loads(row) if row else None
 
-    async def attach(self, ws: str, sid: str, incarnation: str, client_id: str) -> bool:
+    async def attach(self, ws: str, incarnation: str, command: Attach) -> bool:
         """Register a client on a live session (and tell its owner); False if it is gone."""
-        command = orjson.dumps({"t": "attach", "sid": sid, "clientId": client_id})
         return bool(
             await self._attach(
-                [keys.session(ws, sid), keys.inbox(ws, incarnation)],
-                [incarnation, client_id, command, INBOX_TTL_MS, INBOX_MAXLEN, keys.invalidations(ws), sid],
+                [keys.session(ws, command.sid), keys.inbox(ws, incarnation)],
+                [
+                    incarnation, command.client_id, commands.encode(command), INBOX_TTL_MS, INBOX_MAXLEN,
+                    keys.invalidations(ws), command.sid,
+                ],
             )
         )
 
@@ -741,12 +733,18 @@ class RedisStore:
         await pipe.execute()
 
 
-def _commands(reply: Any) -> list[tuple[str, str, dict[str, Any]]]:
-    return [
-        (stream, entry_id, orjson.loads(fields["c"]))
-        for stream, entries in reply or []
-        for entry_id, fields in entries
-    ]
+def _commands(reply: Any) -> list[tuple[str, str, Command | MalformedCommand]]:
+    return [(stream, entry_id, _decoded(fields)) for stream, entries in reply or [] for entry_id, fields in entries]
+
+
+def _decoded(fields: dict[str, str]) -> Command | MalformedCommand:
+    """An entry's command, or why it is none (the reader skips it and reads on)."""
+    if "c" not in fields:
+        return MalformedCommand("stream entry has no command field 'c'")
+    try:
+        return commands.decode(fields["c"])
+    except MalformedCommand as error:
+        return error
 
 
 class _StreamReaders:
@@ -756,11 +754,11 @@ class _StreamReaders:
 
     def __init__(self, redis: Client) -> None:
         self.redis = redis
-        self.queue: asyncio.Queue[tuple[str, str, dict[str, Any]]] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[str, str, Command | MalformedCommand]] = asyncio.Queue()
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._streams: dict[int, dict[str, str]] = {}  # slot -> {stream: cursor}
 
-    async def read(self, cursors: dict[str, str], block_ms: int) -> list[tuple[str, str, dict[str, Any]]]:
+    async def read(self, cursors: dict[str, str], block_ms: int) -> list[tuple[str, str, Command | MalformedCommand]]:
         wanted: dict[int, dict[str, str]] = {}
         for stream, cursor in cursors.items():
             wanted.setdefault(key_slot(stream.encode()), {})[stream] = cursor

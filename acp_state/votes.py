@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .interactions import CANCEL_SENTINEL
+from .commands import CANCEL_SENTINEL
 
 MALFORMED_OUTCOME = (
     '`outcome` must be `{ outcome: "cancelled" }` or `{ outcome: "selected", optionId: string }`'

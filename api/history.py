@@ -14,7 +14,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from acp_state import ids
+from acp_state import commands, ids
 from acp_state.keys import F
 from acp_state.summary import live_summary
 
@@ -94,7 +94,7 @@ async def load(request: Request) -> Response:
         raise ApiError(400, "request body must be a JSON object", "invalid_request")
     page_size = _page_size(body.get("historyPageSize"))
     ref = await state.locator.live(sid, principal_of(request))
-    if not await state.store.attach(ref.ws, sid, ref.owner, client_id):
+    if not await commands.send_attach(state.store, ref.ws, ref.owner, commands.Attach(sid=sid, client_id=client_id)):
         raise not_found(sid)
     fields, page, log_envelopes = await state.store.load_snapshot(ref.ws, sid, page_size)
     if not fields:

@@ -12,10 +12,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from acp_state.commands import CALLER_TURN_KINDS, FOREGROUND
+
 from .event_stream import MAX_SAFE_INTEGER
 from .history import MAX_PAGE
 from .responses import MAX_BODY_BYTES, OrjsonResponse
-from .sessions import TURN_KINDS
 from .workspaces import MAX_SIZE
 
 Schema = dict[str, Any]
@@ -261,7 +262,7 @@ def components() -> Schema:
         "PromptRequest": obj(
             {"prompt": array(ref("ContentBlock"), minItems=1)},
             {
-                "turnKind": string(enum=list(TURN_KINDS), default="foreground"),
+                "turnKind": string(enum=list(CALLER_TURN_KINDS), default=FOREGROUND),
                 "_meta": obj(description="Passed to the agent; `qwen.channel.prompt` only from a channel caller."),
             },
         ),

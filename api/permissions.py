@@ -9,7 +9,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from acp_state import ids, votes
+from acp_state import commands, ids, votes
 
 from .cache import CachedSession
 from .outcomes import effect, idempotency_key
@@ -39,19 +39,11 @@ async def _cast(
     legacy: bool = False,
 ) -> Response:
     state = app_state(request)
-    command = {
-        "t": "vote",
-        "sid": sid,
-        "rid": rid,
-        "selected": vote.selected,
-        "optionId": vote.option_id,
-        "metadata": vote.metadata,
-        "clientId": client_id,
-    }
+    command = commands.Vote(
+        sid=sid, rid=rid, selected=vote.selected, option_id=vote.option_id, metadata=vote.metadata, client_id=client_id
+    )
     async with effect():
-        outcome = await state.store.vote(
-            ref.ws, sid, ref.owner, rid, vote.selected, vote.option_id or "", client_id or "", command, key
-        )
+        outcome = await commands.send_vote(state.store, ref.ws, ref.owner, command, key)
     if outcome == "ok":
         return OrjsonResponse({})
     if outcome in ("unknown", "gone"):

@@ -10,7 +10,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from acp_state import ids
+from acp_state import commands, ids
 from acp_state.ids import workspace_id
 from acp_state.clock import iso, now_ms
 from acp_state.store import ABANDONED, Admission, CreateRecord
@@ -29,7 +29,6 @@ SINGLE_WAIT_STEP_S = 0.05
 # checks whether the first one's effect has landed.
 WAIT_STEP_S = 0.1
 CHANNEL_PROMPT_META_KEY = "qwen.channel.prompt"
-TURN_KINDS = ("foreground", "cron", "notification", "goal")
 
 
 def client_id_header(request: Request) -> str | None:
@@ -55,10 +54,12 @@ async def _live_reports(state: AppState) -> list[dict[str, Any]]:
 
 
 async def _place(
-    state: AppState, command: dict[str, Any], before_send: Callable[[str], Awaitable[None]] | None = None
+    state: AppState,
+    create: Callable[[str], commands.Create],
+    before_send: Callable[[str], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
-    """Send a create to a live worker with spare capacity; try the next one if it is full.
-    `before_send(request id)` runs before each create goes out."""
+    """Send a create (`create(request id)`) to a live worker with spare capacity; try the
+    next one if it is full. `before_send(request id)` runs before each create goes out."""
     candidates = await _live_reports(state)
     if not candidates:
         raise unavailable("no worker is registered", "no_worker", retry_after_s=2)
@@ -71,7 +72,7 @@ async def _place(
         incarnation = report["incarnation"]
         if before_send is not None:
             await before_send(request_id)
-        await state.store.send_control(incarnation, dict(command, req=request_id))
+        await commands.send_create(state.store, incarnation, create(request_id))
         reply = await state.store.await_reply(
             request_id, state.settings.create_timeout_s, alive=lambda: state.registry.is_live(incarnation)
         )
@@ -93,7 +94,8 @@ async def _join_single(state: AppState, ws: str, holder: str, client_id: str) ->
         fields = await state.store.session_fields(ws, holder)
         owner = fields.get("inc")
         if owner:
-            if not await state.registry.is_live(owner) or not await state.store.attach(ws, holder, owner, client_id):
+            attach = commands.Attach(sid=holder, client_id=client_id)
+            if not await state.registry.is_live(owner) or not await commands.send_attach(state.store, ws, owner, attach):
                 return None
             state.locator.remember(holder, ws)
             return live_summary(fields)
@@ -196,15 +198,15 @@ async def _create_or_attach(
         else:
             raise unavailable("the workspace's shared session is being replaced; retry", "session_busy")
 
-    command = {
-        "t": "create", "ws": ws, "sid": sid, "cwd": cwd, "scope": scope, "clientId": client_id,
-        # How long the API waits for the answer: one nobody took by then is taken back and
-        # the session undone, even if the API could not say that it gave up.
-        "waitMs": int(state.settings.create_timeout_s * 1000),
-    }
+    def create(request_id: str) -> commands.Create:
+        return commands.Create(
+            ws=ws, sid=sid, cwd=cwd, scope=scope, client_id=client_id,
+            wait_ms=int(state.settings.create_timeout_s * 1000), request_id=request_id,
+        )
+
     try:
         async with effect():  # a create sent to a worker may have happened
-            reply = await _place(state, command, before_send)
+            reply = await _place(state, create, before_send)
     except BaseException:
         if claimed:
             await state.store.release_single(ws, sid)
@@ -292,12 +294,12 @@ def _turn_kind(request: Request, body: dict[str, Any]) -> tuple[dict[str, Any] |
     (`qwen.daemon.channelDelivery`) passes through but never changes the kind.
     """
     meta = dict(body["_meta"]) if isinstance(body.get("_meta"), dict) else None
-    kind = body.get("turnKind", "foreground")
-    if kind not in TURN_KINDS:
-        raise ApiError(400, f"turnKind must be one of {', '.join(TURN_KINDS)}", "invalid_turn_kind")
+    kind = body.get("turnKind", commands.FOREGROUND)
+    if kind not in commands.CALLER_TURN_KINDS:
+        raise ApiError(400, f"turnKind must be one of {', '.join(commands.CALLER_TURN_KINDS)}", "invalid_turn_kind")
     if meta is not None and CHANNEL_PROMPT_META_KEY in meta:
         if meta[CHANNEL_PROMPT_META_KEY] is True and principal_of(request).role == "channel":
-            kind = "channel"
+            kind = commands.CHANNEL
         else:
             del meta[CHANNEL_PROMPT_META_KEY]
     return meta, kind
@@ -313,19 +315,12 @@ async def prompt(request: Request) -> Response:
     meta, kind = _turn_kind(request, body)
     ref, admission = await live_or_first(request, sid, key)
     if ref is not None:
-        command = {
-            "t": "prompt",
-            "sid": sid,
-            "promptId": ids.new_id(),
-            "prompt": blocks,
-            "text": text,
-            "meta": meta,
-            "kind": kind,
-            "clientId": client_id,
-        }
+        command = commands.Prompt(
+            sid=sid, prompt_id=ids.new_id(), blocks=blocks, text=text, meta=meta, kind=kind, client_id=client_id
+        )
         async with effect():
-            admission = await state.store.send(
-                ref.ws, sid, ref.owner, command, admit_limit=1 + MAX_QUEUED_PROMPTS, idempotency_key=key
+            admission = await commands.send_prompt(
+                state.store, ref.ws, ref.owner, command, admit_limit=1 + MAX_QUEUED_PROMPTS, idempotency_key=key
             )
     assert admission is not None
     if admission.status == "gone":
@@ -347,7 +342,7 @@ async def cancel(request: Request) -> Response:
     ref, admission = await live_or_first(request, sid, key)
     if ref is not None:
         async with effect():
-            admission = await state.store.send(ref.ws, sid, ref.owner, {"t": "cancel", "sid": sid}, idempotency_key=key)
+            admission = await commands.send_cancel(state.store, ref.ws, ref.owner, commands.Cancel(sid=sid), key)
     if admission is None or admission.status != "ok":
         raise not_found(sid)
     return OrjsonResponse({})
@@ -361,9 +356,9 @@ async def close(request: Request) -> Response:
     ref, admission = await live_or_first(request, sid, key)
     request_id = ids.new_id()
     if ref is not None:
-        command = {"t": "close", "sid": sid, "req": request_id, "reason": "closed_by_client"}
+        command = commands.Close(sid=sid, request_id=request_id, reason=commands.CLOSED_BY_CLIENT)
         async with effect():
-            admission = await state.store.send(ref.ws, sid, ref.owner, command, idempotency_key=key)
+            admission = await commands.send_close(state.store, ref.ws, ref.owner, command, key)
     if admission is None or admission.status != "ok":
         raise not_found(sid)
     if admission.repeated:

@@ -16,7 +16,7 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 
-from acp_state import keys
+from acp_state import commands, keys
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
 from acp_state.worker.worker import RECLAIM_MARGIN_S
@@ -436,10 +436,10 @@ async def test_session_hashes_expire_when_no_process_is_left_to_sweep(own_redis:
 async def _send_create(store: RedisStore, incarnation: str, workspace: str, wait_ms: int) -> tuple[str, str]:
     """What an API sends to a worker for a create; returns (session id, request id)."""
     sid, request = str(uuid.uuid4()), f"req-{uuid.uuid4().hex[:8]}"
-    await store.send_control(incarnation, {
-        "t": "create", "ws": workspace_id(workspace), "sid": sid, "cwd": workspace, "scope": "thread",
-        "clientId": "client-1", "req": request, "waitMs": wait_ms,
-    })
+    await store.send_control(incarnation, commands.Create(
+        ws=workspace_id(workspace), sid=sid, cwd=workspace, scope="thread",
+        client_id="client-1", wait_ms=wait_ms, request_id=request,
+    ))
     return sid, request
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import orjson
 
 from acp_state import events, faults, ids, interactions
+from acp_state.commands import CHANNEL, CRON, FOREGROUND, NOTIFICATION
 from acp_state.clock import iso, now_ms
 from acp_state.keys import F
 from acp_state.store import Applied, Store
@@ -40,10 +41,8 @@ WRITE_PATIENCE_S = 120.0
 TERMINALS = ("turn_complete", "turn_error")
 CANCELLED = {"outcome": {"outcome": "cancelled"}}
 
-FOREGROUND = "foreground"
 # Automatic turns wait in their own queues and run before the next queued foreground prompt.
-AUTOMATIC_KINDS = ("cron", "notification")
-TURN_KINDS = (FOREGROUND, "channel", "goal", *AUTOMATIC_KINDS)
+AUTOMATIC_KINDS = (CRON, NOTIFICATION)
 # Only an interactive user prompt is rejected by loop protection and clears a turn error.
 INTERACTIVE_KINDS = (FOREGROUND,)
 
@@ -348,7 +347,7 @@ class LiveSession:
         self._loop_stop = None
         self.turn_error_event = False
         ops: dict[str, Any] = {"set": {F.ACTIVE: "1"}, "del": [F.TURN_ERROR_EVENT], "events": []}
-        if prompt.kind in INTERACTIVE_KINDS or prompt.kind == "channel":
+        if prompt.kind in INTERACTIVE_KINDS or prompt.kind == CHANNEL:
             self.turn_error = None
             ops["del"].append(F.TURN_ERROR)
         if prompt.queued:

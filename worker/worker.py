@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable
 
 from prometheus_client import REGISTRY, make_asgi_app
 
-from acp_state import keys
+from acp_state import commands, keys
 from acp_state.clock import iso, now_ms
 from acp_state.store import Standing, Store
 from acp_state.summary import SESSION_STATES
@@ -326,54 +326,69 @@ class Worker:
                 await asyncio.sleep(0.5)
 
     async def _read_commands(self) -> None:
-        commands = await self.store.read_commands(dict(self._cursors), block_ms=1000)
-        for stream, entry_id, command in commands:
+        received = await self.store.read_commands(dict(self._cursors), block_ms=1000)
+        for stream, entry_id, command in received:
             if stream in self._cursors:
                 self._cursors[stream] = entry_id
+            if isinstance(command, commands.MalformedCommand):
+                COMMANDS.labels(str(command.command_type)).inc()
+                log.error("dropping a command that could not be handled: %s", command)
+                continue
+            COMMANDS.labels(command.TYPE).inc()
             try:
-                self._dispatch(command)
-            except Exception:  # one malformed command must not cost the ones behind it
+                commands.dispatch(self, command)
+            except Exception:  # one command that fails must not cost the ones behind it
                 log.exception("dropping a command that could not be handled: %r", command)
 
-    def _dispatch(self, command: dict[str, Any]) -> None:
-        """Route one command. Synchronous up to the hand-off, so per-session order holds."""
-        kind = command.get("t")
-        COMMANDS.labels(str(kind)).inc()
-        if kind == "create":
-            if len(self.sessions) + self._creating >= self.config.max_sessions:
-                asyncio.ensure_future(self.store.reply(command["req"], {"ok": False, "code": "worker_full"}))
-                return
-            self._creating += 1  # capacity is reserved now, before the agent starts
-            self._cursors.setdefault(keys.inbox(command["ws"], self.incarnation), "0")
-            asyncio.ensure_future(self._create(command))
+    # The worker is the commands.CommandHandler: each method is synchronous up to its
+    # hand-off, so per-session order holds. A session gone here owes nothing: a prompt
+    # admitted meanwhile got its terminal from the transition that removed the session (its
+    # p:<promptId> field); only a close is answered, for the API that waits.
+
+    def on_create(self, command: commands.Create) -> None:
+        if len(self.sessions) + self._creating >= self.config.max_sessions:
+            asyncio.ensure_future(self.store.reply(command.request_id, {"ok": False, "code": "worker_full"}))
             return
-        session = self.sessions.get(command.get("sid", ""))
-        if session is None:
-            # Gone here. A prompt admitted meanwhile got its terminal from the transition
-            # that removed the session (its p:<promptId> field), so nothing is owed.
-            if kind == "close":
-                asyncio.ensure_future(self.store.reply(command["req"], {"ok": False, "code": "session_not_found"}))
-            return
-        if kind == "prompt":
+        self._creating += 1  # capacity is reserved now, before the agent starts
+        self._cursors.setdefault(keys.inbox(command.ws, self.incarnation), "0")
+        asyncio.ensure_future(self._create(command))
+
+    def on_prompt(self, command: commands.Prompt) -> None:
+        session = self.sessions.get(command.sid)
+        if session is not None:
             session.enqueue(
                 Prompt(
-                    prompt_id=command["promptId"],
-                    blocks=command["prompt"],
-                    text=command.get("text", ""),
-                    meta=command.get("meta"),
-                    client_id=command.get("clientId"),
-                    kind=command.get("kind", "foreground"),
+                    prompt_id=command.prompt_id,
+                    blocks=command.blocks,
+                    text=command.text,
+                    meta=command.meta,
+                    client_id=command.client_id,
+                    kind=command.kind,
                 )
             )
-        elif kind == "cancel":
+
+    def on_cancel(self, command: commands.Cancel) -> None:
+        session = self.sessions.get(command.sid)
+        if session is not None:
             asyncio.ensure_future(session.cancel())
-        elif kind == "vote":
-            vote = Vote(command["selected"], command.get("optionId"), command.get("metadata") or {})
-            session.resolve_vote(command["rid"], vote.acp_response(), command.get("clientId"))
-        elif kind == "attach":
-            session.clients.add(command["clientId"])
-        elif kind == "close":
+
+    def on_close(self, command: commands.Close) -> None:
+        session = self.sessions.get(command.sid)
+        if session is None:
+            asyncio.ensure_future(self.store.reply(command.request_id, {"ok": False, "code": "session_not_found"}))
+        else:
             asyncio.ensure_future(self._close(session, command))
+
+    def on_vote(self, command: commands.Vote) -> None:
+        session = self.sessions.get(command.sid)
+        if session is not None:
+            vote = Vote(command.selected, command.option_id, command.metadata)
+            session.resolve_vote(command.rid, vote.acp_response(), command.client_id)
+
+    def on_attach(self, command: commands.Attach) -> None:
+        session = self.sessions.get(command.sid)
+        if session is not None:
+            session.clients.add(command.client_id)
 
     async def _serve_metrics(self) -> None:
         """`GET /metrics` of this worker (Prometheus text), on its own small HTTP listener."""
@@ -418,8 +433,8 @@ class Worker:
         if self.agents.get(key) is agent:
             del self.agents[key]
 
-    async def _create(self, command: dict[str, Any]) -> None:
-        ws, sid, cwd = command["ws"], command["sid"], command["cwd"]
+    async def _create(self, command: commands.Create) -> None:
+        ws, sid, cwd = command.ws, command.sid, command.cwd
         try:
             agent = await self._agent_for(cwd, sid)
             agent_sid = await agent.new_session(cwd)
@@ -427,7 +442,7 @@ class Worker:
             self._creating -= 1
             log.exception("creating the session failed", extra={"sessionId": sid})
             with contextlib.suppress(Exception):  # else the API times out and says so
-                await self.store.reply(command["req"], {"ok": False, "code": "agent_unavailable", "error": str(error)})
+                await self.store.reply(command.request_id, {"ok": False, "code": "agent_unavailable", "error": str(error)})
             return
         session = LiveSession(
             store=self.store,
@@ -437,7 +452,7 @@ class Worker:
             cwd=cwd,
             agent=agent,
             agent_sid=agent_sid,
-            single=command.get("scope") == "single",
+            single=command.scope == "single",
             on_gone=self._session_gone,
             on_fenced=self._session_fenced,
             loop_limits=self.config.loop_limits,
@@ -453,27 +468,27 @@ class Worker:
         # first, then the session, then the API's answer. A session nobody was told of (the
         # answer could not be given, or the API stopped waiting) is undone.
         indexed = await _stored(lambda: self.store.index_session(session.incarnation, ws, sid, True))
-        result = await session.publish_created(command.get("clientId")) if indexed else None
+        result = await session.publish_created(command.client_id) if indexed else None
         if result is None or result.applied != 1:
             await session.close("conflict", publish=result is None and indexed)
             with contextlib.suppress(Exception):
-                await self.store.reply(command["req"], {"ok": False, "code": "session_conflict"})
+                await self.store.reply(command.request_id, {"ok": False, "code": "session_conflict"})
             return
         answer = {"ok": True, "createdAt": iso(session.created_ms), "incarnation": session.incarnation}
-        wait_ms = command.get("waitMs")
+        wait_ms = command.wait_ms
         wait_s = (wait_ms if isinstance(wait_ms, int) and 0 < wait_ms <= 3_600_000 else DEFAULT_REPLY_WAIT_MS) / 1000
         kept_s = math.ceil(wait_s + 3 * RECLAIM_MARGIN_S)  # still there when taken back
-        if not await _stored(lambda: self.store.reply(command["req"], answer, kept_s)):
+        if not await _stored(lambda: self.store.reply(command.request_id, answer, kept_s)):
             log.warning("the create's answer was not taken; closing the session", extra={"sessionId": sid})
             await session.close("create_abandoned", uncatalog=True)
             return
         deadline = asyncio.get_running_loop().time() + wait_s + RECLAIM_MARGIN_S
-        heapq.heappush(self._answered, (deadline, next(self._answered_seq), command["req"], answer, session))
+        heapq.heappush(self._answered, (deadline, next(self._answered_seq), command.request_id, answer, session))
 
-    async def _close(self, session: LiveSession, command: dict[str, Any]) -> None:
-        await session.close(command.get("reason", "closed_by_client"))
+    async def _close(self, session: LiveSession, command: commands.Close) -> None:
+        await session.close(command.reason)
         with contextlib.suppress(Exception):  # the API's wait ends in outcome_unknown; a retry sees it gone
-            await self.store.reply(command["req"], {"ok": True})
+            await self.store.reply(command.request_id, {"ok": True})
 
     async def _session_gone(self, session: LiveSession) -> None:
         """A session left (closed, died, swept): drop it here and in the worker's index."""

@@ -1,0 +1,248 @@
+"""The API-to-worker command protocol: typed commands, their one wire form, sender and handler.
+
+An API process sends a command to the worker that owns a session (its inbox stream
+`acp:{<ws>}:in:<inc>`) or, for a create, to a chosen worker (its control stream
+`acp:w:{<inc>}:ctl`). Each stream entry carries one command as JSON in field `c`:
+`{"t": <type>, <fields in declaration order>}`, every field present (`null` when unset).
+`encode` and `decode` are the only code that reads or writes that JSON; the `send_*`
+functions are what the API calls, and `dispatch` hands a decoded command to the worker's
+`CommandHandler`. The shape follows rq's `rq/command.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import orjson
+
+if TYPE_CHECKING:
+    from .store import Admission, Store
+
+# Turn kinds a prompt carries. A caller names one in `turnKind`; a channel turn is never
+# named, only granted to a channel caller's prompt marked `_meta["qwen.channel.prompt"]`.
+FOREGROUND = "foreground"
+CRON = "cron"
+NOTIFICATION = "notification"
+GOAL = "goal"
+CHANNEL = "channel"
+CALLER_TURN_KINDS = (FOREGROUND, CRON, NOTIFICATION, GOAL)
+TURN_KINDS = (*CALLER_TURN_KINDS, CHANNEL)
+
+# The mediator's internal "cancelled" vote: a vote may not select it, and an agent may never
+# offer it as an option id (the VOTE script and `interactions.map_options` refuse it).
+CANCEL_SENTINEL = "__cancelled__"
+
+CLOSED_BY_CLIENT = "closed_by_client"
+
+_NONE = type(None)
+
+
+class MalformedCommand(ValueError):
+    """A stream entry that is not a command this protocol knows; the worker logs and skips it."""
+
+    def __init__(self, reason: str, command_type: str | None = None) -> None:
+        super().__init__(reason)
+        self.command_type = command_type
+
+
+def _field(
+    wire: str | None = None,
+    *,
+    types: type | tuple[type, ...] = str,
+    default: Any = MISSING,
+    default_factory: Any = MISSING,
+) -> Any:
+    """A command field: its JSON key (`wire`, else the attribute name) and accepted JSON types."""
+    return field(default=default, default_factory=default_factory, metadata={"wire": wire, "types": types})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Create:
+    """Start a session on this worker (control stream); answered on `acp:reply:{<req>}`."""
+
+    TYPE: ClassVar[str] = "create"
+    ws: str = _field()
+    sid: str = _field()
+    cwd: str = _field()
+    scope: str = _field(default="thread")  # "single" or "thread"
+    client_id: str | None = _field("clientId", types=(str, _NONE), default=None)
+    # How long the API waits for the answer: one nobody took by then is taken back and the
+    # session undone, even if the API could not say that it gave up.
+    wait_ms: int | None = _field("waitMs", types=(int, _NONE), default=None)
+    request_id: str = _field("req")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prompt:
+    """Run (or queue) one admitted prompt; `prompt_id` was recorded by the SEND script."""
+
+    TYPE: ClassVar[str] = "prompt"
+    sid: str = _field()
+    prompt_id: str = _field("promptId")
+    blocks: list[dict[str, Any]] = _field("prompt", types=list)
+    text: str = _field(default="")
+    meta: dict[str, Any] | None = _field(types=(dict, _NONE), default=None)
+    kind: str = _field(default=FOREGROUND)
+    client_id: str | None = _field("clientId", types=(str, _NONE), default=None)
+
+    def __post_init__(self) -> None:
+        if self.kind not in TURN_KINDS:
+            raise ValueError(f"turn kind {self.kind!r} is not one of {', '.join(TURN_KINDS)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cancel:
+    """Cancel the session's running turn."""
+
+    TYPE: ClassVar[str] = "cancel"
+    sid: str = _field()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Close:
+    """Close the session; answered on `acp:reply:{<req>}`."""
+
+    TYPE: ClassVar[str] = "close"
+    sid: str = _field()
+    request_id: str = _field("req")
+    reason: str = _field(default=CLOSED_BY_CLIENT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Vote:
+    """The vote that won pending request `rid` (decided in Redis); the agent gets its answer."""
+
+    TYPE: ClassVar[str] = "vote"
+    sid: str = _field()
+    rid: str = _field()
+    selected: bool = _field(types=bool)
+    option_id: str | None = _field("optionId", types=(str, _NONE), default=None)
+    metadata: dict[str, Any] = _field(types=dict, default_factory=dict)
+    client_id: str | None = _field("clientId", types=(str, _NONE), default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attach:
+    """A client registered on the session (the ATTACH script already recorded it)."""
+
+    TYPE: ClassVar[str] = "attach"
+    sid: str = _field()
+    client_id: str = _field("clientId")
+
+
+Command = Create | Prompt | Cancel | Close | Vote | Attach
+_BY_TYPE: dict[str, type[Command]] = {cls.TYPE: cls for cls in (Create, Prompt, Cancel, Close, Vote, Attach)}
+
+
+# ---- the wire form -----------------------------------------------------------------------
+
+
+def encode(command: Command) -> bytes:
+    """The JSON a command stream entry carries (field `c`)."""
+    wire: dict[str, Any] = {"t": command.TYPE}
+    for f in fields(command):
+        wire[f.metadata["wire"] or f.name] = getattr(command, f.name)
+    return orjson.dumps(wire)
+
+
+def decode(payload: str | bytes) -> Command:
+    """The command a stream entry carries. Raises MalformedCommand: not JSON, not an
+    object, an unknown type, a required field missing, a field of the wrong JSON type.
+    Keys the command does not know are ignored."""
+    try:
+        wire = orjson.loads(payload)
+    except orjson.JSONDecodeError as error:
+        raise MalformedCommand(f"command is not JSON ({error})") from None
+    if not isinstance(wire, dict):
+        raise MalformedCommand("command is not a JSON object")
+    command_type = wire.get("t") if isinstance(wire.get("t"), str) else None
+    cls = _BY_TYPE.get(command_type or "")
+    if cls is None:
+        raise MalformedCommand(f"unknown command type {wire.get('t')!r}", command_type)
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        key = f.metadata["wire"] or f.name
+        if key not in wire:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise MalformedCommand(f"{command_type} command lacks {key!r}", command_type)
+            continue
+        if not isinstance(wire[key], f.metadata["types"]):
+            raise MalformedCommand(f"{command_type} command has {key!r} of the wrong type", command_type)
+        values[f.name] = wire[key]
+    try:
+        return cls(**values)
+    except ValueError as error:
+        raise MalformedCommand(f"{command_type} command: {error}", command_type) from None
+
+
+# ---- the sending side (API processes) ----------------------------------------------------
+
+
+async def send_create(store: Store, incarnation: str, command: Create) -> None:
+    """To worker `incarnation`'s control stream; the caller awaits the reply."""
+    await store.send_control(incarnation, command)
+
+
+async def send_prompt(
+    store: Store, ws: str, incarnation: str, command: Prompt, admit_limit: int, idempotency_key: str | None = None
+) -> Admission:
+    """To the owner's inbox, admitted against `admit_limit` (running + queued) in the same step."""
+    return await store.send(ws, incarnation, command, admit_limit=admit_limit, idempotency_key=idempotency_key)
+
+
+async def send_cancel(
+    store: Store, ws: str, incarnation: str, command: Cancel, idempotency_key: str | None = None
+) -> Admission:
+    return await store.send(ws, incarnation, command, idempotency_key=idempotency_key)
+
+
+async def send_close(
+    store: Store, ws: str, incarnation: str, command: Close, idempotency_key: str | None = None
+) -> Admission:
+    """To the owner's inbox; the caller awaits the reply to `command.request_id`."""
+    return await store.send(ws, incarnation, command, idempotency_key=idempotency_key)
+
+
+async def send_vote(store: Store, ws: str, incarnation: str, command: Vote, idempotency_key: str | None = None) -> str:
+    """Decide the vote and enqueue it in one step: 'ok' | 'gone' | 'unknown' | 'client' | 'option'."""
+    return await store.vote(ws, incarnation, command, idempotency_key)
+
+
+async def send_attach(store: Store, ws: str, incarnation: str, command: Attach) -> bool:
+    """Register the client on the session and tell the owner; False if the session is gone."""
+    return await store.attach(ws, incarnation, command)
+
+
+# ---- the handling side (workers) ---------------------------------------------------------
+
+
+class CommandHandler(Protocol):
+    """What a worker does with each command. Each method is synchronous up to its hand-off
+    (it may start a task), so commands of one session are handled in stream order."""
+
+    def on_create(self, command: Create) -> None: ...
+    def on_prompt(self, command: Prompt) -> None: ...
+    def on_cancel(self, command: Cancel) -> None: ...
+    def on_close(self, command: Close) -> None: ...
+    def on_vote(self, command: Vote) -> None: ...
+    def on_attach(self, command: Attach) -> None: ...
+
+
+def dispatch(handler: CommandHandler, command: Command) -> None:
+    """Hand one decoded command to the handler's method for its type."""
+    match command:
+        case Create():
+            handler.on_create(command)
+        case Prompt():
+            handler.on_prompt(command)
+        case Cancel():
+            handler.on_cancel(command)
+        case Close():
+            handler.on_close(command)
+        case Vote():
+            handler.on_vote(command)
+        case Attach():
+            handler.on_attach(command)
+        case _:
+            raise TypeError(f"not a command: {command!r}")
