@@ -47,7 +47,7 @@ async def _cast(
         "metadata": vote.metadata,
         "clientId": client_id,
     }
-    async with effect():
+    async with effect(state.store.resends):
         outcome = await state.store.vote(
             ref.ws, sid, ref.owner, rid, vote.selected, vote.option_id or "", client_id or "", command, key
         )
