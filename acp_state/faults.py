@@ -38,14 +38,16 @@ _REFUSED: tuple[type[BaseException], ...] = (
 
 
 def is_transient(error: BaseException) -> bool:
-    return isinstance(error, TRANSIENT) or (
-        isinstance(error, redis_errors.ResponseError) and (is_out_of_memory(error) or _says(error, "READONLY"))
+    return (
+        isinstance(error, TRANSIENT)
+        or _torn_under_write(error)
+        or (isinstance(error, redis_errors.ResponseError) and (is_out_of_memory(error) or _says(error, "READONLY")))
     )
 
 
 def never_ran(error: BaseException) -> bool:
     """The command cannot have run: Redis refused it, or it was never sent."""
-    if isinstance(error, _REFUSED):
+    if isinstance(error, _REFUSED) or _torn_under_write(error):
         return True
     if isinstance(error, redis_errors.ResponseError):
         return is_out_of_memory(error) or _says(error, "READONLY") or _says(error, "CLUSTERDOWN")
@@ -65,6 +67,17 @@ def is_out_of_memory(error: BaseException) -> bool:
         return False
     message = str(error)
     return message.startswith("OOM") or "OOM command not allowed" in message
+
+
+def _torn_under_write(error: BaseException) -> bool:
+    """A connection closed under a write, as redis-py (8.1) lets it escape unwrapped: uvloop's
+    RuntimeError "unable to perform operation on <TCPTransport closed=True ...>; the handler
+    is closed", or an AttributeError on the writer a concurrent disconnect dropped. Either
+    way the write itself failed: nothing of it went out."""
+    text = str(error)
+    if isinstance(error, RuntimeError):
+        return "the handler is closed" in text
+    return isinstance(error, AttributeError) and "'NoneType' object has no attribute 'write" in text
 
 
 def _says(error: BaseException, code: str) -> bool:

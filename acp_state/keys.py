@@ -124,6 +124,11 @@ def reply(request: str) -> str:
     return f"{PREFIX}:reply:{{{request}}}"
 
 
+def reply_given(request: str) -> str:
+    """STRING set once a worker gave its reply: a retried REPLY gives nothing twice."""
+    return f"{PREFIX}:reply:{{{request}}}:given"
+
+
 class F:
     """Field names of the session hash."""
 

@@ -141,6 +141,7 @@ class Store(Protocol):
     """The store interface of acp-state (centrifuge-style: Redis is one implementation)."""
 
     retention: Retention
+    resends: bool  # the client resends a command after an error (it may have run twice)
 
     async def close(self) -> None: ...
 
@@ -153,15 +154,6 @@ class Store(Protocol):
     async def read_commands(self, cursors: dict[str, str], block_ms: int) -> list[tuple[str, str, Command | MalformedCommand]]: ...
     async def reply(self, request: str, payload: dict[str, Any], ttl_s: int = ...) -> bool: ...
     async def reclaim_replies(self, answers: list[tuple[str, dict[str, Any]]]) -> list[bool]: ...
-    async def reclaim_replies(self, answers: list[tuple[str, dict[str, Any]]]) -> list[bool]:
-        """Take back answers that nobody took while their API waited: True where the answer
-        was still there. Nobody was told of those creates (their API gave up, and perhaps
-        could not even say so), so the worker undoes them; an answer taken stays taken."""
-        pipe = self.redis.pipeline(transaction=False)
-        for request, payload in answers:
-            pipe.lrem(keys.reply(request), 0, orjson.dumps(payload))
-        return [bool(removed) for removed in await pipe.execute()]
-
     async def index_session(self, incarnation: str, ws: str, sid: str, present: bool) -> None: ...
     async def locate_request(self, rid: str, where: str | None) -> None: ...
     async def drop_inbox(self, ws: str, incarnation: str) -> None: ...
@@ -171,14 +163,6 @@ class Store(Protocol):
     async def worker_reports(self, incarnations: list[str]) -> dict[str, dict[str, Any]]: ...
     async def send_control(self, incarnation: str, command: Create) -> None: ...
     async def await_reply(self, request: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None) -> dict[str, Any] | None: ...
-    async def take_reply(self, request: str) -> dict[str, Any] | str | None:
-        """Take a reply without waiting: the reply, ABANDONED if an API gave up on it (the
-        marker stays), or None if there is none (not given yet, or taken)."""
-        reply = await self._take([keys.reply(request)], [ABANDONED])
-        if not reply:
-            return None
-        return ABANDONED if reply == ABANDONED else orjson.loads(reply)
-
     async def abandon_reply(self, request: str) -> dict[str, Any] | None: ...
     async def take_reply(self, request: str) -> dict[str, Any] | str | None: ...
     async def note_create_request(self, idempotency_key: str, sid: str, client_id: str, request: str) -> None: ...
@@ -248,6 +232,11 @@ class RedisStore:
         # up a heartbeat to the registry's shard behind the main client's connections and
         # slot-map refreshes.
         self.lease_redis = lease_redis or redis
+        # redis-py's cluster client resends a command whose connection broke (up to 10
+        # times, also while it refreshes its slot map: it masks its own races that way). A
+        # command may then have run on an attempt before the error it reports, so no error
+        # proves that a command did not run (see api/outcomes.py).
+        self.resends = is_cluster(redis)
         self.retention = retention or Retention()
         self._apply = Script(redis, scripts.APPLY)
         self._send = Script(redis, scripts.SEND)
@@ -411,7 +400,9 @@ class RedisStore:
         """Answer a create or close, kept `ttl_s` for its API (and longer than the worker
         may want it back, see reclaim_replies); False if the API stopped waiting (see
         abandon_reply)."""
-        return bool(await self._reply([keys.reply(request)], [orjson.dumps(payload), ttl_s, ABANDONED]))
+        return bool(
+            await self._reply([keys.reply(request), keys.reply_given(request)], [orjson.dumps(payload), ttl_s, ABANDONED])
+        )
 
     async def reclaim_replies(self, answers: list[tuple[str, dict[str, Any]]]) -> list[bool]:
         """Take back answers that nobody took while their API waited: True where the answer

@@ -43,13 +43,15 @@ def outcome_unknown() -> ApiError:
 
 
 @contextlib.asynccontextmanager
-async def effect() -> AsyncIterator[None]:
+async def effect(resent: bool = False) -> AsyncIterator[None]:
     """Around the one store call that makes a command's effect: a broken or timed-out
     connection becomes 503 `outcome_unknown` (a refusal, or a command never sent, stays
-    `store_unavailable` or `store_full`: nothing was done)."""
+    `store_unavailable` or `store_full`: nothing was done). With a client that `resent`
+    commands after an error (`RedisStore.resends`: redis-py's cluster client), the error
+    speaks only of the last attempt, so every store error is `outcome_unknown`."""
     try:
         yield
     except Exception as error:
-        if not faults.is_transient(error) or faults.never_ran(error):
+        if not faults.is_transient(error) or (faults.never_ran(error) and not resent):
             raise  # a bug (500), or a refusal: the app's store error handler answers it
         raise outcome_unknown() from error

@@ -42,7 +42,7 @@ async def _cast(
     command = commands.Vote(
         sid=sid, rid=rid, selected=vote.selected, option_id=vote.option_id, metadata=vote.metadata, client_id=client_id
     )
-    async with effect():
+    async with effect(state.store.resends):
         outcome = await commands.send_vote(state.store, ref.ws, ref.owner, command, key)
     if outcome == "ok":
         return OrjsonResponse({})

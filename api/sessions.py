@@ -10,7 +10,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from acp_state import commands, ids
+from acp_state import commands, faults, ids
 from acp_state.ids import workspace_id
 from acp_state.clock import iso, now_ms
 from acp_state.store import ABANDONED, Admission, CreateRecord
@@ -73,9 +73,14 @@ async def _place(
         if before_send is not None:
             await before_send(request_id)
         await commands.send_create(state.store, incarnation, create(request_id))
-        reply = await state.store.await_reply(
-            request_id, state.settings.create_timeout_s, alive=lambda: state.registry.is_live(incarnation)
-        )
+        try:
+            reply = await state.store.await_reply(
+                request_id, state.settings.create_timeout_s, alive=lambda: state.registry.is_live(incarnation)
+            )
+        except Exception as error:  # the create went out: it may be under way, or done
+            if faults.is_transient(error):
+                raise outcome_unknown() from error
+            raise
         if reply is None and not await state.registry.is_live(incarnation):
             continue  # the worker died with the create: it was abandoned, try the next one
         if reply is None:
@@ -205,7 +210,7 @@ async def _create_or_attach(
         )
 
     try:
-        async with effect():  # a create sent to a worker may have happened
+        async with effect(state.store.resends):  # a create sent to a worker may have happened
             reply = await _place(state, create, before_send)
     except BaseException:
         if claimed:
@@ -318,7 +323,7 @@ async def prompt(request: Request) -> Response:
         command = commands.Prompt(
             sid=sid, prompt_id=ids.new_id(), blocks=blocks, text=text, meta=meta, kind=kind, client_id=client_id
         )
-        async with effect():
+        async with effect(state.store.resends):
             admission = await commands.send_prompt(
                 state.store, ref.ws, ref.owner, command, admit_limit=1 + MAX_QUEUED_PROMPTS, idempotency_key=key
             )
@@ -341,7 +346,7 @@ async def cancel(request: Request) -> Response:
     key = idempotency_key(request)
     ref, admission = await live_or_first(request, sid, key)
     if ref is not None:
-        async with effect():
+        async with effect(state.store.resends):
             admission = await commands.send_cancel(state.store, ref.ws, ref.owner, commands.Cancel(sid=sid), key)
     if admission is None or admission.status != "ok":
         raise not_found(sid)
@@ -357,7 +362,7 @@ async def close(request: Request) -> Response:
     request_id = ids.new_id()
     if ref is not None:
         command = commands.Close(sid=sid, request_id=request_id, reason=commands.CLOSED_BY_CLIENT)
-        async with effect():
+        async with effect(state.store.resends):
             admission = await commands.send_close(state.store, ref.ws, ref.owner, command, key)
     if admission is None or admission.status != "ok":
         raise not_found(sid)
@@ -365,7 +370,7 @@ async def close(request: Request) -> Response:
         await _await_gone(request, sid)
         return Response(status_code=204)
     assert ref is not None
-    async with effect():  # the close was sent: a lost reply leaves its outcome unknown
+    async with effect(state.store.resends):  # the close was sent: a lost reply leaves its outcome unknown
         reply = await state.store.await_reply(request_id, state.settings.close_timeout_s)
     if reply is None:  # the close stays queued for the worker: done later, or its death is told
         raise outcome_unknown()

@@ -193,3 +193,4 @@ async def test_an_unplanned_failover_of_the_registry_master_sweeps_nobody(worksp
     finally:
         await harness.stop_all()
         cluster.stop()
+

@@ -131,3 +131,24 @@ async def test_a_background_task_survives_an_error_and_counts_it() -> None:
     assert await survive("test task", fails) is False
     assert await survive("test task", works) is True
     assert BACKGROUND_ERRORS.labels("test task")._value.get() == before + 1
+
+
+async def test_a_retried_reply_gives_nothing_twice(store: RedisStore, raw: aioredis.Redis) -> None:
+    """A worker retries a reply whose answer it did not get back. A second copy would be left
+    unread once the API took the first, and later be taken back as if nobody had been told."""
+    answer = {"ok": True, "createdAt": "2026-12-01T00:00:00.000Z"}
+    assert await store.reply("req-1", answer) is True
+    assert await store.reply("req-1", answer) is True  # the retry
+    assert await raw.llen(keys.reply("req-1")) == 1
+    assert await store.take_reply("req-1") == answer  # the API took it
+    assert await store.reply("req-1", answer) is True  # a late retry: still given, nothing pushed
+    assert await store.reclaim_replies([("req-1", answer)]) == [False]
+
+
+async def test_a_reply_nobody_took_is_taken_back_once(store: RedisStore) -> None:
+    answer = {"ok": True, "createdAt": "2026-12-01T00:00:00.000Z"}
+    assert await store.reply("req-2", answer) is True
+    assert await store.reclaim_replies([("req-2", answer), ("req-3", answer)]) == [True, False]
+    assert await store.take_reply("req-2") is None  # the API, too late, finds nothing
+    assert await store.abandon_reply("req-4") is None  # an API gave up first: the reply says so
+    assert await store.reply("req-4", answer) is False
