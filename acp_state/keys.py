@@ -26,8 +26,8 @@ LEASES = f"{PREFIX}:{REGISTRY_TAG}:leases"
 DEAD = f"{PREFIX}:{REGISTRY_TAG}:dead"
 # ZSET incarnation -> claim expiry: the sweeper that is removing a dead worker's sessions.
 SWEEPS = f"{PREFIX}:{REGISTRY_TAG}:sweeps"
-# HASH {tick, stall}: when the store was last seen serving, and when it last came back from
-# a silence (a stall, a pause, a restart, running out of memory).
+# HASH {tick, stall} (fields: ClockField): when the store was last seen serving, and when it
+# last came back from a silence (a stall, a pause, a restart, running out of memory).
 CLOCK = f"{PREFIX}:{REGISTRY_TAG}:clock"
 REGISTRY_KEYS = [WORKERS, REPORTS, LEASES, DEAD, SWEEPS, CLOCK]
 
@@ -142,6 +142,14 @@ class F:
     TURN_ERROR_EVENT = "tev"  # the turn_error envelope kept for refresh-append
     SEQ = "seq"  # last event id
     EPOCH = "epoch"  # event epoch: changes when the history is lost
+    OP = "op"  # running number of the owner's last transition (a retry applies once)
     CLIENT = "c:"  # + clientId -> "1"
     INTERACTION = "pi:"  # + requestId -> PendingInteraction JSON
     VOTABLE = "pv:"  # + requestId -> JSON [order, [allowed option ids]]
+
+
+class ClockField:
+    """Field names of the registry's clock hash (CLOCK)."""
+
+    TICK = "tick"  # the store last served a lease decision (epoch ms of Redis's clock)
+    STALL = "stall"  # the store last came back from a silence

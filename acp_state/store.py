@@ -46,6 +46,8 @@ TOMBSTONE_MS = 24 * 3600 * 1000
 # A sweeper's claim on a dead worker; a claim that lapses (its sweeper died) is taken again.
 SWEEP_CLAIM_MS = 30_000
 SWEEP_CLAIM_LIMIT = 64
+# Workspaces whose last listing's live sessions are remembered (see RedisStore.list_page).
+LIST_HINTS = 4096
 
 
 class Standing(enum.Enum):
@@ -243,6 +245,7 @@ class RedisStore:
         self._vote = Script(redis, scripts.VOTE)
         self._attach = Script(redis, scripts.ATTACH)
         self._list = Script(redis, scripts.LIST)
+        self._release_single = Script(redis, scripts.RELEASE_SINGLE)
         self._heartbeat = Script(self.lease_redis, scripts.HEARTBEAT, allow_oom=True)
         self._claim_dead = Script(self.lease_redis, scripts.CLAIM_DEAD, allow_oom=True)
         self._release = Script(self.lease_redis, scripts.RELEASE, allow_oom=True)
@@ -253,6 +256,7 @@ class RedisStore:
         self._batch: list[tuple[list[str], list[str], asyncio.Future[Applied]]] = []
         self._flushing: asyncio.Task[None] | None = None
         self._readers = _StreamReaders(redis) if is_cluster(redis) else None
+        self._live_on_page: dict[str, list[str]] = {}  # ws -> live ids its last listing found
 
     @classmethod
     def from_url(cls, url: str, retention: Retention | None = None) -> RedisStore:
@@ -317,9 +321,10 @@ class RedisStore:
             keys.catalog_order(ws),
             keys.single(ws),
             keys.transcript(ws, sid),
+            keys.invalidations(ws),
         ]
         future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
-        args = [incarnation, orjson.dumps(ops).decode(), keys.invalidations(ws), str(self.retention.session_ttl_ms)]
+        args = [incarnation, orjson.dumps(ops).decode(), str(self.retention.session_ttl_ms)]
         self._batch.append((key_list, args, future))
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.create_task(self._flush())
@@ -445,14 +450,14 @@ class RedisStore:
             members, leases, (tick, stall), now = await asyncio.gather(
                 self.redis.zrange(keys.WORKERS, 0, -1, withscores=True),
                 self.redis.zrange(keys.LEASES, 0, -1, withscores=True),
-                self.redis.hmget(keys.CLOCK, ["tick", "stall"]),
+                self.redis.hmget(keys.CLOCK, [keys.ClockField.TICK, keys.ClockField.STALL]),
                 self.redis.time(),
             )
         else:
             pipe = self.redis.pipeline(transaction=False)
             pipe.zrange(keys.WORKERS, 0, -1, withscores=True)
             pipe.zrange(keys.LEASES, 0, -1, withscores=True)
-            pipe.hmget(keys.CLOCK, ["tick", "stall"])
+            pipe.hmget(keys.CLOCK, [keys.ClockField.TICK, keys.ClockField.STALL])
             pipe.time()
             members, leases, (tick, stall), now = await pipe.execute()
         seconds, micros = now
@@ -563,7 +568,7 @@ class RedisStore:
 
     async def vote(self, ws: str, incarnation: str, command: Vote, idempotency_key: str | None = None) -> str:
         """Decide a vote and enqueue it to the owner in one step (scripts.VOTE)."""
-        key_list = [keys.session(ws, command.sid), keys.inbox(ws, incarnation)]
+        key_list = [keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.invalidations(ws)]
         if idempotency_key is not None:
             key_list.append(keys.idempotency(ws, command.sid, idempotency_key))
         return await self._vote(
@@ -578,7 +583,6 @@ class RedisStore:
                 INBOX_TTL_MS,
                 INBOX_MAXLEN,
                 CANCEL_SENTINEL,
-                keys.invalidations(ws),
                 command.sid,
                 IDEMPOTENCY_TTL_MS,
             ],
@@ -627,11 +631,8 @@ class RedisStore:
         """Register a client on a live session (and tell its owner); False if it is gone."""
         return bool(
             await self._attach(
-                [keys.session(ws, command.sid), keys.inbox(ws, incarnation)],
-                [
-                    incarnation, command.client_id, commands.encode(command), INBOX_TTL_MS, INBOX_MAXLEN,
-                    keys.invalidations(ws), command.sid,
-                ],
+                [keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.invalidations(ws)],
+                [incarnation, command.client_id, commands.encode(command), INBOX_TTL_MS, INBOX_MAXLEN, command.sid],
             )
         )
 
@@ -641,27 +642,44 @@ class RedisStore:
 
     async def release_single(self, ws: str, sid: str) -> None:
         """Drop a claim that did not turn into a live session (compare-and-delete)."""
-        await self.redis.eval(
-            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-            1,
-            keys.single(ws),
-            sid,
-        )
+        await self._release_single([keys.single(ws)], [sid])
 
     async def list_page(
         self, ws: str, offset: int, size: int
     ) -> list[tuple[str, dict[str, Any] | None, dict[str, str]]]:
-        """Up to size + 1 catalog rows from `offset`, newest first, each with its live hash."""
-        flat = await self._list(
-            [keys.live(ws), keys.catalog(ws), keys.catalog_order(ws)],
-            [keys.session_prefix(ws), offset, size],
-        )
-        rows = []
+        """Up to size + 1 catalog rows from `offset`, newest first, each with its live hash.
+
+        scripts.LIST reads only the session hashes it is given: it is given those the last
+        listing of the workspace found live, so a listing is one round trip unless the page
+        gained a live session since (then one more, declaring it)."""
+        declared = list(self._live_on_page.get(ws, ()))
+        while True:
+            flat = await self._list(
+                [keys.live(ws), keys.catalog(ws), keys.catalog_order(ws), *(keys.session(ws, s) for s in declared)],
+                [offset, size, *declared],
+            )
+            undeclared = [flat[i] for i in range(0, len(flat), 3) if flat[i + 2] is None]
+            if not undeclared:
+                break
+            declared += undeclared
+        rows, live = [], []
         for i in range(0, len(flat), 3):
             sid, row, pairs = flat[i], flat[i + 1], flat[i + 2]
             fields = dict(zip(pairs[::2], pairs[1::2], strict=True))
             rows.append((sid, orjson.loads(row) if row else None, fields))
+            if fields:
+                live.append(sid)
+        self._remember_live(ws, live)
         return rows
+
+    def _remember_live(self, ws: str, live: list[str]) -> None:
+        """Keep the live ids of a workspace's last listing page, for the next one to declare
+        (a bounded number of workspaces, the oldest forgotten first)."""
+        self._live_on_page.pop(ws, None)
+        if live:
+            self._live_on_page[ws] = live
+            if len(self._live_on_page) > LIST_HINTS:
+                del self._live_on_page[next(iter(self._live_on_page))]
 
     async def replay(self, ws: str, sid: str, after: int, upto: int | None = None) -> tuple[list[str], int | None]:
         """Envelopes with ids in (after, upto] from the replay log, plus the first id it holds."""

@@ -196,3 +196,34 @@ async def test_sigterm_ends_event_streams_cleanly_and_clients_resume_elsewhere(h
     ids = [f["id"] for f in live.events() + resumed.events()]
     assert ids == list(range(ids[0], ids[-1] + 1)), "one run of ids across the two processes"
     await resumed.close()
+
+
+async def test_a_gap_in_live_ids_is_filled_from_the_log(harness: Harness, redis_client, workspace: str) -> None:
+    """Pub/sub lost an event (forced: it is written to the log and never published); the
+    next live event reveals the gap, and the stream fills it from the log, in order."""
+    from acp_state import events
+    from acp_state.ids import new_id
+    from acp_state.keys import F
+    from acp_state.store import RedisStore
+
+    store = RedisStore(redis_client)
+    ws, sid, owner = workspace_id(workspace), new_id(), f"w-gap-{new_id()}"
+    await store.heartbeat(owner, {"sessions": 1}, 600_000)  # a live owner, with no process
+    meta = {"sessionId": sid, "workspaceCwd": workspace, "createdAt": "2020-01-01T00:00:00Z"}
+    await store.apply(ws, sid, owner, {"mode": "create", "set": {F.META: orjson.dumps(meta).decode(), F.EPOCH: "e1"}})
+    await store.index_session(owner, ws, sid, True)
+    api = await harness.api()
+    live = await SseClient(api, sid).start()
+    await live.wait_for(lambda f: f["event"] == "session_snapshot")
+
+    def update(text: str) -> str:
+        return events.body("session_update", {"sessionId": sid, "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}})
+
+    lost = await redis_client.hincrby(keys.session(ws, sid), F.SEQ, 1)
+    await redis_client.xadd(keys.events(ws, sid), {"e": f'{{"id":{lost},{update("lost")}}}'}, id=f"{lost}-0")
+    await store.apply(ws, sid, owner, {"mode": "update", "events": [update("after")]})
+    await live.wait_for(lambda f: f["id"] == lost + 1)
+    assert [(f["id"], f["data"]["data"]["update"]["content"]["text"]) for f in live.events()] == [(lost, "lost"), (lost + 1, "after")]
+    await live.close()
+    await store.apply(ws, sid, owner, {"mode": "delete"})
+    await store.release(owner)

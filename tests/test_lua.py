@@ -1,0 +1,366 @@
+"""Every Lua script driven directly, with explicit KEYS and ARGV, on a real redis-server.
+
+Each test names the keys and arguments as the script's header (acp_state/lua/*.lua)
+documents them, and checks what the script answers and leaves in Redis. The store's own
+tests go through RedisStore; these hold each script to its contract on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any, AsyncIterator, Iterator
+
+import orjson
+import pytest
+import redis.asyncio as aioredis
+
+from acp_state import events, keys, scripts
+from acp_state.keys import F
+from acp_state.store import Script
+from tests.redis_server import RedisServer
+
+WS = "0123456789abcdef"
+SID = "11111111-1111-4111-8111-111111111111"
+INC = "w-1"
+OTHER = "w-2"
+TTL = 60_000
+CHANNEL = keys.invalidations(WS)
+SESSION = keys.session(WS, SID)
+APPLY_KEYS = [
+    SESSION, keys.events(WS, SID), keys.live(WS), keys.catalog(WS), keys.catalog_order(WS),
+    keys.single(WS), keys.transcript(WS, SID), CHANNEL,
+]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def r(server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(server.url, decode_responses=True)
+    await client.flushall()
+    yield client
+    await client.aclose()
+
+
+async def run(r: aioredis.Redis, name: str, key_list: list[str], args: list[Any]) -> Any:
+    return await Script(r, scripts.ALL[name])(key_list, args)
+
+
+def apply_ops(**ops: Any) -> str:
+    ops.setdefault("sid", SID)
+    if ops.get("events") or ops.get("orphan"):
+        ops.update(evmax=100, evttl=TTL, trmax=100, trttl=TTL)
+        ops.setdefault("tr", [i + 1 for i, b in enumerate(ops.get("events", [])) if events.in_transcript(b)])
+    return orjson.dumps(ops).decode()
+
+
+async def apply(r: aioredis.Redis, incarnation: str = INC, **ops: Any) -> list[Any]:
+    return await run(r, "APPLY", APPLY_KEYS, [incarnation, apply_ops(**ops), TTL])
+
+
+async def created(r: aioredis.Redis, **fields: str) -> None:
+    meta = orjson.dumps({"sessionId": SID, "workspaceCwd": "/w", "createdAt": "t0"}).decode()
+    assert (await apply(r, mode="create", set={F.META: meta, F.EPOCH: "e1", **fields}))[0] == 1
+
+
+def update(text: str) -> str:
+    return events.body("session_update", {"sessionId": SID, "update": {"sessionUpdate": "agent_message_chunk", "text": text}})
+
+
+# ---- the templates ---------------------------------------------------------------------
+
+
+FIELD_NAMES = {
+    v for cls in scripts.FIELD_CLASSES.values() for k, v in vars(cls).items() if not k.startswith("_")
+}
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in scripts.resources.files("acp_state").joinpath("lua").iterdir()))
+def test_a_template_names_no_field_by_hand(name: str) -> None:
+    template = scripts.template(name)
+    code = "\n".join(line.split("--", 1)[0] for line in template.splitlines())  # not comments
+    quoted = set(re.findall(r"'([^']*)'", code)) | set(re.findall(r'"([^"]*)"', code))
+    assert not quoted & FIELD_NAMES, f"{name}.lua spells field names itself: {quoted & FIELD_NAMES}"
+
+
+@pytest.mark.parametrize("name", sorted(scripts.ALL))
+def test_a_script_touches_only_keys_it_declares(name: str) -> None:
+    """Every command's key (or shard channel) is a KEYS entry, never a name built in Lua."""
+    code = "\n".join(line.split("--", 1)[0] for line in scripts.ALL[name].splitlines())
+    calls = re.findall(r"redis\.call\('(\w+)'(?:, ([^,)]+))?", code)
+    assert calls
+    for command, key in calls:
+        if command == "TIME":
+            continue
+        assert re.fullmatch(r"KEYS\[[^\]]+\]|declared\[id\]", key), f"{name}: {command} {key}"
+
+
+def test_placeholders_render_from_keys_and_unknown_ones_fail() -> None:
+    assert scripts.render("HGET x {{F.OWNER}} {{CLOCK.TICK}}") == f"HGET x '{F.OWNER}' '{keys.ClockField.TICK}'"
+    with pytest.raises(AttributeError):
+        scripts.render("{{F.NO_SUCH_FIELD}}")
+    assert all("{{" not in source for source in scripts.ALL.values())
+
+
+# ---- APPLY -----------------------------------------------------------------------------
+
+
+async def test_apply_create_publishes_the_session_everywhere(r: aioredis.Redis) -> None:
+    row = orjson.dumps({"createdAt": "t0"}).decode()
+    applied = await apply(
+        r, mode="create", set={F.META: "{}", F.EPOCH: "e1"}, single=True, events=[update("hi")],
+        catalog=row, score="5", retention=TTL, cutoff="0",
+    )
+    assert applied == [1, 1, "e1"]
+    assert await r.hget(SESSION, F.OWNER) == INC and await r.hget(SESSION, F.SEQ) == "1"
+    assert await r.smembers(keys.live(WS)) == {SID}
+    assert await r.get(keys.single(WS)) == SID
+    assert await r.hget(keys.catalog(WS), SID) == row and await r.zscore(keys.catalog_order(WS), SID) == 5
+    [(entry_id, fields)] = await r.xrange(keys.events(WS, SID))
+    assert entry_id == "1-0" and orjson.loads(fields["e"])["id"] == 1
+    assert len(await r.xrange(keys.transcript(WS, SID))) == 1  # a session_update is transcript
+    assert 0 < await r.pttl(SESSION) <= TTL
+
+
+async def test_apply_update_numbers_events_and_keeps_the_turn_error_event(r: aioredis.Redis) -> None:
+    await created(r)
+    error = events.body("turn_error", {"sessionId": SID, "message": "no"})
+    assert await apply(r, mode="update", set={F.ACTIVE: "1"}, incr={F.ADMITTED: 2}, events=[update("a"), error], tev=2) == [1, 2, "e1"]
+    assert await r.hget(SESSION, F.ADMITTED) == "2" and await r.hget(SESSION, F.ACTIVE) == "1"
+    assert orjson.loads(await r.hget(SESSION, F.TURN_ERROR_EVENT))["id"] == 2
+    assert await apply(r, mode="update", **{"del": [F.ACTIVE]}) == [1, 2, "e1"]
+    assert not await r.hexists(SESSION, F.ACTIVE)
+
+
+async def test_apply_is_fenced_by_the_owner(r: aioredis.Redis) -> None:
+    await created(r, **{F.ADMITTED: "1"})
+    before = await r.hgetall(SESSION)
+    assert await apply(r, OTHER, mode="update", set={F.ADMITTED: "5"}, events=[update("x")]) == [-1, 0, ""]
+    assert await apply(r, OTHER, mode="create", set={F.META: "{}"}) == [-1, 0, ""]
+    assert await apply(r, OTHER, mode="delete", events=[update("x")]) == [-1, 0, ""]
+    assert await r.hgetall(SESSION) == before
+    assert await r.xlen(keys.events(WS, SID)) == 0
+    assert await r.smembers(keys.live(WS)) == {SID}
+
+
+async def test_apply_on_a_missing_session_applies_nothing(r: aioredis.Redis) -> None:
+    assert await apply(r, mode="update", set={F.ACTIVE: "1"}, events=[update("x")]) == [0, 0, ""]
+    assert not await r.exists(SESSION, keys.events(WS, SID))
+
+
+async def test_apply_retried_under_its_running_number_applies_once(r: aioredis.Redis) -> None:
+    await created(r)
+    assert await apply(r, mode="update", op=1, incr={F.ADMITTED: 1}, events=[update("a")]) == [1, 1, "e1"]
+    assert await apply(r, mode="update", op=1, incr={F.ADMITTED: 1}, events=[update("a")]) == [1, 1, "e1"]
+    assert await r.hget(SESSION, F.ADMITTED) == "1" and await r.hget(SESSION, F.OP) == "1"
+    assert await r.xlen(keys.events(WS, SID)) == 1
+
+
+async def test_apply_rewrite_of_a_present_session_answers_2(r: aioredis.Redis) -> None:
+    await created(r)
+    assert await apply(r, mode="create", missing_only=True, set={F.EPOCH: "e2"}) == [2, 0, "e1"]
+    assert await r.hget(SESSION, F.EPOCH) == "e1"
+
+
+async def test_apply_delete_ends_every_admitted_prompt_first(r: aioredis.Redis) -> None:
+    await created(r, **{F.PROMPT + "p1": "1"})
+    await r.set(keys.single(WS), SID)
+    orphan = events.body("turn_error", {"promptId": "@PID@"})
+    closed = events.body("session_closed", {"sessionId": SID})
+    assert (await apply(r, mode="delete", orphan=orphan, events=[closed], uncatalog=True))[:2] == [1, 2]
+    logged = [orjson.loads(f["e"]) for _, f in await r.xrange(keys.events(WS, SID))]
+    assert [(e["type"], e["data"]) for e in logged] == [("turn_error", {"promptId": "p1"}), ("session_closed", {"sessionId": SID})]
+    assert not await r.exists(SESSION, keys.single(WS))
+    assert await r.smembers(keys.live(WS)) == set()
+
+
+async def test_apply_tells_caches_before_it_publishes_the_event(r: aioredis.Redis) -> None:
+    """The change channel's message comes first, so a process drops its cached status
+    before any of its SSE listeners gets the event (a cache told late serves stale state)."""
+    await created(r)
+    pubsub = r.pubsub()
+    await pubsub.ssubscribe(CHANNEL, keys.events(WS, SID))
+    for _ in range(2):  # the two confirmations
+        assert (await pubsub.get_message(timeout=5))["type"] == "ssubscribe"
+    await apply(r, mode="update", events=[update("a"), update("b")])
+    order = [(await pubsub.get_message(timeout=5))["channel"] for _ in range(3)]
+    assert order == [CHANNEL, keys.events(WS, SID), keys.events(WS, SID)]
+    await pubsub.aclose()
+
+
+# ---- SEND ------------------------------------------------------------------------------
+
+
+SEND_KEYS = [SESSION, keys.inbox(WS, INC)]
+
+
+async def send(r: aioredis.Redis, limit: Any = "", pid: str = "", idem: str | None = None, incarnation: str = INC) -> list[Any]:
+    key_list = SEND_KEYS + ([keys.idempotency(WS, SID, idem)] if idem else [])
+    return await run(r, "SEND", key_list, [incarnation, '{"t":"prompt"}', limit, TTL, 100, pid, TTL])
+
+
+async def test_send_admits_within_the_limit_and_records_the_prompt(r: aioredis.Redis) -> None:
+    await created(r)
+    assert await send(r, 2, "p1") == ["ok", "0", "e1", "p1"]
+    assert await send(r, 2, "p2") == ["ok", "0", "e1", "p2"]
+    assert await send(r, 2, "p3") == ["full"]
+    assert await r.hget(SESSION, F.ADMITTED) == "2"
+    assert await r.hget(SESSION, F.PROMPT + "p1") == "1" and not await r.hexists(SESSION, F.PROMPT + "p3")
+    assert await r.xlen(keys.inbox(WS, INC)) == 2 and 0 < await r.pttl(keys.inbox(WS, INC)) <= TTL
+
+
+async def test_send_is_fenced_and_keeps_its_first_outcome(r: aioredis.Redis) -> None:
+    await created(r)
+    assert await send(r, incarnation=OTHER) == ["gone"]
+    assert await send(r, "", "p1", idem="k") == ["ok", "0", "e1", "p1"]
+    assert await send(r, "", "p9", idem="k") == ["ok", "0", "e1", "p1", "repeat"]
+    assert await r.xlen(keys.inbox(WS, INC)) == 1
+
+
+# ---- VOTE ------------------------------------------------------------------------------
+
+
+VOTE_KEYS = [SESSION, keys.inbox(WS, INC), CHANNEL]
+
+
+async def vote(r: aioredis.Redis, option: str = "allow", client: str = "", kind: str = "selected", idem: str | None = None, incarnation: str = INC) -> str:
+    key_list = VOTE_KEYS + ([keys.idempotency(WS, SID, idem)] if idem else [])
+    args = [incarnation, "r1", kind, option, client, '{"t":"vote"}', TTL, 100, "__cancelled__", SID, TTL]
+    return await run(r, "VOTE", key_list, args)
+
+
+async def pending(r: aioredis.Redis) -> None:
+    await created(r, **{F.INTERACTION + "r1": "{}", F.VOTABLE + "r1": '[1, ["allow", "deny"]]', F.CLIENT + "c1": "1"})
+
+
+async def test_vote_checks_in_the_reference_order(r: aioredis.Redis) -> None:
+    await pending(r)
+    assert await vote(r, incarnation=OTHER) == "gone"
+    assert await vote(r, client="stranger") == "client"
+    assert await vote(r, option="__cancelled__") == "option"
+    assert await vote(r, option="maybe") == "option"
+    assert await r.hexists(SESSION, F.VOTABLE + "r1") and await r.xlen(keys.inbox(WS, INC)) == 0
+
+
+async def test_exactly_one_vote_wins_a_request(r: aioredis.Redis) -> None:
+    await pending(r)
+    assert await vote(r, client="c1") == "ok"
+    assert await vote(r, option="deny") == "unknown"  # the request is closed by the winner
+    assert await vote(r, kind="cancelled") == "unknown"
+    assert not await r.hexists(SESSION, F.INTERACTION + "r1") and not await r.hexists(SESSION, F.VOTABLE + "r1")
+    assert await r.xlen(keys.inbox(WS, INC)) == 1
+
+
+async def test_concurrent_votes_have_one_winner(r: aioredis.Redis) -> None:
+    await pending(r)
+    outcomes = await asyncio.gather(*(vote(r, option=o) for o in ["allow", "deny"] * 8))
+    assert sorted(outcomes) == ["ok"] + ["unknown"] * 15
+
+
+async def test_a_won_vote_is_kept_for_its_retry_and_announced(r: aioredis.Redis) -> None:
+    await pending(r)
+    pubsub = r.pubsub()
+    await pubsub.ssubscribe(CHANNEL)
+    assert (await pubsub.get_message(timeout=5))["type"] == "ssubscribe"
+    assert await vote(r, idem="k") == "ok"
+    assert await vote(r, idem="k") == "ok"  # the retry, not a 404
+    assert await r.xlen(keys.inbox(WS, INC)) == 1
+    message = await pubsub.get_message(timeout=5)
+    assert (message["channel"], message["data"]) == (CHANNEL, SID)
+    await pubsub.aclose()
+
+
+# ---- ATTACH ----------------------------------------------------------------------------
+
+
+async def test_attach_registers_the_client_fenced_by_the_owner(r: aioredis.Redis) -> None:
+    await created(r)
+    key_list = [SESSION, keys.inbox(WS, INC), CHANNEL]
+    assert await run(r, "ATTACH", key_list, [OTHER, "c1", "{}", TTL, 100, SID]) == 0
+    assert not await r.hexists(SESSION, F.CLIENT + "c1")
+    assert await run(r, "ATTACH", key_list, [INC, "c1", '{"t":"attach"}', TTL, 100, SID]) == 1
+    assert await r.hget(SESSION, F.CLIENT + "c1") == "1" and await r.xlen(keys.inbox(WS, INC)) == 1
+
+
+# ---- LIST ------------------------------------------------------------------------------
+
+
+async def test_list_answers_declared_live_hashes_and_flags_undeclared_ones(r: aioredis.Redis) -> None:
+    live, gone = "22222222-2222-4222-8222-222222222222", "33333333-3333-4333-8333-333333333333"
+    await r.zadd(keys.catalog_order(WS), {gone: 1, live: 2})
+    await r.hset(keys.catalog(WS), mapping={gone: '{"g":1}', live: '{"l":1}'})
+    await r.sadd(keys.live(WS), live)
+    await r.hset(keys.session(WS, live), mapping={F.OWNER: INC})
+    base = [keys.live(WS), keys.catalog(WS), keys.catalog_order(WS)]
+    assert await run(r, "LIST", base, [0, 10]) == [live, '{"l":1}', None, gone, '{"g":1}', []]
+    declared = await run(r, "LIST", [*base, keys.session(WS, live)], [0, 10, live])
+    assert declared == [live, '{"l":1}', [F.OWNER, INC], gone, '{"g":1}', []]
+    assert await run(r, "LIST", base, [1, 0]) == [gone, '{"g":1}', []]  # offset 1, size 0: 1 row
+
+
+# ---- RELEASE_SINGLE --------------------------------------------------------------------
+
+
+async def test_release_single_deletes_only_its_own_claim(r: aioredis.Redis) -> None:
+    await r.set(keys.single(WS), SID)
+    assert await run(r, "RELEASE_SINGLE", [keys.single(WS)], ["someone-else"]) == 0
+    assert await r.get(keys.single(WS)) == SID
+    assert await run(r, "RELEASE_SINGLE", [keys.single(WS)], [SID]) == 1
+    assert not await r.exists(keys.single(WS))
+
+
+# ---- the registry ----------------------------------------------------------------------
+
+
+async def test_heartbeat_claim_resign_and_release(r: aioredis.Redis) -> None:
+    reg = keys.REGISTRY_KEYS
+    assert (await run(r, "HEARTBEAT", reg, ["w-1", 1000, "{}", TTL]))[0] == "new"
+    assert (await run(r, "HEARTBEAT", reg, ["w-1", 1000, "{}", TTL]))[0] == "held"
+    assert await r.hget(keys.CLOCK, keys.ClockField.TICK)
+    assert await run(r, "CLAIM_DEAD", reg, [30_000, TTL, TTL, 64]) == ["1000"]  # the shortest lease, none dead
+    assert await run(r, "RESIGN", reg, ["w-1", TTL]) == 1
+    assert await run(r, "CLAIM_DEAD", reg, [30_000, TTL, TTL, 64]) == ["0", "w-1"]
+    assert (await run(r, "HEARTBEAT", reg, ["w-1", 1000, "{}", TTL]))[0] == "dead"
+    assert (await run(r, "HEARTBEAT", reg, ["w-2", 1000, "{}", TTL]))[0] == "new"
+    assert await run(r, "RELEASE", reg, ["w-2"]) == 1
+    assert await r.zscore(keys.WORKERS, "w-2") is None and await r.hget(keys.REPORTS, "w-2") is None
+
+
+async def test_claim_dead_tombstones_a_lapsed_worker_once(r: aioredis.Redis) -> None:
+    reg = keys.REGISTRY_KEYS
+    await run(r, "HEARTBEAT", reg, ["w-1", 1000, "{}", TTL])
+    seconds, micros = await r.time()
+    now = seconds * 1000 + micros // 1000
+    await r.zadd(keys.WORKERS, {"w-1": now - 1})
+    await r.hset(keys.CLOCK, mapping={keys.ClockField.TICK: now, keys.ClockField.STALL: now - 10_000})
+    assert await run(r, "CLAIM_DEAD", reg, [30_000, TTL, TTL, 64]) == ["1000", "w-1"]
+    assert await run(r, "CLAIM_DEAD", reg, [30_000, TTL, TTL, 64]) == ["0"]  # once
+    assert await r.zscore(keys.DEAD, "w-1") is not None
+
+
+# ---- replies ---------------------------------------------------------------------------
+
+
+async def test_reply_abandon_and_take(r: aioredis.Redis) -> None:
+    def reply(request: str) -> list[str]:
+        return [keys.reply(request), keys.reply_given(request)]
+
+    assert await run(r, "REPLY", reply("q1"), ['{"ok":1}', 60, "abandoned"]) == 1
+    assert await run(r, "REPLY", reply("q1"), ['{"ok":1}', 60, "abandoned"]) == 1  # a retry: one copy
+    assert await r.llen(keys.reply("q1")) == 1
+    assert await run(r, "ABANDON", [keys.reply("q1")], [60, "abandoned"]) == '{"ok":1}'  # taken after all
+    assert await run(r, "REPLY", reply("q1"), ['{"ok":1}', 60, "abandoned"]) == 1  # a late retry pushes nothing
+    assert await r.llen(keys.reply("q1")) == 0
+    assert await run(r, "ABANDON", [keys.reply("q3")], [60, "abandoned"]) is None  # nothing yet: the marker
+    assert await run(r, "REPLY", reply("q3"), ['{"late":1}', 60, "abandoned"]) == 0
+    assert await run(r, "TAKE", [keys.reply("q3")], ["abandoned"]) == "abandoned"
+    assert await r.lrange(keys.reply("q3"), 0, -1) == ["abandoned"]  # the marker stays
+    await run(r, "REPLY", reply("q2"), ['{"ok":2}', 60, "abandoned"])
+    assert await run(r, "TAKE", [keys.reply("q2")], ["abandoned"]) == '{"ok":2}'
+    assert await run(r, "TAKE", [keys.reply("q2")], ["abandoned"]) is None
