@@ -143,6 +143,7 @@ class F:
     SEQ = "seq"  # last event id
     EPOCH = "epoch"  # event epoch: changes when the history is lost
     OP = "op"  # running number of the owner's last transition (a retry applies once)
+    REQUEST = "rq"  # the create's request id, until an API took its answer (told its creator)
     CLIENT = "c:"  # + clientId -> "1"
     INTERACTION = "pi:"  # + requestId -> PendingInteraction JSON
     VOTABLE = "pv:"  # + requestId -> JSON [order, [allowed option ids]]

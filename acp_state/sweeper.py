@@ -34,6 +34,7 @@ def died_ops(sid: str) -> dict[str, object]:
     )
     return {
         "mode": "delete",
+        "uncatalog_untold": True,  # a session created for nobody leaves no row
         "orphan": orphan,
         "events": [events.body("session_died", {"sessionId": sid, "reason": WORKER_LOST})],
     }

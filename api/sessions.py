@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from typing import Any, Awaitable, Callable
 
@@ -22,6 +23,8 @@ from .locator import not_found
 from .outcomes import effect, idempotency_key, outcome_unknown
 from .responses import ApiError, OrjsonResponse, json_body, unavailable
 from .state import AppState, app_state
+
+log = logging.getLogger("api.sessions")
 
 MAX_QUEUED_PROMPTS = 5
 SINGLE_WAIT_STEP_S = 0.05
@@ -72,7 +75,8 @@ async def _place(
         incarnation = report["incarnation"]
         if before_send is not None:
             await before_send(request_id)
-        await commands.send_create(state.store, incarnation, create(request_id))
+        command = create(request_id)
+        await commands.send_create(state.store, incarnation, command)
         try:
             reply = await state.store.await_reply(
                 request_id, state.settings.create_timeout_s, alive=lambda: state.registry.is_live(incarnation)
@@ -86,10 +90,21 @@ async def _place(
         if reply is None:
             raise ApiError(504, "the worker did not start the session in time", "agent_init_timeout")
         if reply.get("ok"):
+            await _told(state, command.ws, command.sid)
             return reply
         if reply.get("code") != "worker_full":
             raise ApiError(503, reply.get("error") or "the agent could not start", reply.get("code", "agent_unavailable"))
     raise unavailable("no live worker has spare capacity", "no_worker_capacity", retry_after_s=2)
+
+
+async def _told(state: AppState, ws: str, sid: str) -> None:
+    """A create's answer was taken: its session is one somebody was told of, and keeps its
+    catalog row even if its worker dies. Best effort: if this is lost, such a death also
+    takes the row, and the session was gone anyway."""
+    try:
+        await state.store.mark_told(ws, sid)
+    except Exception:  # the store is away: the create's answer stands
+        log.warning("could not mark session %s as told", sid, exc_info=True)
 
 
 async def _join_single(state: AppState, ws: str, holder: str, client_id: str) -> dict[str, Any] | None:
@@ -161,6 +176,7 @@ async def create_session(request: Request) -> Response:
         if late is None or not late.get("ok"):
             await state.store.forget_create(key, sid)  # abandoned: the worker undoes it
             raise unavailable("the create was not confirmed and is undone; retry", "create_undone") from error
+        await _told(state, ws, sid)
         body = {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id,
                 "createdAt": late["createdAt"]}
     await state.store.keep_create(key, body["sessionId"], client_id, body["attached"])
@@ -245,6 +261,7 @@ async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: 
             if not answer.get("ok"):
                 await state.store.forget_create(key, record.sid)
                 raise ApiError(503, answer.get("error") or "the agent could not start", answer.get("code", "agent_unavailable"))
+            await _told(state, ws, record.sid)
             await state.store.keep_create(key, record.sid, record.client_id, record.attached)
             created_at = answer.get("createdAt")
             break

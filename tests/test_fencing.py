@@ -483,3 +483,31 @@ async def test_a_retried_create_delivers_the_answer_its_first_api_left(harness: 
         assert (await api.client.get(f"/session/{sid}/status")).status_code == 200
     finally:
         await store.close()
+
+
+async def test_a_session_nobody_was_told_of_leaves_no_row_when_its_worker_dies(
+    own_harness: Harness, workspace: str
+) -> None:
+    """A worker dies between creating a session and any API taking its answer: nobody was
+    told of that session, so its sweep leaves no catalog row. A session whose creator was
+    told keeps its row (its history) when the same worker dies."""
+    events = await own_harness.events()
+    worker = await own_harness.worker("--lease-ms", "1000")
+    api = await own_harness.api()
+    store = RedisStore.from_url(own_harness.redis_url)
+    ws = workspace_id(workspace)
+    try:
+        told = (await create(api, workspace))["sessionId"]
+        untold, _ = await _send_create(store, worker.incarnation, workspace, wait_ms=60_000)
+
+        async def listed() -> bool:
+            return await store.catalog_row(ws, untold) is not None
+
+        await until(listed, timeout=20)
+        await worker.kill9()
+        await events.wait_type(untold, "session_died", timeout=30)
+        await events.wait_type(told, "session_died", timeout=30)
+        assert await store.catalog_row(ws, untold) is None
+        assert await store.catalog_row(ws, told) is not None
+    finally:
+        await store.close()

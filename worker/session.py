@@ -107,6 +107,10 @@ class LiveSession:
         # agent sends right after `session/new` must not reach the store before the
         # session itself, or the fence refuses it.
         self._published = asyncio.Event()
+        # The create's request id while no API is known to have taken its answer: kept in
+        # the hash (F.REQUEST), so that a sweep after this worker's death leaves no catalog
+        # row of a session nobody was told of.
+        self.untold_request: str | None = None
         self._in_order = asyncio.Lock()  # FIFO: transitions reach the store in order
         self._op = 0  # running number of this session's transitions
         self._unwritten: list[str] = []  # terminals a fenced write carried, for the rewrite
@@ -181,6 +185,8 @@ class LiveSession:
         for rid, pending in self.pending.items():
             fields[F.INTERACTION + rid] = orjson.dumps(pending.interaction).decode()
             fields[F.VOTABLE + rid] = orjson.dumps([pending.order, pending.allowed]).decode()
+        if self.untold_request is not None:
+            fields[F.REQUEST] = self.untold_request
         ops: dict[str, Any] = {"mode": "create", "set": fields, "catalog": self.catalog_row()}
         if self.single:
             ops["single"] = True

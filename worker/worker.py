@@ -317,6 +317,8 @@ class Worker:
             if reclaimed:
                 log.warning("nobody took the create's answer; closing the session", extra={"sessionId": session.sid})
                 await session.close("create_abandoned", uncatalog=True)
+            else:  # taken: its creator was told (a rewrite after a loss must not say otherwise)
+                session.untold_request = None
 
     # ---- commands -----------------------------------------------------------------------
 
@@ -458,6 +460,7 @@ class Worker:
             loop_limits=self.config.loop_limits,
             on_state=self._count_state,
         )
+        session.untold_request = command.request_id
         agent.sessions[agent_sid] = session
         self.sessions[sid] = session
         self._creating -= 1  # the reservation is now a session: count it once

@@ -99,10 +99,13 @@ if ops.catalog then
   end
 end
 if ops.mode == 'delete' then
+  -- A session whose creator was never told of it (its answer not taken: the field is still
+  -- there) leaves no catalog row when its worker is swept.
+  local untold = ops.uncatalog_untold and redis.call('HEXISTS', KEYS[1], {{F.REQUEST}}) == 1
   redis.call('DEL', KEYS[1])
   redis.call('SREM', KEYS[3], ops.sid)
   if redis.call('GET', KEYS[6]) == ops.sid then redis.call('DEL', KEYS[6]) end
-  if ops.uncatalog then
+  if ops.uncatalog or untold then
     redis.call('HDEL', KEYS[4], ops.sid)
     redis.call('ZREM', KEYS[5], ops.sid)
   end
