@@ -27,9 +27,10 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
-from acp_state import events, keys
+from acp_state import events
+from acp_state.store import keys
 from acp_state.cli.serving import DEFAULT_SERVER, SERVERS
-from acp_state.connection import connect
+from acp_state.store.connection import connect
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import httpx
 import redis.asyncio as aioredis
 
-from acp_state import events, keys
+from acp_state import events
+from acp_state.store import keys
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
 

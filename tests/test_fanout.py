@@ -11,9 +11,9 @@ import orjson
 import pytest
 from redis.exceptions import ConnectionError
 
-from acp_state import keys
-from acp_state.connection import connect
-from acp_state.fanout import FRESH_S, PING_S, Fanout
+from acp_state.store import keys
+from acp_state.store.connection import connect
+from acp_state.store.fanout import FRESH_S, PING_S, Fanout
 from tests.redis_server import RedisCluster, RedisServer
 
 
