@@ -1,9 +1,9 @@
 """The API-to-worker command protocol: typed commands, their one wire form, sender and handler.
 
-An API process sends a command to the worker that owns a session (its inbox stream
-`acp:{<ws>}:in:<inc>`) or, for a create, to a chosen worker (its control stream
-`acp:w:{<inc>}:ctl`). Each stream entry carries one command as JSON in field `c`:
-`{"t": <type>, <fields in declaration order>}`, every field present (`null` when unset).
+An API process sends a command, through the store, to the worker that owns a session (its
+inbox for the workspace) or, for a create, to a chosen worker (its control feed). Each
+command travels as one JSON object: `{"t": <type>, <fields in declaration order>}`, every
+field present (`null` when unset); where the store keeps it is the store's business.
 `encode` and `decode` are the only code that reads or writes that JSON; the `send_*`
 functions are what the API calls, and `dispatch` hands a decoded command to the worker's
 `CommandHandler`. The shape follows rq's `rq/command.py`.
@@ -59,7 +59,7 @@ def _field(
 
 @dataclass(frozen=True, kw_only=True)
 class Create:
-    """Start a session on this worker (control stream); answered on `acp:reply:{<req>}`."""
+    """Start a session on this worker (control feed); answered by `store.reply(request_id)`."""
 
     TYPE: ClassVar[str] = "create"
     ws: str = _field()
@@ -101,7 +101,7 @@ class Cancel:
 
 @dataclass(frozen=True, kw_only=True)
 class Close:
-    """Close the session; answered on `acp:reply:{<req>}`."""
+    """Close the session; answered by `store.reply(request_id)`."""
 
     TYPE: ClassVar[str] = "close"
     sid: str = _field()

@@ -395,7 +395,7 @@ async def _await_gone(request: Request, sid: str) -> None:
 
 
 async def status(request: Request) -> Response:
-    """One HGETALL on a cache miss; none while the cached state is current."""
+    """One read of the store on a cache miss; none while the cached state is current."""
     ref = await app_state(request).locator.live(request.path_params["id"], principal_of(request))
     if ref.status_body is None:
         ref.status_body = orjson.dumps(live_summary(ref.view))

@@ -11,7 +11,7 @@ folder that pyproject.toml's `[tool.setuptools.package-dir]` maps (`api/` instal
   `if TYPE_CHECKING:` never run, so they are listed, and judged by the room rules, but make
   no cycle: two modules that name each other's classes in annotations are one design);
 * a room importing one it may not (`MAY_IMPORT`: api and worker never import each other,
-  the core neither of them, production code nothing of `tests/`);
+  the core and the store neither of them, production code nothing of `tests/`);
 * a private name (`_name`, or a `_module`) imported from, or read off, another module;
 * a test module importing helpers from another test module (they share `tests/helpers.py`;
   importing a `test_*` function to collect it again, as `tests/test_cluster.py` does, is fine);
@@ -39,6 +39,7 @@ from pathlib import Path
 # names its room. `acp_state/cli.py`, a module, is not the folder `acp_state/cli/`.
 ROOMS = {
     "acp_state": "core",
+    "acp_state/store": "store",
     "acp_state/cli": "composition root",
     "acp_state/testing": "testing double",
     "api": "api",
@@ -47,14 +48,17 @@ ROOMS = {
     "bench": "bench",
     "scripts": "scripts",
 }
-PRODUCTION = {"core", "composition root", "testing double", "api", "worker"}
+PRODUCTION = {"core", "store", "composition root", "testing double", "api", "worker"}
 EVERY_ROOM = set(ROOMS.values())
 MAY_IMPORT = {
-    "core": {"core"},
-    "api": {"core", "api"},
-    "worker": {"core", "worker"},
+    # The store is the core's own package for Redis: the two import each other (never in a
+    # cycle of modules), and everything else reaches it through `acp_state.store` alone.
+    "core": {"core", "store"},
+    "store": {"core", "store"},
+    "api": {"core", "store", "api"},
+    "worker": {"core", "store", "worker"},
     "testing double": {"core", "testing double"},
-    "composition root": {"core", "api", "worker", "testing double", "composition root"},
+    "composition root": {"core", "store", "api", "worker", "testing double", "composition root"},
     # Tests and tools drive everything; production code never imports them.
     "tests": EVERY_ROOM,
     "bench": EVERY_ROOM,

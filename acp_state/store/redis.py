@@ -138,7 +138,7 @@ class RedisStore:
 
     @classmethod
     def from_url(cls, url: str, retention: Retention | None = None) -> RedisStore:
-        """A store on `url` (see acp_state.connection), with its own client for leases."""
+        """A store on `url` (see acp_state.store.connection), with its own client for leases."""
         lease = connect(url) if not url.startswith(MEMORY) else None
         return cls(connect(url), retention, lease)
 
@@ -169,7 +169,10 @@ class RedisStore:
         await self._resign(keys.REGISTRY_KEYS, [incarnation, REGISTRY_TTL_MS])
 
     async def apply(self, ws: str, sid: str, incarnation: str, transition: Transition) -> Applied:
-        """One atomic state transition (scripts.APPLY), fenced by `incarnation`.
+        """One atomic state transition (scripts.APPLY), fenced by `incarnation`: the session
+        hash, its events (log, transcript, live channel), the listing set and the catalog
+        row change together, after the workspace's change channel is told (see `_ops` for
+        the ops JSON the script reads).
 
         Concurrent calls from this process share one pipeline per flush, in call order.
         """
