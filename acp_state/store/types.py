@@ -191,10 +191,6 @@ class Transition:
     end_admitted: EndAdmitted | None = None  # DELETE: end the prompts left admitted
     op: int | None = None  # the owner's running number (a retry applies once)
 
-    def is_empty(self) -> bool:
-        """No state change and no event: nothing worth a write."""
-        return self == Transition(mode=self.mode, op=self.op)
-
 
 @dataclass(frozen=True)
 class SessionView:
