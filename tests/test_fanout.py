@@ -47,7 +47,7 @@ async def test_changes_reach_the_cache_before_the_events_they_announce(
     fanout: Fanout, redis_server: RedisServer
 ) -> None:
     seen: list[str] = []
-    fanout.on_change = lambda channel, sid: seen.append(f"change {sid}")
+    fanout.on_change = lambda ws, sid: seen.append(f"change {sid}")
     publisher = connect(redis_server.url)
     assert await fanout.watch("fanout-test2")
     listener = await fanout.subscribe("acp:{fanout-test2}:ev:s1")
