@@ -1,9 +1,9 @@
 """The API-to-worker command protocol: typed commands, their one wire form, sender and handler.
 
-An API process sends a command to the worker that owns a session (its inbox stream
-`acp:{<ws>}:in:<inc>`) or, for a create, to a chosen worker (its control stream
-`acp:w:{<inc>}:ctl`). Each stream entry carries one command as JSON in field `c`:
-`{"t": <type>, <fields in declaration order>}`, every field present (`null` when unset).
+An API process sends a command, through the store, to the worker that owns a session (its
+inbox for the workspace) or, for a create, to a chosen worker (its control feed). Each
+command travels as one JSON object: `{"t": <type>, <fields in declaration order>}`, every
+field present (`null` when unset); where the store keeps it is the store's business.
 `encode` and `decode` are the only code that reads or writes that JSON; the `send_*`
 functions are what the API calls, and `dispatch` hands a decoded command to the worker's
 `CommandHandler`. The shape follows rq's `rq/command.py`.
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import orjson
 
 if TYPE_CHECKING:
-    from .store import Admission, Store
+    from .store import Admission, ReaderStore, VoteOutcome
 
 # Turn kinds a prompt carries. A caller names one in `turnKind`; a channel turn is never
 # named, only granted to a channel caller's prompt marked `_meta["qwen.channel.prompt"]`.
@@ -59,7 +59,7 @@ def _field(
 
 @dataclass(frozen=True, kw_only=True)
 class Create:
-    """Start a session on this worker (control stream); answered on `acp:reply:{<req>}`."""
+    """Start a session on this worker (control feed); answered by `store.reply(request_id)`."""
 
     TYPE: ClassVar[str] = "create"
     ws: str = _field()
@@ -101,7 +101,7 @@ class Cancel:
 
 @dataclass(frozen=True, kw_only=True)
 class Close:
-    """Close the session; answered on `acp:reply:{<req>}`."""
+    """Close the session; answered by `store.reply(request_id)`."""
 
     TYPE: ClassVar[str] = "close"
     sid: str = _field()
@@ -179,37 +179,39 @@ def decode(payload: str | bytes) -> Command:
 # ---- the sending side (API processes) ----------------------------------------------------
 
 
-async def send_create(store: Store, incarnation: str, command: Create) -> None:
+async def send_create(store: ReaderStore, incarnation: str, command: Create) -> None:
     """To worker `incarnation`'s control stream; the caller awaits the reply."""
     await store.send_control(incarnation, command)
 
 
 async def send_prompt(
-    store: Store, ws: str, incarnation: str, command: Prompt, admit_limit: int, idempotency_key: str | None = None
+    store: ReaderStore, ws: str, incarnation: str, command: Prompt, admit_limit: int, idempotency_key: str | None = None
 ) -> Admission:
     """To the owner's inbox, admitted against `admit_limit` (running + queued) in the same step."""
     return await store.send(ws, incarnation, command, admit_limit=admit_limit, idempotency_key=idempotency_key)
 
 
 async def send_cancel(
-    store: Store, ws: str, incarnation: str, command: Cancel, idempotency_key: str | None = None
+    store: ReaderStore, ws: str, incarnation: str, command: Cancel, idempotency_key: str | None = None
 ) -> Admission:
     return await store.send(ws, incarnation, command, idempotency_key=idempotency_key)
 
 
 async def send_close(
-    store: Store, ws: str, incarnation: str, command: Close, idempotency_key: str | None = None
+    store: ReaderStore, ws: str, incarnation: str, command: Close, idempotency_key: str | None = None
 ) -> Admission:
     """To the owner's inbox; the caller awaits the reply to `command.request_id`."""
     return await store.send(ws, incarnation, command, idempotency_key=idempotency_key)
 
 
-async def send_vote(store: Store, ws: str, incarnation: str, command: Vote, idempotency_key: str | None = None) -> str:
-    """Decide the vote and enqueue it in one step: 'ok' | 'gone' | 'unknown' | 'client' | 'option'."""
+async def send_vote(
+    store: ReaderStore, ws: str, incarnation: str, command: Vote, idempotency_key: str | None = None
+) -> VoteOutcome:
+    """Decide the vote and enqueue it in one step."""
     return await store.vote(ws, incarnation, command, idempotency_key)
 
 
-async def send_attach(store: Store, ws: str, incarnation: str, command: Attach) -> bool:
+async def send_attach(store: ReaderStore, ws: str, incarnation: str, command: Attach) -> bool:
     """Register the client on the session and tell the owner; False if the session is gone."""
     return await store.attach(ws, incarnation, command)
 

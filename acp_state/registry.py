@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from .store import Store
+from .store import LeaseReader
 
 RECHECK_MS = 200
 
@@ -25,7 +25,7 @@ def _monotonic_ms() -> int:
 
 
 class WorkerRegistry:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: LeaseReader) -> None:
         self._store = store
         # incarnation -> until when it counts as live: its lease deadline, extended while the
         # store itself was silent (LeaseView.live_until)

@@ -11,7 +11,7 @@ import signal
 import sys
 from typing import Any
 
-from .store import Store
+from .store import LeaseReader
 from .summary import SESSION_STATES
 
 
@@ -42,13 +42,13 @@ def render(deadlines: dict[str, int], reports: dict[str, dict[str, Any]], now: i
     return "\n".join(lines)
 
 
-async def snapshot(store: Store) -> str:
+async def snapshot(store: LeaseReader) -> str:
     view = await store.lease_view()
     reports = await store.worker_reports(list(view.deadlines))
     return render(view.deadlines, reports, view.redis_now_ms)
 
 
-async def watch(store: Store, *, once: bool, interval_s: float) -> None:
+async def watch(store: LeaseReader, *, once: bool, interval_s: float) -> None:
     if once:
         print(await snapshot(store))
         return

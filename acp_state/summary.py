@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from .interactions import USER_QUESTION
-from .keys import F
+from .store import SessionView
 
 
 # The one state a dashboard sorts live sessions by, most urgent first.
@@ -25,41 +23,29 @@ def state_of(summary: dict[str, Any]) -> str:
     return "failed" if summary["hasTurnError"] else "idle"
 
 
-def live_summary(fields: dict[str, str]) -> dict[str, Any]:
-    """Assemble `GET /session/:id/status` from the session hash (HGETALL)."""
-    meta = orjson.loads(fields[F.META])
-    ordered: list[tuple[float, str]] = []
-    client_count = 0
-    for name, value in fields.items():
-        if name.startswith(F.VOTABLE):
-            ordered.append((orjson.loads(value)[0], name[len(F.VOTABLE):]))
-        elif name.startswith(F.CLIENT):
-            client_count += 1
-    ordered.sort()
-    pending = [
-        orjson.loads(fields[F.INTERACTION + rid]) for _, rid in ordered if F.INTERACTION + rid in fields
-    ]
-    active = fields.get(F.ACTIVE) == "1"
+def live_summary(view: SessionView) -> dict[str, Any]:
+    """Assemble `GET /session/:id/status` from a live session's view."""
+    meta, pending = view.meta, view.pending
     summary: dict[str, Any] = {
         "sessionId": meta["sessionId"],
         "workspaceCwd": meta["workspaceCwd"],
         "createdAt": meta["createdAt"],
-        "updatedAt": fields.get(F.UPDATED, meta["createdAt"]),
+        "updatedAt": view.updated_at,
     }
     if meta.get("displayName"):
         summary["displayName"] = meta["displayName"]
     summary.update(
-        clientCount=client_count,
-        hasActivePrompt=active,
-        activeWorkState="active" if active else "idle",
+        clientCount=view.client_count,
+        hasActivePrompt=view.active,
+        activeWorkState="active" if view.active else "idle",
         hasRunningBackgroundTasks=False,
         isWaitingForPermission=any(p["kind"] != USER_QUESTION for p in pending),
         isWaitingForUserQuestion=any(p["kind"] == USER_QUESTION for p in pending),
         pendingInteractionCount=len(pending),
-        hasTurnError=F.TURN_ERROR in fields,
+        hasTurnError=view.turn_error is not None,
     )
-    if F.TURN_ERROR in fields:
-        summary["turnError"] = orjson.loads(fields[F.TURN_ERROR])
+    if view.turn_error is not None:
+        summary["turnError"] = view.turn_error
     summary["pendingInteractions"] = pending
     return summary
 

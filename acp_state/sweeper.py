@@ -1,9 +1,9 @@
 """The sweeper: removes the sessions of workers declared dead and tells their clients.
 
 Any process may run it. The store declares a worker dead only when its lease lapsed while
-the store itself was serving (see scripts.CLAIM_DEAD), and hands each dead worker to exactly
+the store itself was serving (see the CLAIM_DEAD script), and hands each dead worker to exactly
 one sweeper; a sweeper that dies mid-way loses its claim and another takes over. Each session
-is removed by the fenced APPLY script acting as the dead incarnation: every prompt it had
+is removed by a transition fenced as the dead incarnation: every prompt it had
 admitted gets its terminal `turn_error`, then the session its `session_died`, once, however
 many sweepers race.
 """
@@ -16,7 +16,7 @@ import logging
 from . import events
 from .clock import now_ms
 from .metrics import SWEEPS, SWEPT_SESSIONS
-from .store import Store
+from .store import ApplyOutcome, EndAdmitted, Mode, SweeperStore, Transition
 from .tasks import survive, wait_or_stop
 
 log = logging.getLogger("acp_state.sweeper")
@@ -24,23 +24,18 @@ BATCH = 500
 WORKER_LOST = "worker_lost"
 
 
-def died_ops(sid: str) -> dict[str, object]:
-    """The transition that removes a dead worker's session."""
-    orphan = events.body(
-        "turn_error",
-        {"sessionId": sid, "message": "the session's worker was lost before the prompt completed",
-         "code": WORKER_LOST, "promptId": "@PID@"},
-        "@PID@",
+def died(sid: str) -> Transition:
+    """The transition that removes a dead worker's session: every prompt it had admitted
+    gets its `turn_error`, then the session its `session_died`."""
+    return Transition(
+        mode=Mode.DELETE,
+        uncatalog_untold=True,  # a session created for nobody leaves no row
+        end_admitted=EndAdmitted(WORKER_LOST, "the session's worker was lost before the prompt completed"),
+        events=[events.body("session_died", {"sessionId": sid, "reason": WORKER_LOST})],
     )
-    return {
-        "mode": "delete",
-        "uncatalog_untold": True,  # a session created for nobody leaves no row
-        "orphan": orphan,
-        "events": [events.body("session_died", {"sessionId": sid, "reason": WORKER_LOST})],
-    }
 
 
-async def sweep_once(store: Store) -> tuple[int, int]:
+async def sweep_once(store: SweeperStore) -> tuple[int, int]:
     """Sweep every dead incarnation this process is handed; returns the sessions removed and
     the shortest registered lease (ms, 0 if none)."""
     removed = 0
@@ -50,8 +45,8 @@ async def sweep_once(store: Store) -> tuple[int, int]:
         started = now_ms()
         for first in range(0, len(entries), BATCH):
             batch = entries[first : first + BATCH]
-            results = await asyncio.gather(*(store.apply(ws, sid, incarnation, died_ops(sid)) for ws, sid in batch))
-            swept = sum(1 for r in results if r.applied == 1)
+            results = await asyncio.gather(*(store.apply(ws, sid, incarnation, died(sid)) for ws, sid in batch))
+            swept = sum(1 for r in results if r.applied == ApplyOutcome.APPLIED)
             SWEPT_SESSIONS.inc(swept)
             removed += swept
             if len(entries) > BATCH:
@@ -62,10 +57,10 @@ async def sweep_once(store: Store) -> tuple[int, int]:
     return removed, shortest_lease
 
 
-async def run_sweeper(store: Store, interval_s: float, stop: asyncio.Event) -> None:
+async def run_sweeper(store: SweeperStore, interval_s: float, stop: asyncio.Event) -> None:
     """Sweep every `interval_s` until `stop` is set; an error is logged and counted, never fatal.
 
-    Each round is also a tick of the store's clock (scripts.CLAIM_DEAD), by which the store
+    Each round is also a tick of the store's clock (the CLAIM_DEAD script), by which the store
     tells a silence of its own from a worker's, so the pace quickens to a sixth of the
     shortest registered lease: well inside the half-lease silence that counts as a stall."""
     pace = interval_s

@@ -6,14 +6,12 @@ import asyncio
 import contextlib
 from typing import AsyncIterator
 
-from redis import exceptions as redis_errors
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 
-from acp_state.fanout import Fanout
 from acp_state.registry import WorkerRegistry
-from acp_state.store import RedisStore
+from acp_state.store import STORE_ERRORS, RedisStore
 from acp_state.sweeper import run_sweeper
 
 from . import discovery, event_stream, history, metrics, permissions, sessions, web, workspaces
@@ -70,9 +68,9 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         own_store = store or RedisStore.from_url(settings.redis_url)
         registry = WorkerRegistry(own_store)
-        fanout = Fanout(own_store.redis)
+        fanout = own_store.fanout()
         cache = StateCache(fanout)
-        fanout.on_change, fanout.on_reset = cache.on_change, cache.clear
+        fanout.on_change, fanout.on_reset = cache.changed, cache.clear
         app.state.acp = AppState(
             settings=settings,
             store=own_store,
@@ -99,7 +97,7 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette
             ApiError: api_error_handler,
             # Every error of the store: 503 store_full (out of memory) or store_unavailable
             # (unreachable, stalled, loading, read-only, a cluster failing over), else 500.
-            **{kind: store_error_handler for kind in (redis_errors.RedisError, redis_errors.RedisClusterException)},
+            **{kind: store_error_handler for kind in STORE_ERRORS},
             # Starlette runs this one outermost (ServerErrorMiddleware), so it also answers
             # what a middleware raised: JSON 500 `internal_error`, never text/plain.
             Exception: internal_error_handler,

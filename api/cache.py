@@ -18,7 +18,7 @@ from typing import Protocol
 
 from prometheus_client import Counter
 
-from acp_state import keys
+from acp_state.store import SessionView
 
 log = logging.getLogger("acp_state.api.cache")
 
@@ -33,7 +33,7 @@ MAX_PAGES = 10_000
 class CachedSession:
     ws: str
     owner: str
-    fields: dict[str, str]
+    view: SessionView
     status_body: bytes | None = None
 
 
@@ -44,7 +44,7 @@ class CachedPage:
 
 
 class ChangeFeed(Protocol):
-    """Where the cache learns of changes: acp_state.fanout.Fanout."""
+    """Where the cache learns of changes: acp_state.store.Fanout."""
 
     def watching(self, ws: str) -> bool: ...
     async def watch(self, ws: str) -> bool: ...
@@ -62,10 +62,6 @@ class StateCache:
         self._cleared_at = 0  # reads that began before this are never kept
 
     # ---- the change feed ----------------------------------------------------------------
-
-    def on_change(self, channel: str, sid: str) -> None:
-        """A session of the channel's workspace changed."""
-        self.changed(keys.workspace_of_channel(channel), sid)
 
     def changed(self, ws: str, sid: str) -> None:
         """A session changed (announced on its workspace's channel, or done by this process:

@@ -18,10 +18,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Send
 
-from acp_state import ids, keys
+from acp_state import ids
 from acp_state.clock import now_ms
-from acp_state.fanout import Subscription
-from acp_state.keys import F
+from acp_state.store import SessionView, Subscription
 from acp_state.summary import live_summary
 
 from .auth import principal_of
@@ -71,18 +70,17 @@ async def stream_events(request: Request) -> Response:
     ws = await state.locator.workspace_of(sid, principal_of(request)) if ids.is_token(sid) else None
     if ws is None:
         raise not_found(sid)
-    subscription = await state.fanout.subscribe(keys.events(ws, sid), buffer)
+    subscription = await state.fanout.subscribe_session(ws, sid, buffer)
     try:
         # Read state only after the subscription is confirmed: nothing can fall in between.
-        fields = await state.store.session_fields(ws, sid)
-        owner = fields.get(F.OWNER)
-        live = bool(owner) and F.META in fields and await state.registry.is_live(owner)
+        view = await state.store.session(ws, sid)
+        live = view is not None and await state.registry.is_live(view.owner)
         if not live and last_id is None:
             raise not_found(sid)
     except BaseException:
         await state.fanout.unsubscribe(subscription)
         raise
-    body = _generate(request, ws, sid, fields, live, last_id, epoch_hint, subscription)
+    body = _generate(request, ws, sid, view, live, last_id, epoch_hint, subscription)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return EventStreamResponse(body, state.settings.sse_send_timeout_s, headers)
 
@@ -112,7 +110,7 @@ async def _generate(
     request: Request,
     ws: str,
     sid: str,
-    fields: dict[str, str],
+    view: SessionView | None,
     live: bool,
     last_id: int | None,
     epoch_hint: str | None,
@@ -120,13 +118,14 @@ async def _generate(
 ) -> AsyncIterator[bytes]:
     state = app_state(request)
     store, fanout = state.store, state.fanout
-    seq = int(fields.get(F.SEQ, "0"))
-    epoch = fields.get(F.EPOCH, "")
+    seq = view.last_event_id if view is not None else 0
+    epoch = view.epoch if view is not None else ""
     try:
         yield f"retry: {RETRY_MS}\n\n".encode()
         if last_id is None:
             cursor = seq
-            snapshot = {**live_summary(fields), "lastEventId": seq, "eventEpoch": epoch}
+            assert view is not None  # a fresh client of a session not live got a 404
+            snapshot = {**live_summary(view), "lastEventId": seq, "eventEpoch": epoch}
             yield control("session_snapshot", snapshot)
         else:
             cursor = last_id
@@ -159,7 +158,8 @@ async def _generate(
                 # The store may have lost the session's history meanwhile (a restart, a
                 # failover), and the worker rewritten it under a new epoch whose ids start
                 # again at 1: say so, and go on from the new epoch's start.
-                current = (await store.session_fields(ws, sid)).get(F.EPOCH, "")
+                now = await store.session(ws, sid)
+                current = now.epoch if now is not None else ""
                 if current and current != epoch:
                     data = {"reason": "epoch_changed", "requestedAfter": cursor, "eventEpoch": current}
                     yield control("history_truncated", data, 0)

@@ -15,7 +15,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from acp_state import commands, ids
-from acp_state.keys import F
 from acp_state.summary import live_summary
 
 from .auth import principal_of
@@ -96,19 +95,20 @@ async def load(request: Request) -> Response:
     ref = await state.locator.live(sid, principal_of(request))
     if not await commands.send_attach(state.store, ref.ws, ref.owner, commands.Attach(sid=sid, client_id=client_id)):
         raise not_found(sid)
-    fields, page, log_envelopes = await state.store.load_snapshot(ref.ws, sid, page_size)
-    if not fields:
+    snapshot = await state.store.load_snapshot(ref.ws, sid, page_size)
+    view, page = snapshot.view, snapshot.page
+    if view is None:
         raise not_found(sid)
-    summary = live_summary(fields)
+    summary = live_summary(view)
     if summary["pendingInteractionCount"] or summary["hasActivePrompt"]:
         # Persisted pages cannot show pending interactions or a running turn: replay the log.
-        replay = [orjson.loads(raw) for raw in log_envelopes]
+        replay = [orjson.loads(raw) for raw in snapshot.log]
         has_more = False
     else:
         replay = [_record(raw) for _, raw in reversed(page[:page_size])]
         has_more = len(page) > page_size
-        if F.TURN_ERROR_EVENT in fields:
-            replay.append(orjson.loads(fields[F.TURN_ERROR_EVENT]))
+        if view.turn_error_event is not None:
+            replay.append(view.turn_error_event)
     return OrjsonResponse(
         {
             "sessionId": sid,
@@ -120,7 +120,7 @@ async def load(request: Request) -> Response:
             "compactedReplay": replay,
             "liveJournal": [],
             "historyHasMore": has_more,
-            "lastEventId": int(fields.get(F.SEQ, "0")),
-            "eventEpoch": fields.get(F.EPOCH, ""),
+            "lastEventId": view.last_event_id,
+            "eventEpoch": view.epoch,
         }
     )

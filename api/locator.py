@@ -1,7 +1,7 @@
 """Finding a live session from its id: workspace slot, owner, liveness.
 
 A session's workspace and owner never change while it lives, so both are cached; a status
-read then costs exactly one Redis round trip (HGETALL of the session hash).
+read then costs exactly one round trip to the store (the session's view).
 """
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from acp_state import ids
-from acp_state.keys import F
 from acp_state.registry import WorkerRegistry
-from acp_state.store import Store
+from acp_state.store import ReaderStore
 
 from .auth import Principal
 from .cache import CachedSession, StateCache
@@ -25,7 +24,7 @@ def not_found(sid: str) -> ApiError:
 
 
 class SessionLocator:
-    def __init__(self, store: Store, registry: WorkerRegistry, cache: StateCache) -> None:
+    def __init__(self, store: ReaderStore, registry: WorkerRegistry, cache: StateCache) -> None:
         self.store = store
         self.registry = registry
         self.cache = cache
@@ -69,10 +68,9 @@ class SessionLocator:
         if ws is None:
             raise not_found(sid)
         token = await self.cache.begin_read(ws, sid)
-        fields = await self.store.session_fields(ws, sid)
-        owner = fields.get(F.OWNER)
-        if not owner or F.META not in fields:
+        view = await self.store.session(ws, sid)
+        if view is None:
             raise not_found(sid)
-        entry = CachedSession(ws, owner, fields)
+        entry = CachedSession(ws, view.owner, view)
         self.cache.keep_session(sid, token, entry)
         return entry

@@ -14,7 +14,8 @@ from typing import AsyncIterator
 
 from starlette.requests import Request
 
-from acp_state import faults, ids
+from acp_state import ids
+from acp_state.store import is_transient, never_ran
 
 from .responses import ApiError
 
@@ -52,6 +53,6 @@ async def effect(resent: bool = False) -> AsyncIterator[None]:
     try:
         yield
     except Exception as error:
-        if not faults.is_transient(error) or (faults.never_ran(error) and not resent):
+        if not is_transient(error) or (never_ran(error) and not resent):
             raise  # a bug (500), or a refusal: the app's store error handler answers it
         raise outcome_unknown() from error

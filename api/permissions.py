@@ -1,6 +1,6 @@
 """Permission votes: `POST /session/:id/permission/:requestId` and the legacy route.
 
-The vote is decided inside Redis (scripts.VOTE), so exactly one vote wins a request even
+The vote is decided inside the store (one script), so exactly one vote wins a request even
 when voters reach different API processes.
 """
 
@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from acp_state import commands, ids, votes
+from acp_state.store import VoteOutcome
 
 from .cache import CachedSession
 from .outcomes import effect, idempotency_key
@@ -44,11 +45,11 @@ async def _cast(
     )
     async with effect(state.store.resends):
         outcome = await commands.send_vote(state.store, ref.ws, ref.owner, command, key)
-    if outcome == "ok":
+    if outcome is VoteOutcome.OK:
         return OrjsonResponse({})
-    if outcome in ("unknown", "gone"):
+    if outcome in (VoteOutcome.UNKNOWN, VoteOutcome.GONE):
         raise _no_request(sid, rid, legacy)
-    if outcome == "client":
+    if outcome is VoteOutcome.CLIENT:
         raise ApiError(400, "X-Qwen-Client-Id is not registered on this session", "invalid_client_id")
     raise ApiError(
         400, "optionId is not one of the offered options", "invalid_option_id", requestId=rid, optionId=vote.option_id

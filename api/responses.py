@@ -9,7 +9,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from acp_state import faults
+from acp_state.store import is_out_of_memory, is_transient
 
 MAX_BODY_BYTES = 1024 * 1024
 # Memory frees as retention windows pass or as an operator acts: not within a second.
@@ -59,12 +59,12 @@ async def store_error_handler(request: Request, error: Exception) -> Response:
     is refused before its first write), so the client may retry later: 503 `store_full`.
     Unreachable, stalled, loading, read-only or a cluster failing over: 503
     `store_unavailable`. Any other is a bug of ours: 500."""
-    if faults.is_out_of_memory(error):
+    if is_out_of_memory(error):
         log.warning("Redis is out of memory (maxmemory): %s %s refused", request.method, request.url.path)
         return await api_error_handler(
             request, unavailable("the state store is full; retry later", "store_full", STORE_FULL_RETRY_S)
         )
-    if faults.is_transient(error):
+    if is_transient(error):
         return _store_unavailable()
     return await internal_error_handler(request, error)
 
@@ -76,7 +76,7 @@ async def internal_error_handler(request: Request, error: Exception) -> Response
     are answered as that handler would, since a middleware's are not seen by it."""
     if isinstance(error, ApiError):
         return await api_error_handler(request, error)
-    if faults.is_transient(error):
+    if is_transient(error):
         return await store_error_handler(request, error)
     log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=error)
     return OrjsonResponse({"error": "internal server error", "code": "internal_error"}, status_code=500)

@@ -11,10 +11,10 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from acp_state import commands, faults, ids
+from acp_state import commands, ids
 from acp_state.ids import workspace_id
 from acp_state.clock import iso, now_ms
-from acp_state.store import ABANDONED, Admission, CreateRecord
+from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateRecord, is_transient
 from acp_state.summary import live_summary
 
 from .auth import principal_of
@@ -82,7 +82,7 @@ async def _place(
                 request_id, state.settings.create_timeout_s, alive=lambda: state.registry.is_live(incarnation)
             )
         except Exception as error:  # the create went out: it may be under way, or done
-            if faults.is_transient(error):
+            if is_transient(error):
                 raise outcome_unknown() from error
             raise
         if reply is None and not await state.registry.is_live(incarnation):
@@ -111,14 +111,13 @@ async def _join_single(state: AppState, ws: str, holder: str, client_id: str) ->
     """Attach to the workspace's shared session, waiting while another caller creates it."""
     deadline = asyncio.get_running_loop().time() + state.settings.create_timeout_s
     while asyncio.get_running_loop().time() < deadline:
-        fields = await state.store.session_fields(ws, holder)
-        owner = fields.get("inc")
-        if owner:
+        view = await state.store.session(ws, holder)
+        if view is not None:
             attach = commands.Attach(sid=holder, client_id=client_id)
-            if not await state.registry.is_live(owner) or not await commands.send_attach(state.store, ws, owner, attach):
+            if not await state.registry.is_live(view.owner) or not await commands.send_attach(state.store, ws, view.owner, attach):
                 return None
             state.locator.remember(holder, ws)
-            return live_summary(fields)
+            return live_summary(view)
         await asyncio.sleep(SINGLE_WAIT_STEP_S)  # the creator is still starting the agent
     return None
 
@@ -195,8 +194,8 @@ async def _create_or_attach(
 ) -> dict[str, Any]:
     """Create the session on a worker, or attach to the workspace's shared one."""
     if requested is not None:
-        existing = await state.store.session_fields(ws, sid)
-        if existing.get("inc") and await state.registry.is_live(existing["inc"]):
+        existing = await state.store.session(ws, sid)
+        if existing is not None and await state.registry.is_live(existing.owner):
             raise ApiError(409, f'Session "{sid}" is already live', "session_exists", sessionId=sid)
 
     claimed = False
@@ -345,9 +344,9 @@ async def prompt(request: Request) -> Response:
                 state.store, ref.ws, ref.owner, command, admit_limit=1 + MAX_QUEUED_PROMPTS, idempotency_key=key
             )
     assert admission is not None
-    if admission.status == "gone":
+    if admission.status is AdmissionStatus.GONE:
         raise not_found(sid)
-    if admission.status == "full":
+    if admission.status is AdmissionStatus.FULL:
         raise unavailable(
             f"session already has {MAX_QUEUED_PROMPTS} queued prompts", "prompt_queue_full", sessionId=sid
         )
@@ -365,7 +364,7 @@ async def cancel(request: Request) -> Response:
     if ref is not None:
         async with effect(state.store.resends):
             admission = await commands.send_cancel(state.store, ref.ws, ref.owner, commands.Cancel(sid=sid), key)
-    if admission is None or admission.status != "ok":
+    if admission is None or admission.status is not AdmissionStatus.OK:
         raise not_found(sid)
     return OrjsonResponse({})
 
@@ -381,7 +380,7 @@ async def close(request: Request) -> Response:
         command = commands.Close(sid=sid, request_id=request_id, reason=commands.CLOSED_BY_CLIENT)
         async with effect(state.store.resends):
             admission = await commands.send_close(state.store, ref.ws, ref.owner, command, key)
-    if admission is None or admission.status != "ok":
+    if admission is None or admission.status is not AdmissionStatus.OK:
         raise not_found(sid)
     if admission.repeated:
         await _await_gone(request, sid)
@@ -413,8 +412,8 @@ async def _await_gone(request: Request, sid: str) -> None:
 
 
 async def status(request: Request) -> Response:
-    """One HGETALL on a cache miss; none while the cached state is current."""
+    """One read of the store on a cache miss; none while the cached state is current."""
     ref = await app_state(request).locator.live(request.path_params["id"], principal_of(request))
     if ref.status_body is None:
-        ref.status_body = orjson.dumps(live_summary(ref.fields))
+        ref.status_body = orjson.dumps(live_summary(ref.view))
     return Response(ref.status_body, media_type="application/json")

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from acp_state.fanout import Fanout
 from acp_state.registry import WorkerRegistry
-from acp_state.store import Store
+from acp_state.store import Fanout, Store
 
 from .locator import SessionLocator
 from .settings import Settings

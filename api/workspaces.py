@@ -9,7 +9,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from acp_state import ids
-from acp_state.keys import F
 from acp_state.summary import live_summary, merged_row, persisted_row
 
 from .auth import principal_of
@@ -59,15 +58,16 @@ async def list_sessions(request: Request) -> Response:
     page = await state.store.list_page(ws, offset, size)
     sessions, owners = [], set()
     cwd = state.workspaces[ws]
-    for sid, stored, fields in page[:size]:
-        row = {"sessionId": sid, "workspaceCwd": cwd, **stored} if stored else None
-        owner = fields.get(F.OWNER)
-        live = owner is not None and F.META in fields and await state.registry.is_live(owner)
+    for listed in page[:size]:
+        row = {"sessionId": listed.sid, "workspaceCwd": cwd, **listed.row} if listed.row else None
+        view = listed.view
+        live = view is not None and await state.registry.is_live(view.owner)
         if row is None and not live:
             continue
         if live:
-            owners.add(owner)
-            summary = live_summary(fields)
+            assert view is not None
+            owners.add(view.owner)
+            summary = live_summary(view)
             sessions.append(merged_row(row, summary) if row else summary)
         else:
             sessions.append(persisted_row(row))  # type: ignore[arg-type]

@@ -27,11 +27,12 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
-from acp_state import events, keys
+from acp_state import events
+from acp_state.store import keys
 from acp_state.cli.serving import DEFAULT_SERVER, SERVERS
-from acp_state.connection import connect
+from acp_state.store.connection import connect
 from acp_state.ids import workspace_id
-from acp_state.store import RedisStore
+from acp_state.store import Mode, RedisStore, Transition
 
 from . import sse_latency
 from .procs import ROOT, AcpProcess, RedisServer, api, free_port, worker
@@ -212,13 +213,13 @@ async def bench_transitions(ctx: dict[str, Any], sessions: int = 200, per_sessio
     store = RedisStore(aioredis.Redis.from_url(ctx["redis_url"], decode_responses=True))
     ws, owner = "benchbenchbench0", "bench-owner"
     for n in range(sessions):
-        await store.apply(ws, f"s{n}", owner, {"mode": "create", "set": {"meta": "{}"}})
+        await store.apply(ws, f"s{n}", owner, Transition(mode=Mode.CREATE, meta={}))
     before = await command_calls(redis)
     started = time.perf_counter()
 
     async def churn(n: int) -> None:
         for i in range(per_session):
-            await store.apply(ws, f"s{n}", owner, {"set": {"act": str(i % 2)}, "events": [events.body("bench", {"i": i})]})
+            await store.apply(ws, f"s{n}", owner, Transition(active=bool(i % 2), events=[events.body("bench", {"i": i})]))
 
     await asyncio.gather(*(churn(n) for n in range(sessions)))
     elapsed = time.perf_counter() - started
@@ -233,7 +234,7 @@ async def bench_transitions(ctx: dict[str, Any], sessions: int = 200, per_sessio
     bare_rate = 5000 / (time.perf_counter() - started_bare)
     sequential_started = time.perf_counter()
     for i in range(2000):
-        await store.apply(ws, "s0", owner, {"set": {"act": str(i % 2)}, "events": [events.body("bench", {"i": i})]})
+        await store.apply(ws, "s0", owner, Transition(active=bool(i % 2), events=[events.body("bench", {"i": i})]))
     sequential_rate = 2000 / (time.perf_counter() - sequential_started)
     await bare.aclose()
     await store.redis.aclose()

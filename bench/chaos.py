@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 import orjson
 
-from acp_state.connection import connect
+from acp_state.store.connection import connect
 from acp_state.ids import workspace_id
 
 from . import chaos_check
@@ -309,7 +309,7 @@ class AcpProcess:
 def session_hash_key(cwd: str, sid: str) -> str:
     """The key of a live session's hash (the owner's incarnation is its field `inc`)."""
     try:
-        from acp_state import keys
+        from acp_state.store import keys
 
         return keys.session(workspace_id(cwd), sid)
     except (ImportError, AttributeError):

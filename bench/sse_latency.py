@@ -17,9 +17,10 @@ from pathlib import Path
 import httpx
 import redis.asyncio as aioredis
 
-from acp_state import events, keys
+from acp_state import events
+from acp_state.store import keys
 from acp_state.ids import workspace_id
-from acp_state.store import RedisStore
+from acp_state.store import RedisStore, Transition
 
 from acp_state.cli.serving import DEFAULT_SERVER, SERVERS
 
@@ -66,7 +67,7 @@ async def _publish_to_sse(redis_url: str, port: int, workspace: str, samples: in
         reader = asyncio.ensure_future(read())
         # Warm up until the stream is attached.
         while True:
-            await store.apply(ws, sid, owner, {"events": [events.body("bench_probe", {"n": -1})]})
+            await store.apply(ws, sid, owner, Transition(events=[events.body("bench_probe", {"n": -1})]))
             try:
                 await asyncio.wait_for(arrived.get(), 0.5)
                 break
@@ -76,7 +77,7 @@ async def _publish_to_sse(redis_url: str, port: int, workspace: str, samples: in
         for n in range(samples):
             started = time.perf_counter()
             # The worker's path exactly: one APPLY (hash + stream + SPUBLISH), then fan-out.
-            await store.apply(ws, sid, owner, {"events": [events.body("bench_probe", {"n": n, "pad": "x" * 200})]})
+            await store.apply(ws, sid, owner, Transition(events=[events.body("bench_probe", {"n": n, "pad": "x" * 200})]))
             received = await asyncio.wait_for(arrived.get(), 10)
             latencies.append((received - started) * 1000)
         reader.cancel()

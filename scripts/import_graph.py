@@ -11,12 +11,18 @@ folder that pyproject.toml's `[tool.setuptools.package-dir]` maps (`api/` instal
   `if TYPE_CHECKING:` never run, so they are listed, and judged by the room rules, but make
   no cycle: two modules that name each other's classes in annotations are one design);
 * a room importing one it may not (`MAY_IMPORT`: api and worker never import each other,
-  the core neither of them, production code nothing of `tests/`);
+  the core and the store neither of them, production code nothing of `tests/`);
 * a private name (`_name`, or a `_module`) imported from, or read off, another module;
 * a test module importing helpers from another test module (they share `tests/helpers.py`;
   importing a `test_*` function to collect it again, as `tests/test_cluster.py` does, is fine);
 * an installed top-level package other than `acp_state` (a generic `api` or `worker` in
-  site-packages collides with anything else of that name).
+  site-packages collides with anything else of that name);
+* production code outside the store package (`acp_state/store/`) that reaches past its
+  surface: imports one of its modules (`acp_state.store.keys`, `.scripts`, `.redis`, ...)
+  rather than `acp_state.store` itself, imports the Redis client (`redis`, `fakeredis`),
+  spells a key name (a string starting `acp:`) or spells a field name of the session hash
+  or the registry clock (as read from `acp_state/store/keys.py`) where a field is read or
+  built: a subscript, `.get(...)`, `in`, or the left of a `+`.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pathlib import Path
 # names its room. `acp_state/cli.py`, a module, is not the folder `acp_state/cli/`.
 ROOMS = {
     "acp_state": "core",
+    "acp_state/store": "store",
     "acp_state/cli": "composition root",
     "acp_state/testing": "testing double",
     "api": "api",
@@ -41,20 +48,29 @@ ROOMS = {
     "bench": "bench",
     "scripts": "scripts",
 }
-PRODUCTION = {"core", "composition root", "testing double", "api", "worker"}
+PRODUCTION = {"core", "store", "composition root", "testing double", "api", "worker"}
 EVERY_ROOM = set(ROOMS.values())
 MAY_IMPORT = {
-    "core": {"core"},
-    "api": {"core", "api"},
-    "worker": {"core", "worker"},
+    # The store is the core's own package for Redis: the two import each other (never in a
+    # cycle of modules), and everything else reaches it through `acp_state.store` alone.
+    "core": {"core", "store"},
+    "store": {"core", "store"},
+    "api": {"core", "store", "api"},
+    "worker": {"core", "store", "worker"},
     "testing double": {"core", "testing double"},
-    "composition root": {"core", "api", "worker", "testing double", "composition root"},
+    "composition root": {"core", "store", "api", "worker", "testing double", "composition root"},
     # Tests and tools drive everything; production code never imports them.
     "tests": EVERY_ROOM,
     "bench": EVERY_ROOM,
     "scripts": EVERY_ROOM,
 }
 INSTALLED_TOP_LEVEL = {"acp_state"}
+# Only the store package knows Redis: its key schema, its hash fields, its Lua, its client.
+STORE_PACKAGE = "acp_state.store"
+STORE_KEYS = ("acp_state/store/keys.py", "acp_state/keys.py")  # where the field names are
+FIELD_CLASSES = ("F", "ClockField")
+REDIS_CLIENTS = {"redis", "fakeredis"}
+KEY_PREFIX = "acp:"
 
 
 @dataclass
@@ -127,9 +143,68 @@ def private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def scan(module: Module, modules: dict[str, Module], problems: list[str]) -> None:
+def field_names(root: Path) -> set[str]:
+    """The hash field names (and field-name prefixes) the store's key schema defines."""
+    for relative in STORE_KEYS:
+        path = root / relative
+        if path.exists():
+            tree = ast.parse(path.read_text(), str(path))
+            return {
+                node.value.value
+                for cls in tree.body if isinstance(cls, ast.ClassDef) and cls.name in FIELD_CLASSES
+                for node in cls.body
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+            }
+    return set()
+
+
+def outside_store(module: Module) -> bool:
+    return module.room in PRODUCTION and not (module.name == STORE_PACKAGE or module.name.startswith(STORE_PACKAGE + "."))
+
+
+def _field_reads(tree: ast.AST) -> list[ast.Constant]:
+    """String constants where a hash field would be read or built."""
+    found: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript):
+            found.append(node.slice)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            if node.func.attr in ("get", "pop", "hget", "hdel", "hset", "hexists", "setdefault"):
+                found.append(node.args[0])
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            found.append(node.left)
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            found.append(node.left)
+    return [n for n in found if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def scan_store_boundary(module: Module, tree: ast.AST, fields: set[str], problems: list[str]) -> None:
+    """The store package's rule, for production code outside it."""
+    where = module.path.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            names = []
+        for name in names:
+            if name.split(".")[0] in REDIS_CLIENTS:
+                problems.append(f"store boundary: {module.name} imports the Redis client {name} ({where}:{node.lineno})")
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(KEY_PREFIX):
+            problems.append(f"store boundary: {module.name} spells a key name {node.value!r} ({where}:{node.lineno})")
+    for constant in _field_reads(tree):
+        if constant.value in fields:
+            problems.append(
+                f"store boundary: {module.name} spells the hash field {constant.value!r} ({where}:{constant.lineno})"
+            )
+
+
+def scan(module: Module, modules: dict[str, Module], problems: list[str], fields: set[str] | None = None) -> None:
     tree = ast.parse(module.path.read_text(), str(module.path))
     where = f"{module.path.name}"
+    if fields is not None and outside_store(module):
+        scan_store_boundary(module, tree, fields, problems)
     aliases: dict[str, str] = {}  # a local name bound to one of our modules -> that module
 
     typing_only = {
@@ -226,10 +301,16 @@ def cycles(modules: dict[str, Module]) -> list[list[str]]:
 def build(root: Path) -> Graph:
     modules = discover(root)
     problems: list[str] = []
+    fields = field_names(root)
     for module in modules.values():
-        scan(module, modules, problems)
+        scan(module, modules, problems, fields)
     for module in modules.values():
         for target, line in module.imports.items():
+            if outside_store(module) and target.startswith(STORE_PACKAGE + ".") and STORE_PACKAGE in modules:
+                problems.append(
+                    f"store boundary: {module.name} imports {target}; only {STORE_PACKAGE} itself is its surface "
+                    f"({module.path.name}:{line})"
+                )
             room = modules[target].room
             if room not in MAY_IMPORT[module.room]:
                 problems.append(
@@ -271,7 +352,7 @@ def render(graph: Graph, rooms_only: bool = False) -> str:
         lines.append(f"{len(graph.problems)} problems:")
         lines.extend(f"  {problem}" for problem in sorted(graph.problems))
     else:
-        lines.append("no cycles, no forbidden imports, no private names across modules")
+        lines.append("no cycles, no forbidden imports, no private names across modules, nothing of Redis outside the store")
     return "\n".join(lines)
 
 

@@ -41,7 +41,7 @@ MUTATIONS = [
     Mutation(
         "vote-open",
         "the VOTE script leaves the request open, so a second vote also wins",
-        "acp_state/lua/vote.lua",
+        "acp_state/store/lua/vote.lua",
         "redis.call('HDEL', KEYS[1], {{F.INTERACTION}} .. ARGV[2], {{F.VOTABLE}} .. ARGV[2])\n",
         "",
         LUA_TESTS,
@@ -49,7 +49,7 @@ MUTATIONS = [
     Mutation(
         "announce-late",
         "APPLY announces on the change channel after publishing the events",
-        "acp_state/lua/apply.lua",
+        "acp_state/store/lua/apply.lua",
         "redis.call('SPUBLISH', KEYS[8], ops.sid)\n",
         "",
         LUA_TESTS,
@@ -69,7 +69,7 @@ MUTATIONS = [
     Mutation(
         "no-fence",
         "APPLY lets another incarnation write the session (the ownership fence removed)",
-        "acp_state/lua/apply.lua",
+        "acp_state/store/lua/apply.lua",
         "elseif owner ~= inc then\n  return {-1, 0, ''}\n",
         "",
         LUA_TESTS,
@@ -77,7 +77,7 @@ MUTATIONS = [
     Mutation(
         "no-fence-create",
         "APPLY lets another incarnation overwrite a session with a snapshot",
-        "acp_state/lua/apply.lua",
+        "acp_state/store/lua/apply.lua",
         "  if owner and owner ~= inc then return {-1, 0, ''} end\n",
         "",
         LUA_TESTS,

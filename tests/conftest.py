@@ -11,7 +11,7 @@ from typing import AsyncIterator, Iterator
 import pytest
 import redis.asyncio as aioredis
 
-from acp_state.connection import connect
+from acp_state.store.connection import connect
 
 from tests.harness import Harness
 from tests.redis_server import RedisServer, free_port

@@ -13,9 +13,9 @@ from typing import Any, Callable
 import httpx
 import orjson
 
-from acp_state import keys
-from acp_state.connection import connect
-from acp_state.fanout import Fanout
+from acp_state.store import keys
+from acp_state.store.connection import connect
+from acp_state.store.fanout import Fanout
 from acp_state.ids import workspace_id
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,11 +110,11 @@ class EventWatcher:
         for ws in self.workspaces:
             await self.fanout.watch(ws)
             async for key in self.redis.scan_iter(match=keys.session_prefix(ws) + "*"):
-                self._session_changed(keys.invalidations(ws), key.rsplit(":", 1)[1])
+                self._session_changed(ws, key.rsplit(":", 1)[1])
 
-    def _session_changed(self, channel: str, sid: str) -> None:
+    def _session_changed(self, ws: str, sid: str) -> None:
         if sid not in self._followers:
-            self._followers[sid] = asyncio.ensure_future(self._follow(keys.workspace_of_channel(channel), sid))
+            self._followers[sid] = asyncio.ensure_future(self._follow(ws, sid))
 
     async def _follow(self, ws: str, sid: str) -> None:
         channel = keys.events(ws, sid)

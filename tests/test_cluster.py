@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from acp_state import keys
+from acp_state.store import keys
 from acp_state.ids import workspace_id
 from tests.harness import Harness
 from tests.helpers import create, is_type, prompt, watched_session_after_a_turn

@@ -9,7 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from acp_state import commands, keys
+from acp_state import commands
+from acp_state.store import keys
 from acp_state.commands import Attach, Cancel, Close, Create, MalformedCommand, Prompt, Vote
 from acp_state.store import Admission, RedisStore
 
@@ -113,8 +114,8 @@ def test_a_malformed_command_decodes_to_a_clear_error(payload: bytes, reason: st
 
 def test_turn_kinds_and_the_sentinel_have_one_definition() -> None:
     from acp_state import interactions, votes
-    from api import openapi, sessions
-    from worker import session
+    from acp_state.api import openapi, sessions
+    from acp_state.worker import session
 
     assert commands.CALLER_TURN_KINDS == ("foreground", "cron", "notification", "goal")
     assert set(commands.TURN_KINDS) == {*commands.CALLER_TURN_KINDS, "channel"}

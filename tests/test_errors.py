@@ -20,7 +20,7 @@ from acp_state.api.app import create_app
 from acp_state.api.auth import Token
 from acp_state.api.outcomes import effect
 from acp_state.api.settings import Settings
-from acp_state.connection import connect
+from acp_state.store.connection import connect
 from tests.harness import Harness
 from tests.redis_server import RedisServer
 

@@ -7,7 +7,7 @@ import socket
 
 import orjson
 
-from acp_state import keys
+from acp_state.store import keys
 from acp_state.ids import workspace_id
 from tests.harness import Harness, SseClient
 from tests.helpers import create, is_type, prompt
@@ -203,14 +203,14 @@ async def test_a_gap_in_live_ids_is_filled_from_the_log(harness: Harness, redis_
     next live event reveals the gap, and the stream fills it from the log, in order."""
     from acp_state import events
     from acp_state.ids import new_id
-    from acp_state.keys import F
-    from acp_state.store import RedisStore
+    from acp_state.store import Mode, RedisStore, Transition
+    from acp_state.store.keys import F
 
     store = RedisStore(redis_client)
     ws, sid, owner = workspace_id(workspace), new_id(), f"w-gap-{new_id()}"
     await store.heartbeat(owner, {"sessions": 1}, 600_000)  # a live owner, with no process
     meta = {"sessionId": sid, "workspaceCwd": workspace, "createdAt": "2020-01-01T00:00:00Z"}
-    await store.apply(ws, sid, owner, {"mode": "create", "set": {F.META: orjson.dumps(meta).decode(), F.EPOCH: "e1"}})
+    await store.apply(ws, sid, owner, Transition(mode=Mode.CREATE, meta=meta, epoch="e1"))
     await store.index_session(owner, ws, sid, True)
     api = await harness.api()
     live = await SseClient(api, sid).start()
@@ -221,9 +221,9 @@ async def test_a_gap_in_live_ids_is_filled_from_the_log(harness: Harness, redis_
 
     lost = await redis_client.hincrby(keys.session(ws, sid), F.SEQ, 1)
     await redis_client.xadd(keys.events(ws, sid), {"e": f'{{"id":{lost},{update("lost")}}}'}, id=f"{lost}-0")
-    await store.apply(ws, sid, owner, {"mode": "update", "events": [update("after")]})
+    await store.apply(ws, sid, owner, Transition(events=[update("after")]))
     await live.wait_for(lambda f: f["id"] == lost + 1)
     assert [(f["id"], f["data"]["data"]["update"]["content"]["text"]) for f in live.events()] == [(lost, "lost"), (lost + 1, "after")]
     await live.close()
-    await store.apply(ws, sid, owner, {"mode": "delete"})
+    await store.apply(ws, sid, owner, Transition(mode=Mode.DELETE))
     await store.release(owner)

@@ -11,9 +11,9 @@ import orjson
 import pytest
 from redis.exceptions import ConnectionError
 
-from acp_state import keys
-from acp_state.connection import connect
-from acp_state.fanout import FRESH_S, PING_S, Fanout
+from acp_state.store import keys
+from acp_state.store.connection import connect
+from acp_state.store.fanout import FRESH_S, PING_S, Fanout
 from tests.redis_server import RedisCluster, RedisServer
 
 
@@ -47,7 +47,7 @@ async def test_changes_reach_the_cache_before_the_events_they_announce(
     fanout: Fanout, redis_server: RedisServer
 ) -> None:
     seen: list[str] = []
-    fanout.on_change = lambda channel, sid: seen.append(f"change {sid}")
+    fanout.on_change = lambda ws, sid: seen.append(f"change {sid}")
     publisher = connect(redis_server.url)
     assert await fanout.watch("fanout-test2")
     listener = await fanout.subscribe("acp:{fanout-test2}:ev:s1")

@@ -83,7 +83,7 @@ async def test_dropped_pubsub_connection_is_re_established_and_gaps_filled(harne
 
 
 async def test_kill9_of_a_worker_hosting_1000_sessions(harness: Harness, redis_client, workspace: str) -> None:
-    from acp_state import keys
+    from acp_state.store import keys
     from acp_state.clock import now_ms
     from acp_state.ids import workspace_id
 

@@ -16,7 +16,8 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 
-from acp_state import commands, keys
+from acp_state import commands
+from acp_state.store import keys
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
 from acp_state.worker.worker import RECLAIM_MARGIN_S
@@ -252,7 +253,7 @@ async def test_an_update_that_races_the_first_snapshot_waits_for_it(redis_server
     """The race forced: the agent's update is handed to the session before its first
     snapshot was even queued. It must be written after the snapshot, not fenced off (which
     left a ghost: closed here, live and idle in the store, its prompts never run)."""
-    from acp_state.connection import connect
+    from acp_state.store.connection import connect
     from acp_state.store import RedisStore
     from acp_state.worker.session import LiveSession
 
@@ -278,8 +279,8 @@ async def test_an_update_that_races_the_first_snapshot_waits_for_it(redis_server
         await early
         assert created is not None and created.applied == 1
         assert not fenced and not session.closed
-        fields = await store.session_fields(ws, sid)
-        assert fields["inc"] == "w-race" and fields.get("seq") == "1"
+        view = await store.session(ws, sid)
+        assert view is not None and view.owner == "w-race" and view.last_event_id == 1
         logged, _ = await store.replay(ws, sid, 0)
         assert '"available_commands_update"' in logged[0]
     finally:

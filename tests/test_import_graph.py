@@ -24,7 +24,7 @@ def load_checker():
 def test_the_repository_keeps_the_import_rules() -> None:
     run = subprocess.run([sys.executable, str(SCRIPT), "--rooms-only"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "no cycles, no forbidden imports, no private names across modules" in run.stdout
+    assert "no cycles, no forbidden imports, no private names across modules, nothing of Redis outside the store" in run.stdout
 
 
 def test_the_check_catches_each_kind_of_break(tmp_path: Path) -> None:
@@ -64,3 +64,39 @@ def test_the_check_catches_each_kind_of_break(tmp_path: Path) -> None:
     assert "tests.test_b imports make from tests.test_a" in problems
     assert "test_a from" not in problems  # re-collecting a test function is fine
     assert len(problems.splitlines()) == 8, problems
+
+
+def test_the_check_keeps_redis_inside_the_store_package(tmp_path: Path) -> None:
+    """Outside `acp_state/store/`, production code that imports one of its modules or the
+    Redis client, or spells a key or hash field name, is named; tests may reach in."""
+    files = {
+        "pyproject.toml": '[tool.setuptools.package-dir]\n"acp_state.api" = "api"\n',
+        "acp_state/__init__.py": "",
+        "acp_state/store/__init__.py": "from .types import View\n",
+        "acp_state/store/types.py": "class View: ...\n",
+        "acp_state/store/keys.py": 'class F:\n    OWNER = "inc"\n    CLIENT = "c:"\ndef session(): return "acp:{ws}:s:"\n',
+        "acp_state/store/redis.py": "import redis\nfrom .keys import F\n",
+        "acp_state/summary.py": "from .store import View\n",  # the surface: fine
+        "api/__init__.py": "",
+        "api/locator.py": "from acp_state.store import keys\n",  # reaches in
+        "api/app.py": "from redis import exceptions\n",  # the client
+        "api/sessions.py": 'def owner(fields): return fields.get("inc")\n',  # a field name
+        "api/clients.py": 'def client(cid): return "c:" + cid\n',  # a field prefix
+        "api/names.py": 'LIVE = "acp:{ws}:live"\n',  # a key name
+        "api/plain.py": 'def kind(body): return body.get("kind"), {"inc": 1}\n',  # other strings: fine
+        "tests/__init__.py": "",
+        "tests/test_x.py": "from acp_state.store.keys import F\nimport redis\n",  # tests may
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+
+    problems = sorted(load_checker().build(tmp_path).problems)
+
+    assert problems == [
+        "store boundary: acp_state.api.app imports the Redis client redis (app.py:1)",
+        "store boundary: acp_state.api.clients spells the hash field 'c:' (clients.py:1)",
+        "store boundary: acp_state.api.locator imports acp_state.store.keys; only acp_state.store itself is its surface (locator.py:1)",
+        "store boundary: acp_state.api.names spells a key name 'acp:{ws}:live' (names.py:1)",
+        "store boundary: acp_state.api.sessions spells the hash field 'inc' (sessions.py:1)",
+    ], problems

@@ -6,9 +6,9 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from acp_state import keys
+from acp_state.store import keys
 from acp_state.clock import now_ms
-from acp_state.connection import connect
+from acp_state.store.connection import connect
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
 from tests.harness import Harness
@@ -90,7 +90,7 @@ async def test_heartbeat_is_one_script_whose_cost_does_not_grow_with_sessions(ow
     finally:
         await store.close()
         await redis_client.aclose()
-    # The store's clock (acp_state/lua/registry.lua) writes one or two HSETs depending on
+    # The store's clock (acp_state/store/lua/registry.lua) writes one or two HSETs depending on
     # time alone (whether a millisecond passed, whether the store was silent): not on sessions.
     clock = {"hset"}
     assert {c: n for c, n in empty.items() if c not in clock} == {c: n for c, n in loaded.items() if c not in clock}

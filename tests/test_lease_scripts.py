@@ -8,8 +8,8 @@ from typing import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from acp_state import keys
-from acp_state.connection import connect
+from acp_state.store import keys
+from acp_state.store.connection import connect
 from acp_state.store import RedisStore, Standing
 from tests.conftest import RedisServer
 

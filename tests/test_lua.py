@@ -1,6 +1,6 @@
 """Every Lua script driven directly, with explicit KEYS and ARGV, on a real redis-server.
 
-Each test names the keys and arguments as the script's header (acp_state/lua/*.lua)
+Each test names the keys and arguments as the script's header (acp_state/store/lua/*.lua)
 documents them, and checks what the script answers and leaves in Redis. The store's own
 tests go through RedisStore; these hold each script to its contract on its own.
 """
@@ -15,9 +15,10 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
-from acp_state import events, keys, scripts
-from acp_state.keys import F
-from acp_state.store import Script
+from acp_state import events
+from acp_state.store import keys, scripts
+from acp_state.store.keys import F
+from acp_state.store.redis import Script
 from tests.redis_server import RedisServer
 
 WS = "0123456789abcdef"
@@ -81,7 +82,7 @@ FIELD_NAMES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in scripts.resources.files("acp_state").joinpath("lua").iterdir()))
+@pytest.mark.parametrize("name", sorted(p.stem for p in scripts.resources.files("acp_state.store").joinpath("lua").iterdir()))
 def test_a_template_names_no_field_by_hand(name: str) -> None:
     template = scripts.template(name)
     code = "\n".join(line.split("--", 1)[0] for line in template.splitlines())  # not comments

@@ -7,7 +7,7 @@ import os
 import signal
 
 
-from acp_state import keys
+from acp_state.store import keys
 from acp_state.ids import workspace_id
 from tests.harness import Harness
 from tests.helpers import create, prompt, status

@@ -11,7 +11,9 @@ from acp.exceptions import RequestError
 
 from acp_state import events, ids, interactions, summary, votes
 from acp_state.interactions import CancelSentinelCollision, normalize
-from acp_state.keys import F
+from acp_state.store import SessionView
+from acp_state.store.keys import F
+from acp_state.store.redis import view_of
 from acp_state.turn_errors import LOOP_DETECTED_MESSAGE, from_exception, from_rpc_error
 from acp_state.votes import MALFORMED_OUTCOME, MalformedVote
 
@@ -334,13 +336,16 @@ NEW_FIELDS = {"isWaitingForPermission", "isWaitingForUserQuestion", "pendingInte
 LOOP_TURN_ERROR = {"message": LOOP_DETECTED_MESSAGE, "code": "LOOP_DETECTED", "errorKind": "loop_detected"}
 
 
-def session_hash(*pending: tuple[int, dict], meta: dict = META, **fields: str) -> dict[str, str]:
-    hashed = {F.META: orjson.dumps(meta).decode(), **fields}
+def session_hash(*pending: tuple[int, dict], meta: dict = META, **fields: str) -> SessionView:
+    """The view the store reads from a session hash holding these fields."""
+    hashed = {F.OWNER: "w-1", F.META: orjson.dumps(meta).decode(), **fields}
     for order, interaction in pending:
         rid = interaction["requestId"]
         hashed[F.INTERACTION + rid] = orjson.dumps(interaction).decode()
         hashed[F.VOTABLE + rid] = orjson.dumps([order, ["ok"]]).decode()
-    return hashed
+    view = view_of(hashed)
+    assert view is not None
+    return view
 
 
 def pending(rid: str, kind: str) -> dict:

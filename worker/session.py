@@ -2,12 +2,13 @@
 
 Every transition is written to the store as one atomic step (state + events together).
 The in-memory state here is the truth; Redis holds its projection, which the worker can
-rewrite whole (`snapshot_ops`) when Redis lost it.
+rewrite whole (`snapshot`) when Redis lost it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -15,13 +16,20 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-import orjson
-
-from acp_state import events, faults, ids, interactions
+from acp_state import events, ids, interactions
 from acp_state.commands import CHANNEL, CRON, FOREGROUND, NOTIFICATION
 from acp_state.clock import iso, now_ms
-from acp_state.keys import F
-from acp_state.store import Applied, Store
+from acp_state.store import (
+    Applied,
+    ApplyOutcome,
+    CatalogRow,
+    EndAdmitted,
+    Mode,
+    PendingInteraction,
+    Transition,
+    WorkerStore,
+    is_transient,
+)
 from acp_state.turn_errors import LOOP_DETECTED_MESSAGE, TurnError, from_exception
 
 from .loop_guard import LoopGuard, LoopLimits, skipped_update
@@ -80,7 +88,7 @@ class LiveSession:
     def __init__(
         self,
         *,
-        store: Store,
+        store: WorkerStore,
         incarnation: str,
         ws: str,
         sid: str,
@@ -89,7 +97,7 @@ class LiveSession:
         agent_sid: str,
         single: bool,
         on_gone: Callable[[LiveSession], Awaitable[None]],
-        on_fenced: Callable[[LiveSession, int], Awaitable[None]] | None = None,
+        on_fenced: Callable[[LiveSession, ApplyOutcome], Awaitable[None]] | None = None,
         loop_limits: LoopLimits | None = None,
         on_state: Callable[[str | None, str | None], None] | None = None,
     ) -> None:
@@ -108,8 +116,8 @@ class LiveSession:
         # session itself, or the fence refuses it.
         self._published = asyncio.Event()
         # The create's request id while no API is known to have taken its answer: kept in
-        # the hash (F.REQUEST), so that a sweep after this worker's death leaves no catalog
-        # row of a session nobody was told of.
+        # the store, so that a sweep after this worker's death leaves no catalog row of a
+        # session nobody was told of.
         self.untold_request: str | None = None
         self._in_order = asyncio.Lock()  # FIFO: transitions reach the store in order
         self._op = 0  # running number of this session's transitions
@@ -143,7 +151,7 @@ class LiveSession:
 
     # ---- projection ---------------------------------------------------------------------
 
-    def _meta(self) -> str:
+    def _meta(self) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "sessionId": self.sid,
             "workspaceCwd": self.cwd,
@@ -151,52 +159,41 @@ class LiveSession:
         }
         if self.display_name:
             meta["displayName"] = self.display_name
-        return orjson.dumps(meta).decode()
+        return meta
 
-    def catalog_row(self) -> dict[str, Any]:
+    def catalog_row(self) -> CatalogRow:
         """The durable row; its session id is the catalog field and its cwd the workspace's."""
-        row: dict[str, Any] = {
-            "createdAt": iso(self.created_ms),
-            "updatedAt": iso(self.updated_ms),
-            "updatedAtMs": self.updated_ms,  # the listing order (the catalog zset's score)
-        }
-        if self.display_name:
-            row["displayName"] = self.display_name
-        return row
+        return CatalogRow(iso(self.created_ms), iso(self.updated_ms), self.updated_ms, self.display_name or None)
 
-    def snapshot_ops(self, reason_event: str | None = None) -> dict[str, Any]:
-        """The whole state as one `create` transition (first publish, or rewrite after loss)."""
-        # Fields at their zero value are left out (absent reads as 0, idle, createdAt): an
-        # idle session's hash stays small.
-        fields: dict[str, str] = {F.META: self._meta(), F.EPOCH: secrets.token_hex(8)}
-        if self.updated_ms != self.created_ms:
-            fields[F.UPDATED] = iso(self.updated_ms)
-        if self.active:
-            fields[F.ACTIVE] = "1"
+    def snapshot(self, reason_event: str | None = None) -> Transition:
+        """The whole state as one CREATE transition (first publish, or rewrite after loss)."""
         admitted = ([self.active] if self.active else []) + self._waiting()
-        if admitted:
-            fields[F.ADMITTED] = str(len(admitted))
-        for prompt in admitted:
-            fields[F.PROMPT + prompt.prompt_id] = "1"
-        for client in self.clients:
-            fields[F.CLIENT + client] = "1"
-        if self.turn_error is not None:
-            fields[F.TURN_ERROR] = orjson.dumps(self.turn_error.status_view()).decode()
-        for rid, pending in self.pending.items():
-            fields[F.INTERACTION + rid] = orjson.dumps(pending.interaction).decode()
-            fields[F.VOTABLE + rid] = orjson.dumps([pending.order, pending.allowed]).decode()
-        if self.untold_request is not None:
-            fields[F.REQUEST] = self.untold_request
-        ops: dict[str, Any] = {"mode": "create", "set": fields, "catalog": self.catalog_row()}
-        if self.single:
-            ops["single"] = True
+        transition = Transition(
+            mode=Mode.CREATE,
+            meta=self._meta(),
+            epoch=secrets.token_hex(8),
+            updated_at=iso(self.updated_ms) if self.updated_ms != self.created_ms else None,
+            active=True if self.active else None,
+            admitted=len(admitted),
+            prompts_admitted=[prompt.prompt_id for prompt in admitted],
+            clients=list(self.clients),
+            turn_error=self.turn_error.status_view() if self.turn_error is not None else None,
+            interactions_added=[self._projected(rid, pending) for rid, pending in self.pending.items()],
+            catalog=self.catalog_row(),
+            single=self.single,
+            untold_request=self.untold_request,
+        )
         if reason_event:
             # A rewrite also carries the terminals the store lost with the rest: every
             # acknowledged prompt still gets its one terminal.
-            ops["events"] = [events.body(reason_event, {"sessionId": self.sid}), *self._unwritten]
-            ops["missing_only"] = True  # the heartbeat and a refused write may both ask
+            transition.events = [events.body(reason_event, {"sessionId": self.sid}), *self._unwritten]
+            transition.restore = True  # the heartbeat and a refused write may both ask
             self._unwritten = []
-        return ops
+        return transition
+
+    @staticmethod
+    def _projected(rid: str, pending: Pending) -> PendingInteraction:
+        return PendingInteraction(rid, pending.interaction, pending.order, pending.allowed)
 
     def current_state(self) -> str:
         """This session's state in SESSION_STATES, from memory (the summary's rules)."""
@@ -217,7 +214,7 @@ class LiveSession:
                 self._on_state(self.state, new)
             self.state = new
 
-    async def _write(self, ops: dict[str, Any] | Callable[[], dict[str, Any]]) -> Applied | None:
+    async def _write(self, transition: Transition | Callable[[], Transition]) -> Applied | None:
         """Apply one transition, in order, until the store has it.
 
         The state here is the truth and the store its projection, so a transition the store
@@ -225,38 +222,38 @@ class LiveSession:
         time per session), under a running number that makes a retry of one that did apply
         a no-op. A fenced write (the store has no such session of ours) is reported to the
         worker, which asks the registry whether we were declared dead or the store lost it;
-        the terminals it carried are then written again with the session. `ops` may be a
-        function, called in turn: a snapshot must see what the writes before it did."""
-        if not callable(ops) and ops.get("mode") != "create" and not self._published.is_set():
+        the terminals it carried are then written again with the session. `transition` may
+        be a function, called in turn: a snapshot must see what the writes before it did."""
+        if not callable(transition) and transition.mode is not Mode.CREATE and not self._published.is_set():
             await self._published.wait()
         async with self._in_order:
-            if callable(ops):
-                ops = ops()
-            if self.closed and ops.get("mode") != "delete":
+            if callable(transition):
+                transition = transition()
+            if self.closed and transition.mode is not Mode.DELETE:
                 return None
             TRANSITIONS.inc()
-            for body in ops.get("events", ()):
+            for body in transition.events:
                 EVENTS.labels(events.event_type(body)).inc()
             self._op += 1
-            ops = dict(ops, op=self._op)
+            transition = dataclasses.replace(transition, op=self._op)
             try:
-                result = await self._apply_until_taken(ops)
+                result = await self._apply_until_taken(transition)
             finally:
                 self._track_state()
-            if result is not None and result.applied not in (1, 2):
-                self._unwritten += [body for body in ops.get("events", ()) if events.event_type(body) in TERMINALS]
+            if result is not None and result.applied not in (ApplyOutcome.APPLIED, ApplyOutcome.PRESENT):
+                self._unwritten += [body for body in transition.events if events.event_type(body) in TERMINALS]
                 if not self.closed and self._on_fenced is not None:
                     log.warning("the store refused a write (%d); checking our lease", result.applied, extra={"sessionId": self.sid})
                     asyncio.ensure_future(self._on_fenced(self, result.applied))
         return result
 
-    async def _apply_until_taken(self, ops: dict[str, Any]) -> Applied | None:
+    async def _apply_until_taken(self, transition: Transition) -> Applied | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.write_patience_s
         pause = RETRY_FIRST_S
         while True:
             try:
-                return await self.store.apply(self.ws, self.sid, self.incarnation, ops)
+                return await self.store.apply(self.ws, self.sid, self.incarnation, transition)
             except Exception as error:
                 # Retried whatever the error: the running number makes a retry of a write
                 # that did apply a no-op, and redis-py can fail oddly on a connection torn
@@ -267,7 +264,7 @@ class LiveSession:
                     return None
                 log.warning(
                     "a transition could not be written yet (%r); retrying", error,
-                    exc_info=not faults.is_transient(error), extra={"sessionId": self.sid},
+                    exc_info=not is_transient(error), extra={"sessionId": self.sid},
                 )
             await asyncio.sleep(pause)
             pause = min(pause * 2, RETRY_MAX_S)
@@ -278,7 +275,7 @@ class LiveSession:
         # No event: an idle session then costs no replay log (a stream's first node alone
         # takes ~4 KB of Redis memory); the log starts with the session's first event.
         try:
-            return await self._write(self.snapshot_ops)
+            return await self._write(self.snapshot)
         finally:
             self._published.set()
 
@@ -286,7 +283,7 @@ class LiveSession:
         """Redis lost our state (restart, failover): write it again under a new epoch."""
         if self.closed:
             return
-        await self._write(lambda: self.snapshot_ops("session_restored"))
+        await self._write(lambda: self.snapshot("session_restored"))
         for rid in list(self.pending):
             await self._locate_request(rid, True)
 
@@ -299,20 +296,20 @@ class LiveSession:
         """Accept an admitted prompt: start it now or queue it behind the running one."""
         if self.closed:
             return
-        ops: dict[str, Any] = {"events": []}
+        transition = Transition()
         if self.display_name is None and prompt.kind == FOREGROUND and prompt.text.strip():
             self.display_name = prompt.text.strip()[:DISPLAY_NAME_MAX]
-            ops["set"] = {F.META: self._meta()}
-            ops["catalog"] = self.catalog_row()
+            transition.meta = self._meta()
+            transition.catalog = self.catalog_row()
         if self.active is not None or self._waiting():
             prompt.queued = True
             data = {"sessionId": self.sid, "promptId": prompt.prompt_id, "text": prompt.text, "queuedAt": prompt.queued_at}
-            ops["events"].append(events.body("pending_prompt_added", data, prompt.prompt_id, prompt.client_id))
+            transition.events.append(events.body("pending_prompt_added", data, prompt.prompt_id, prompt.client_id))
             (self.automatic[prompt.kind] if prompt.kind in AUTOMATIC_KINDS else self.queue).append(prompt)
         else:
             self.active = prompt  # reserved now, so a cancel right behind it finds it
-        if ops["events"] or "set" in ops:
-            asyncio.ensure_future(self._write(ops))
+        if transition.events or transition.meta is not None:
+            asyncio.ensure_future(self._write(transition))
         if self._runner is None or self._runner.done():
             self._runner = asyncio.ensure_future(self._run())
 
@@ -352,19 +349,19 @@ class LiveSession:
         self._guard = LoopGuard(self.loop_limits)
         self._loop_stop = None
         self.turn_error_event = False
-        ops: dict[str, Any] = {"set": {F.ACTIVE: "1"}, "del": [F.TURN_ERROR_EVENT], "events": []}
+        transition = Transition(active=True, clear_turn_error_event=True)
         if prompt.kind in INTERACTIVE_KINDS or prompt.kind == CHANNEL:
             self.turn_error = None
-            ops["del"].append(F.TURN_ERROR)
+            transition.clear_turn_error = True
         if prompt.queued:
             data = {"sessionId": self.sid, "promptId": prompt.prompt_id, "text": prompt.text}
-            ops["events"].append(events.body("pending_prompt_started", data, prompt.prompt_id, prompt.client_id))
+            transition.events.append(events.body("pending_prompt_started", data, prompt.prompt_id, prompt.client_id))
         for block in prompt.blocks:
             update = {"sessionUpdate": "user_message_chunk", "content": block}
-            ops["events"].append(
+            transition.events.append(
                 events.body("session_update", {"sessionId": self.sid, "update": update}, prompt.prompt_id, prompt.client_id)
             )
-        await self._write(ops)
+        await self._write(transition)
 
     async def _end_with_stop(self, prompt: Prompt, stop_reason: str) -> None:
         """The agent answered a stop reason. A user's cancel wins over a loop stop; a loop
@@ -388,42 +385,42 @@ class LiveSession:
         else:
             await self._fail(prompt, error)
 
-    def _terminal_ops(self, prompt: Prompt) -> dict[str, Any]:
+    def _terminal(self, prompt: Prompt) -> Transition:
         """Common part of a running prompt's terminal transition."""
         prompt.ended = True
         self.active = None
         self.updated_ms = now_ms()
-        return {
-            "set": {F.ACTIVE: "0", F.UPDATED: iso(self.updated_ms)},
-            "del": [F.PROMPT + prompt.prompt_id],
-            "incr": {F.ADMITTED: -1},
-            "catalog": self.catalog_row(),
-            "events": [],
-        }
+        return Transition(
+            active=False,
+            updated_at=iso(self.updated_ms),
+            prompts_ended=[prompt.prompt_id],
+            admitted_change=-1,
+            catalog=self.catalog_row(),
+        )
 
     async def _complete(self, prompt: Prompt, stop_reason: str) -> None:
         if prompt.ended:
             return
-        ops = self._terminal_ops(prompt)
+        transition = self._terminal(prompt)
         data = {"sessionId": self.sid, "stopReason": stop_reason, "promptId": prompt.prompt_id}
-        ops["events"].append(events.body("turn_complete", data, prompt.prompt_id))
-        await self._write(ops)
+        transition.events.append(events.body("turn_complete", data, prompt.prompt_id))
+        await self._write(transition)
 
     async def _fail(self, prompt: Prompt, error: TurnError) -> None:
         """A running prompt failed: publish `turn_error` and keep it as the status error."""
         if prompt.ended:
             return
-        ops = self._terminal_ops(prompt)
+        transition = self._terminal(prompt)
         if error.structured:
             # A structured rejection cancels pending interactions first, without prompt_cancelled.
-            ops["del"] += self._resolve_all_pending(ops["events"])
+            transition.interactions_removed += self._resolve_all_pending(transition.events)
         self.turn_error = error
         self.turn_error_event = True
         TURN_ERRORS.labels(error.error_kind or "none").inc()
-        ops["set"][F.TURN_ERROR] = orjson.dumps(error.status_view()).decode()
-        ops["events"].append(events.body("turn_error", error.event_data(self.sid, prompt.prompt_id), prompt.prompt_id))
-        ops["tev"] = len(ops["events"])
-        await self._write(ops)
+        transition.turn_error = error.status_view()
+        transition.events.append(events.body("turn_error", error.event_data(self.sid, prompt.prompt_id), prompt.prompt_id))
+        transition.keep_turn_error_event = len(transition.events)
+        await self._write(transition)
 
     async def _stop_looping_turn(self, loop_type: str) -> None:
         """The guard tripped: cancel the turn at the agent, fail its unfinished tool calls.
@@ -439,14 +436,14 @@ class LiveSession:
             for call_id in self._guard.unfinished()
         ]
         if skipped:
-            await self._write({"events": skipped})
+            await self._write(Transition(events=skipped))
 
-    def _end_ops(self, code: str, message: str, last_event: str, reason: str) -> dict[str, Any]:
+    def _end(self, code: str, message: str, last_event: str, reason: str) -> Transition:
         """The session's last transition (close, child exit): every prompt it admitted ends
         with a `turn_error` (those still running or queued here, and those admitted in the
         store that never reached us), pending requests resolve cancelled, then `last_event`."""
         event_list: list[str] = []
-        fields: list[str] = []
+        ended: list[str] = []
         prompts = ([self.active] if self.active else []) + self._waiting()
         self.queue.clear()
         for queue in self.automatic.values():
@@ -455,20 +452,20 @@ class LiveSession:
             if prompt.ended:
                 continue
             prompt.ended = True
-            fields.append(F.PROMPT + prompt.prompt_id)
+            ended.append(prompt.prompt_id)
             data = {"sessionId": self.sid, "message": message, "code": code, "promptId": prompt.prompt_id}
             event_list.append(events.body("turn_error", data, prompt.prompt_id))
         self.active = None
-        fields += self._resolve_all_pending(event_list)
+        resolved = self._resolve_all_pending(event_list)
         event_list.append(events.body(last_event, {"sessionId": self.sid, "reason": reason}))
-        orphan = {"sessionId": self.sid, "message": message, "code": code, "promptId": "@PID@"}
-        return {
-            "mode": "delete",
-            "del": fields,
-            "events": event_list,
-            "orphan": events.body("turn_error", orphan, "@PID@"),
-            "catalog": self.catalog_row(),
-        }
+        return Transition(
+            mode=Mode.DELETE,
+            prompts_ended=ended,
+            interactions_removed=resolved,
+            events=event_list,
+            end_admitted=EndAdmitted(code, message),
+            catalog=self.catalog_row(),
+        )
 
     # ---- cancel, close, death -------------------------------------------------------------
 
@@ -483,23 +480,23 @@ class LiveSession:
         # ACP order: session/cancel first, then answer what the agent still awaits, so the
         # agent reads the cancel before the cancelled outcomes and ends `cancelled`.
         await self.agent.cancel(self.agent_sid)
-        ops: dict[str, Any] = {"events": []}
-        ops["del"] = self._resolve_all_pending(ops["events"])
-        if ops["events"]:
-            await self._write(ops)
+        transition = Transition()
+        transition.interactions_removed = self._resolve_all_pending(transition.events)
+        if transition.events:
+            await self._write(transition)
 
     async def close(self, reason: str = "closed", publish: bool = True, uncatalog: bool = False) -> None:
         """Close the session: terminals for its prompts, pending cancelled, keys deleted."""
         if self.closed:
             return
-        ops = self._end_ops("session_closed", "session closed before the prompt completed", "session_closed", reason)
+        transition = self._end("session_closed", "session closed before the prompt completed", "session_closed", reason)
         if uncatalog:  # nobody was told it existed: it leaves no row behind
-            del ops["catalog"]
-            ops["uncatalog"] = True
+            transition.catalog = None
+            transition.uncatalog = True
         self.closed = True
         self._track_state()
         if publish:
-            await self._write(ops)
+            await self._write(transition)
         await self.agent.forget(self.agent_sid)
         await self._on_gone(self)
 
@@ -507,10 +504,10 @@ class LiveSession:
         """The agent child exited: prompts end with channel_closed, then `session_died`."""
         if self.closed:
             return
-        ops = self._end_ops("channel_closed", "agent channel exited before the prompt completed", "session_died", "channel_closed")
+        transition = self._end("channel_closed", "agent channel exited before the prompt completed", "session_died", "channel_closed")
         self.closed = True
         self._track_state()
-        await self._write(ops)
+        await self._write(transition)
         await self._on_gone(self)
 
     async def abandon(self) -> None:
@@ -546,17 +543,17 @@ class LiveSession:
     # ---- permission requests --------------------------------------------------------------
 
     def _resolve_all_pending(self, event_list: list[str]) -> list[str]:
-        """Resolve every pending request `cancelled`; returns the hash fields to delete."""
-        fields: list[str] = []
+        """Resolve every pending request `cancelled`; returns their request ids."""
+        resolved: list[str] = []
         for rid, pending in list(self.pending.items()):
             if not pending.answer.done():
                 pending.answer.set_result((CANCELLED, None))
             event_list.append(
                 events.body("permission_resolved", {"requestId": rid, "outcome": CANCELLED["outcome"]}, pending.prompt_id)
             )
-            fields += [F.INTERACTION + rid, F.VOTABLE + rid]
+            resolved.append(rid)
             del self.pending[rid]
-        return fields
+        return resolved
 
     async def _locate_request(self, rid: str, present: bool) -> None:
         """Index (or drop) a pending request for the legacy vote route. Best effort: a Redis
@@ -595,15 +592,12 @@ class LiveSession:
         self.pending[rid] = pending
         data = {"requestId": rid, "sessionId": self.sid, "toolCall": tool_call, "options": options}
         result = await self._write(
-            {
-                "set": {
-                    F.INTERACTION + rid: orjson.dumps(interaction).decode(),
-                    F.VOTABLE + rid: orjson.dumps([pending.order, pending.allowed]).decode(),
-                },
-                "events": [events.body("permission_request", data, prompt_id)],
-            }
+            Transition(
+                interactions_added=[self._projected(rid, pending)],
+                events=[events.body("permission_request", data, prompt_id)],
+            )
         )
-        if result is None or result.applied != 1:
+        if result is None or result.applied != ApplyOutcome.APPLIED:
             self.pending.pop(rid, None)
             return CANCELLED
         await self._locate_request(rid, True)
@@ -619,10 +613,10 @@ class LiveSession:
             if voter:
                 data["voterClientId"] = voter
             await self._write(
-                {
-                    "del": [F.INTERACTION + rid, F.VOTABLE + rid],
-                    "events": [events.body("permission_resolved", data, prompt_id, voter)],
-                }
+                Transition(
+                    interactions_removed=[rid],
+                    events=[events.body("permission_resolved", data, prompt_id, voter)],
+                )
             )
         return response
 
@@ -635,13 +629,11 @@ class LiveSession:
         kept turn-error event, so a reload no longer re-appends it.
         """
         prompt_id = self.active.prompt_id if self.active else None
-        ops: dict[str, Any] = {
-            "events": [events.body("session_update", {"sessionId": self.sid, "update": update}, prompt_id)]
-        }
+        transition = Transition(events=[events.body("session_update", {"sessionId": self.sid, "update": update}, prompt_id)])
         if self.turn_error_event and events.is_turn_content(update):
             self.turn_error_event = False
-            ops["del"] = [F.TURN_ERROR_EVENT]
+            transition.clear_turn_error_event = True
         tripped = self._guard.observe(update) if self.active is not None and self._loop_stop is None else None
-        await self._write(ops)
+        await self._write(transition)
         if tripped and self.active is not None and not self.active.cancel_requested:
             await self._stop_looping_turn(tripped)

@@ -24,9 +24,9 @@ from typing import Any, Awaitable, Callable
 
 from prometheus_client import REGISTRY, make_asgi_app
 
-from acp_state import commands, keys
+from acp_state import commands
 from acp_state.clock import iso, now_ms
-from acp_state.store import Standing, Store
+from acp_state.store import ApplyOutcome, Standing, Store
 from acp_state.summary import SESSION_STATES
 from acp_state.sweeper import run_sweeper
 from acp_state.tasks import survive
@@ -101,7 +101,7 @@ class Worker:
         self.sessions: dict[str, LiveSession] = {}
         self.agents: dict[str, AgentProcess] = {}
         self._creating = 0
-        self._cursors: dict[str, str] = {keys.worker_control(self.incarnation): "0"}
+        self._cursors: dict[str, str] = {self.store.control_feed(self.incarnation): "0"}
         self._registered = False
         # The longest this process was frozen (SIGSTOP, a blocked event loop) since its
         # last accepted renewal: what tells "the store lost us" from "we may have been swept".
@@ -252,7 +252,7 @@ class Worker:
         sessions = list(self.sessions.values())
         log.warning("incarnation %s is dead (%s): ending its %d sessions and joining again", old, reason, len(sessions))
         self.incarnation = new_incarnation(self.config.name)
-        self._cursors = {keys.worker_control(self.incarnation): "0"}
+        self._cursors = {self.store.control_feed(self.incarnation): "0"}
         self._workspace_load.clear()
         await asyncio.gather(*(s.abandon() for s in sessions), return_exceptions=True)
         self._registered = False
@@ -260,12 +260,12 @@ class Worker:
         self._registered = standing is not Standing.DEAD
         log.warning("joined again as %s", self.incarnation)
 
-    async def _session_fenced(self, session: LiveSession, applied: int) -> None:
+    async def _session_fenced(self, session: LiveSession, applied: ApplyOutcome) -> None:
         """The store refused a session's write: were we declared dead, or did it lose it?"""
         await survive("heartbeat", self.check_standing)
         if session.closed or session.incarnation != self.incarnation:
             return  # we were dead: _rejoin ended it
-        if applied == -1:
+        if applied == ApplyOutcome.FOREIGN:
             log.warning("another worker owns the session now; ending it here", extra={"sessionId": session.sid})
             await session.abandon()
         else:
@@ -352,7 +352,7 @@ class Worker:
             asyncio.ensure_future(self.store.reply(command.request_id, {"ok": False, "code": "worker_full"}))
             return
         self._creating += 1  # capacity is reserved now, before the agent starts
-        self._cursors.setdefault(keys.inbox(command.ws, self.incarnation), "0")
+        self._cursors.setdefault(self.store.inbox_feed(command.ws, self.incarnation), "0")
         asyncio.ensure_future(self._create(command))
 
     def on_prompt(self, command: commands.Prompt) -> None:
@@ -466,13 +466,13 @@ class Worker:
         self._creating -= 1  # the reservation is now a session: count it once
         self._workspace_load[ws] = self._workspace_load.get(ws, 0) + 1
         # An incarnation that changed while the agent started reads a new inbox.
-        self._cursors.setdefault(keys.inbox(ws, session.incarnation), "0")
+        self._cursors.setdefault(self.store.inbox_feed(ws, session.incarnation), "0")
         # From here on the store is told, retrying while it is away: the sweeper's index
         # first, then the session, then the API's answer. A session nobody was told of (the
         # answer could not be given, or the API stopped waiting) is undone.
         indexed = await _stored(lambda: self.store.index_session(session.incarnation, ws, sid, True))
         result = await session.publish_created(command.client_id) if indexed else None
-        if result is None or result.applied != 1:
+        if result is None or result.applied != ApplyOutcome.APPLIED:
             await session.close("conflict", publish=result is None and indexed)
             with contextlib.suppress(Exception):
                 await self.store.reply(command.request_id, {"ok": False, "code": "session_conflict"})

@@ -13,8 +13,7 @@ import sys
 from typing import Any, Awaitable, Callable
 
 from .. import logs
-from ..connection import MEMORY, UnsuitableRedis, connect, verify
-from ..store import RedisStore, Retention
+from ..store import MEMORY, RedisStore, Retention, UnsuitableRedis, check_redis
 from ..testing import scripted_agent
 from .serving import DEFAULT_SERVER, SERVERS, listen_address, serve_http, started, until_signal, url_host
 
@@ -224,15 +223,10 @@ def _parser() -> argparse.ArgumentParser:
 async def _check_redis(url: str) -> None:
     """Refuse at once, with the reason, a Redis acp-state cannot use as given (too old, or a
     cluster node behind a single-node URL); an unreachable one is the runner's business."""
-    client = connect(url)
     try:
-        await verify(client)
+        await check_redis(url)
     except UnsuitableRedis as error:
         raise SystemExit(f"acp-state: {url}: {error}") from None
-    except Exception:
-        pass
-    finally:
-        await client.aclose()
 
 
 async def _run(runner: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace) -> None:

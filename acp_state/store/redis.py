@@ -1,29 +1,49 @@
-"""The runtime-state store both sides talk to, and its Redis implementation.
+"""`Store` over redis-py: a single server, a Redis Cluster, or the embedded fakeredis default.
 
-The API and the worker only ever call the methods of `Store`; `RedisStore` implements them
-over redis-py: a single server, a Redis Cluster, or the embedded fakeredis default. Every
-method is one Redis round trip unless its docstring says otherwise (on a cluster, a
-pipeline that spans shards is one round trip per shard, sent concurrently).
+The only code that knows the key schema (`keys`), the session hash's fields and the Lua
+(`scripts`): it packs each typed `Transition` into the APPLY script's ops JSON and unpacks
+each session hash into a `SessionView`, one pair. Every method is one Redis round trip
+unless its docstring says otherwise (on a cluster, a pipeline that spans shards is one
+round trip per shard, sent concurrently).
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import hashlib
 import logging
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable
 
 import orjson
 from redis.cluster import key_slot
 from redis.exceptions import NoScriptError
 
-from . import commands, events, keys, scripts
-from .clock import now_ms
-from .commands import CANCEL_SENTINEL, Attach, Command, Create, MalformedCommand, Vote
+from .. import commands, events
+from ..clock import now_ms
+from ..commands import CANCEL_SENTINEL, Attach, Command, Create, MalformedCommand, Vote
+from ..metrics import REDIS_ROUNDTRIP
+from . import keys, scripts
 from .connection import MEMORY, Client, connect, is_cluster
-from .metrics import REDIS_ROUNDTRIP
+from .fanout import Fanout
+from .keys import F
+from .types import (
+    ABANDONED,
+    Admission,
+    AdmissionStatus,
+    Applied,
+    ApplyOutcome,
+    CatalogRow,
+    CreateRecord,
+    LeaseView,
+    ListedSession,
+    LoadSnapshot,
+    Mode,
+    Retention,
+    SessionView,
+    Standing,
+    Transition,
+    VoteOutcome,
+)
 
 log = logging.getLogger("acp_state.store")
 
@@ -35,7 +55,6 @@ REPLY_TTL_S = 60
 # One BLPOP must end well inside the client's socket read timeout (5 s by default since
 # redis-py 8), or the read fails with TimeoutError instead of returning nil.
 REPLY_WAIT_STEP_S = 1
-ABANDONED = "abandoned"  # left on a reply list by an API that stopped waiting
 # The first outcome of a command sent with an idempotency key is kept this long.
 IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000
 # Registry keys outlive a day without any process of the deployment.
@@ -48,150 +67,8 @@ SWEEP_CLAIM_MS = 30_000
 SWEEP_CLAIM_LIMIT = 64
 # Workspaces whose last listing's live sessions are remembered (see RedisStore.list_page).
 LIST_HINTS = 4096
-
-
-class Standing(enum.Enum):
-    """What a heartbeat learned about the worker's incarnation."""
-
-    HELD = "held"  # renewed in time
-    LATE = "late"  # renewed after its deadline, but nobody had declared it dead
-    NEW = "new"  # the registry did not know it: a first registration, or the store lost it
-    DEAD = "dead"  # declared dead (tombstoned): it must never act again
-
-
-@dataclass(frozen=True)
-class LeaseView:
-    """The registry as a reader sees it, on Redis's clock."""
-
-    deadlines: dict[str, int]  # incarnation -> lease deadline
-    leases: dict[str, int]  # incarnation -> lease ms
-    redis_now_ms: int
-    tick_ms: int  # the store last served a lease decision
-    stall_ms: int  # the store last came back from a silence
-
-    def live_until(self) -> dict[str, int]:
-        """Until when each registered incarnation counts as live.
-
-        Its deadline, or, if the store itself was silent since (a stall, a pause, running out
-        of memory, a failover), a whole lease after it came back: the grace in which no
-        sweeper declares it dead either (scripts.CLAIM_DEAD), so that readers do not hide
-        the sessions of a worker that only the store kept from renewing."""
-        stall = self.stall_ms
-        if self.leases and self.redis_now_ms - self.tick_ms > min(self.leases.values()) / 2:
-            stall = self.redis_now_ms  # silent right now, as the next lease decision will find
-        return {
-            inc: max(deadline, stall + self.leases.get(inc, 0)) if stall else deadline
-            for inc, deadline in self.deadlines.items()
-        }
-
-
-@dataclass(frozen=True)
-class Applied:
-    """The result of one state transition."""
-
-    applied: int  # 1 applied, 0 fenced (the session is no longer ours), -1 owned by another
-    last_event_id: int
-    epoch: str
-
-
-@dataclass(frozen=True)
-class Admission:
-    """The result of handing a command to a session's owner."""
-
-    status: str  # 'ok' | 'gone' | 'full'
-    last_event_id: int = 0
-    epoch: str = ""
-    prompt_id: str = ""  # the admitted prompt's id (the first one's, for a repeated key)
-    repeated: bool = False  # the kept first outcome of the same idempotency key
-
-
-@dataclass(frozen=True)
-class CreateRecord:
-    """What an idempotency key of a create holds: the first create's session and client,
-    and how far it got."""
-
-    sid: str
-    client_id: str
-    attached: bool
-    request: str | None  # the request sent to a worker, while its answer is not taken
-    kept: bool  # its outcome was told: the key answers with this session
-
-    def pack(self) -> str:
-        return f"{self.sid} {self.client_id} {int(self.attached)} {'+' if self.kept else self.request or '-'}"
-
-    @classmethod
-    def unpack(cls, value: str) -> CreateRecord:
-        sid, client_id, attached, request = value.split(" ")
-        return cls(sid, client_id, attached == "1", request if request not in ("+", "-") else None, request == "+")
-
-
-@dataclass(frozen=True)
-class Retention:
-    """How long things outside the lease are kept."""
-
-    catalog_ms: int = 7 * 24 * 3600 * 1000
-    events_ms: int = 30 * 60 * 1000
-    events_max: int = 1000
-    transcript_ms: int = 7 * 24 * 3600 * 1000
-    transcript_max: int = 10_000
-    # A live session's hash expires this long after its last refresh: the bound on how long
-    # a reader that skips the lease can see a session whose worker is gone.
-    session_ttl_ms: int = 15 * 60 * 1000
-
-
-class Store(Protocol):
-    """The store interface of acp-state (centrifuge-style: Redis is one implementation)."""
-
-    retention: Retention
-    resends: bool  # the client resends a command after an error (it may have run twice)
-
-    async def close(self) -> None: ...
-
-    # worker side
-    async def heartbeat(self, incarnation: str, report: dict[str, Any], lease_ms: int) -> Standing: ...
-    async def release(self, incarnation: str) -> None: ...
-    async def resign(self, incarnation: str) -> None: ...
-    async def apply(self, ws: str, sid: str, incarnation: str, ops: dict[str, Any]) -> Applied: ...
-    async def touch_sessions(self, incarnation: str, sessions: list[tuple[str, str, bool]]) -> set[tuple[str, str]]: ...
-    async def read_commands(self, cursors: dict[str, str], block_ms: int) -> list[tuple[str, str, Command | MalformedCommand]]: ...
-    async def reply(self, request: str, payload: dict[str, Any], ttl_s: int = ...) -> bool: ...
-    async def reclaim_replies(self, answers: list[tuple[str, dict[str, Any]]]) -> list[bool]: ...
-    async def index_session(self, incarnation: str, ws: str, sid: str, present: bool) -> None: ...
-    async def locate_request(self, rid: str, where: str | None) -> None: ...
-    async def drop_inbox(self, ws: str, incarnation: str) -> None: ...
-
-    # API side
-    async def lease_view(self) -> LeaseView: ...
-    async def worker_reports(self, incarnations: list[str]) -> dict[str, dict[str, Any]]: ...
-    async def send_control(self, incarnation: str, command: Create) -> None: ...
-    async def await_reply(self, request: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None) -> dict[str, Any] | None: ...
-    async def abandon_reply(self, request: str) -> dict[str, Any] | None: ...
-    async def take_reply(self, request: str) -> dict[str, Any] | str | None: ...
-    async def note_create_request(self, idempotency_key: str, sid: str, client_id: str, request: str) -> None: ...
-    async def mark_told(self, ws: str, sid: str) -> None: ...
-    async def locate(self, sid: str) -> str | None: ...
-    async def request_location(self, rid: str) -> tuple[str, str] | None: ...
-    async def session_fields(self, ws: str, sid: str) -> dict[str, str]: ...
-    async def send(self, ws: str, incarnation: str, command: Command, admit_limit: int | None = None, idempotency_key: str | None = None) -> Admission: ...
-    async def vote(self, ws: str, incarnation: str, command: Vote, idempotency_key: str | None = None) -> str: ...
-    async def claim_create(self, idempotency_key: str, sid: str, client_id: str, ttl_ms: int = ...) -> CreateRecord | None: ...
-    async def create_record(self, idempotency_key: str) -> CreateRecord | None: ...
-    async def keep_create(self, idempotency_key: str, sid: str, client_id: str, attached: bool) -> None: ...
-    async def forget_create(self, idempotency_key: str, sid: str) -> None: ...
-    async def catalog_row(self, ws: str, sid: str) -> dict[str, Any] | None: ...
-    async def first_outcome(self, ws: str, sid: str, idempotency_key: str) -> Admission | None: ...
-    async def attach(self, ws: str, incarnation: str, command: Attach) -> bool: ...
-    async def claim_single(self, ws: str, sid: str, ttl_ms: int) -> str | None: ...
-    async def release_single(self, ws: str, sid: str) -> None: ...
-    async def list_page(self, ws: str, offset: int, size: int) -> list[tuple[str, dict[str, Any] | None, dict[str, str]]]: ...
-    async def replay(self, ws: str, sid: str, after: int, upto: int | None = None) -> tuple[list[str], int | None]: ...
-    async def transcript_page(self, ws: str, sid: str, before: str | None, limit: int) -> tuple[list[tuple[str, str]], dict[str, Any] | None]: ...
-    async def load_snapshot(self, ws: str, sid: str, page_size: int) -> tuple[dict[str, str], list[tuple[str, str]], list[str]]: ...
-
-    # sweeper
-    async def claim_dead_workers(self) -> tuple[int, list[str]]: ...
-    async def worker_index(self, incarnation: str) -> list[tuple[str, str]]: ...
-    async def forget_worker(self, incarnation: str, workspaces: set[str]) -> None: ...
+# Stands for each admitted prompt's id in the terminal APPLY gives the prompts left (orphan).
+PROMPT_ID_SLOT = "@PID@"
 
 
 class Script:
@@ -261,7 +138,7 @@ class RedisStore:
 
     @classmethod
     def from_url(cls, url: str, retention: Retention | None = None) -> RedisStore:
-        """A store on `url` (see acp_state.connection), with its own client for leases."""
+        """A store on `url` (see acp_state.store.connection), with its own client for leases."""
         lease = connect(url) if not url.startswith(MEMORY) else None
         return cls(connect(url), retention, lease)
 
@@ -291,29 +168,15 @@ class RedisStore:
         """Declare an incarnation dead ourselves, so a sweeper removes what it left."""
         await self._resign(keys.REGISTRY_KEYS, [incarnation, REGISTRY_TTL_MS])
 
-    async def apply(self, ws: str, sid: str, incarnation: str, ops: dict[str, Any]) -> Applied:
-        """One atomic state transition (scripts.APPLY).
+    async def apply(self, ws: str, sid: str, incarnation: str, transition: Transition) -> Applied:
+        """One atomic state transition (scripts.APPLY), fenced by `incarnation`: the session
+        hash, its events (log, transcript, live channel), the listing set and the catalog
+        row change together, after the workspace's change channel is told (see `_ops` for
+        the ops JSON the script reads).
 
-        `ops`: mode ('create'|'update'|'delete'), set {field: str}, del [field],
-        incr {field: int}, events [envelope bodies], tev (1-based index of the event to keep
-        as the turn-error event), catalog (row dict), single (bool), orphan (with 'delete':
-        the terminal body for each admitted prompt left, `@PID@` standing for its id).
         Concurrent calls from this process share one pipeline per flush, in call order.
         """
-        ops = dict(ops, sid=sid)
-        if ops.get("events") or ops.get("orphan"):
-            ops.setdefault("evmax", self.retention.events_max)
-            ops.setdefault("evttl", self.retention.events_ms)
-            ops["tr"] = [i + 1 for i, body in enumerate(ops["events"]) if events.in_transcript(body)]
-            ops["trmax"] = self.retention.transcript_max
-            ops["trttl"] = self.retention.transcript_ms
-        row = ops.pop("catalog", None)
-        if row is not None:
-            now = now_ms()
-            ops["score"] = str(row.pop("updatedAtMs", now))
-            ops["catalog"] = orjson.dumps(row).decode()
-            ops["retention"] = self.retention.catalog_ms
-            ops["cutoff"] = str(now - self.retention.catalog_ms)
+        ops = self._ops(sid, transition)
         key_list = [
             keys.session(ws, sid),
             keys.events(ws, sid),
@@ -330,6 +193,80 @@ class RedisStore:
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.create_task(self._flush())
         return await future
+
+    def _ops(self, sid: str, t: Transition) -> dict[str, Any]:
+        """The APPLY script's ops JSON for a transition (see apply.lua): mode, set {field:
+        str}, del [field], incr {field: int}, events [envelope bodies], tev (1-based index of
+        the event to keep as the turn-error event), catalog (row JSON) with its score,
+        single, missing_only, uncatalog, orphan (the terminal body for each admitted prompt
+        left, `@PID@` standing for its id), op; with the retention each needs."""
+        fields: dict[str, str] = {}
+        if t.meta is not None:
+            fields[F.META] = orjson.dumps(t.meta).decode()
+        if t.epoch is not None:
+            fields[F.EPOCH] = t.epoch
+        if t.updated_at is not None:
+            fields[F.UPDATED] = t.updated_at
+        if t.active is not None:
+            fields[F.ACTIVE] = "1" if t.active else "0"
+        if t.admitted:
+            fields[F.ADMITTED] = str(t.admitted)
+        for prompt_id in t.prompts_admitted:
+            fields[F.PROMPT + prompt_id] = "1"
+        for client_id in t.clients:
+            fields[F.CLIENT + client_id] = "1"
+        if t.turn_error is not None:
+            fields[F.TURN_ERROR] = orjson.dumps(t.turn_error).decode()
+        for pending in t.interactions_added:
+            fields[F.INTERACTION + pending.rid] = orjson.dumps(pending.interaction).decode()
+            fields[F.VOTABLE + pending.rid] = orjson.dumps([pending.order, pending.allowed]).decode()
+        if t.untold_request is not None:
+            fields[F.REQUEST] = t.untold_request
+        removed = [F.PROMPT + prompt_id for prompt_id in t.prompts_ended]
+        for rid in t.interactions_removed:
+            removed += [F.INTERACTION + rid, F.VOTABLE + rid]
+        if t.clear_turn_error_event:
+            removed.append(F.TURN_ERROR_EVENT)
+        if t.clear_turn_error:
+            removed.append(F.TURN_ERROR)
+
+        ops: dict[str, Any] = {"mode": t.mode.value, "sid": sid}
+        if fields:
+            ops["set"] = fields
+        if removed:
+            ops["del"] = removed
+        if t.admitted_change:
+            ops["incr"] = {F.ADMITTED: t.admitted_change}
+        if t.mode is Mode.CREATE and t.single:
+            ops["single"] = True
+        if t.restore:
+            ops["missing_only"] = True
+        if t.uncatalog:
+            ops["uncatalog"] = True
+        if t.uncatalog_untold:
+            ops["uncatalog_untold"] = True
+        if t.op is not None:
+            ops["op"] = t.op
+        if t.end_admitted is not None:
+            data = {"sessionId": sid, "message": t.end_admitted.message, "code": t.end_admitted.code,
+                    "promptId": PROMPT_ID_SLOT}
+            ops["orphan"] = events.body("turn_error", data, PROMPT_ID_SLOT)
+        ops["events"] = list(t.events)
+        if t.keep_turn_error_event is not None:
+            ops["tev"] = t.keep_turn_error_event
+        if t.events or t.end_admitted is not None:
+            ops["evmax"] = self.retention.events_max
+            ops["evttl"] = self.retention.events_ms
+            ops["tr"] = [i + 1 for i, body in enumerate(t.events) if events.in_transcript(body)]
+            ops["trmax"] = self.retention.transcript_max
+            ops["trttl"] = self.retention.transcript_ms
+        if t.catalog is not None:
+            now = now_ms()
+            ops["score"] = str(t.catalog.updated_ms)
+            ops["catalog"] = orjson.dumps(_catalog_json(t.catalog)).decode()
+            ops["retention"] = self.retention.catalog_ms
+            ops["cutoff"] = str(now - self.retention.catalog_ms)
+        return ops
 
     async def _flush(self) -> None:
         """Send queued transitions as pipelines until none are left (auto-pipelining)."""
@@ -348,7 +285,7 @@ class RedisStore:
                 if isinstance(result, Exception):
                     future.set_exception(result)
                 else:
-                    future.set_result(Applied(int(result[0]), int(result[1]), str(result[2])))
+                    future.set_result(Applied(ApplyOutcome(int(result[0])), int(result[1]), str(result[2])))
 
     async def _run_transitions(self, batch: list[tuple[list[str], list[str], Any]]) -> list[Any]:
         """One pipeline of APPLY calls; the ones a freshly restarted Redis did not know the
@@ -441,7 +378,20 @@ class RedisStore:
     async def drop_inbox(self, ws: str, incarnation: str) -> None:
         await self.redis.delete(keys.inbox(ws, incarnation))
 
+    def control_feed(self, incarnation: str) -> str:
+        """The name, for read_commands, under which a worker's control commands arrive."""
+        return keys.worker_control(incarnation)
+
+    def inbox_feed(self, ws: str, incarnation: str) -> str:
+        """The name, for read_commands, under which commands for a worker's sessions of one
+        workspace arrive."""
+        return keys.inbox(ws, incarnation)
+
     # ---- API side ----------------------------------------------------------------------
+
+    def fanout(self) -> Fanout:
+        """This process's live delivery and change feed, on the store's own client."""
+        return Fanout(self.redis)
 
     async def lease_view(self) -> LeaseView:
         """The registry's deadlines, leases and clock, with Redis's time to judge them by."""
@@ -523,9 +473,10 @@ class RedisStore:
         ws, _, sid = where.partition("/")
         return ws, sid
 
-    async def session_fields(self, ws: str, sid: str) -> dict[str, str]:
+    async def session(self, ws: str, sid: str) -> SessionView | None:
+        """The live session's state, or None if the store holds none (closed, swept, lost)."""
         with REDIS_ROUNDTRIP.labels("session_read").time():
-            return await self.redis.hgetall(keys.session(ws, sid))
+            return view_of(await self.redis.hgetall(keys.session(ws, sid)))
 
     async def send(
         self,
@@ -554,8 +505,8 @@ class RedisStore:
             ],
         )
         if result[0] != "ok":
-            return Admission(result[0])
-        return Admission("ok", int(result[1]), result[2], result[3], len(result) > 4)
+            return Admission(AdmissionStatus(result[0]))
+        return Admission(AdmissionStatus.OK, int(result[1]), result[2], result[3], len(result) > 4)
 
     async def first_outcome(self, ws: str, sid: str, idempotency_key: str) -> Admission | None:
         """The kept first success of a command sent with this key, if any (a repeat)."""
@@ -563,16 +514,16 @@ class RedisStore:
         if first is None:
             return None
         if not first.startswith("["):  # a vote keeps the request id it won
-            return Admission("ok", repeated=True)
+            return Admission(AdmissionStatus.OK, repeated=True)
         result = orjson.loads(first)
-        return Admission("ok", int(result[1]), result[2], result[3], True)
+        return Admission(AdmissionStatus.OK, int(result[1]), result[2], result[3], True)
 
-    async def vote(self, ws: str, incarnation: str, command: Vote, idempotency_key: str | None = None) -> str:
+    async def vote(self, ws: str, incarnation: str, command: Vote, idempotency_key: str | None = None) -> VoteOutcome:
         """Decide a vote and enqueue it to the owner in one step (scripts.VOTE)."""
         key_list = [keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.invalidations(ws)]
         if idempotency_key is not None:
             key_list.append(keys.idempotency(ws, command.sid, idempotency_key))
-        return await self._vote(
+        outcome = await self._vote(
             key_list,
             [
                 incarnation,
@@ -588,18 +539,19 @@ class RedisStore:
                 IDEMPOTENCY_TTL_MS,
             ],
         )
+        return VoteOutcome(outcome)
 
     async def keep_create(self, idempotency_key: str, sid: str, client_id: str, attached: bool) -> None:
         """The create succeeded (or attached to the workspace's shared session), and its
         creator is told: its key answers with that outcome for a day."""
         record = CreateRecord(sid, client_id, attached, None, kept=True)
-        await self.redis.set(keys.create_idempotency(idempotency_key), record.pack(), px=IDEMPOTENCY_TTL_MS)
+        await self.redis.set(keys.create_idempotency(idempotency_key), _pack_record(record), px=IDEMPOTENCY_TTL_MS)
 
     async def note_create_request(self, idempotency_key: str, sid: str, client_id: str, request: str) -> None:
         """Before a create is sent to a worker: the request whose answer a retry may take or
         abandon."""
         record = CreateRecord(sid, client_id, False, request, kept=False)
-        await self.redis.set(keys.create_idempotency(idempotency_key), record.pack(), xx=True, keepttl=True)
+        await self.redis.set(keys.create_idempotency(idempotency_key), _pack_record(record), xx=True, keepttl=True)
 
     async def forget_create(self, idempotency_key: str, sid: str) -> None:
         """A create that failed: its key may be used again (if it is still this create's)."""
@@ -615,17 +567,17 @@ class RedisStore:
         limit, until its outcome is kept); returns the first one's record if there is one."""
         record = CreateRecord(sid, client_id, False, None, kept=False)
         first = await self.redis.set(
-            keys.create_idempotency(idempotency_key), record.pack(), nx=True, px=ttl_ms, get=True
+            keys.create_idempotency(idempotency_key), _pack_record(record), nx=True, px=ttl_ms, get=True
         )
-        return None if first is None else CreateRecord.unpack(first)
+        return None if first is None else _unpack_record(first)
 
     async def mark_told(self, ws: str, sid: str) -> None:
         """A create's answer was taken: its creator knows the session (F.REQUEST goes)."""
-        await self.redis.hdel(keys.session(ws, sid), keys.F.REQUEST)
+        await self.redis.hdel(keys.session(ws, sid), F.REQUEST)
 
     async def create_record(self, idempotency_key: str) -> CreateRecord | None:
         value = await self.redis.get(keys.create_idempotency(idempotency_key))
-        return None if value is None else CreateRecord.unpack(value)
+        return None if value is None else _unpack_record(value)
 
     async def catalog_row(self, ws: str, sid: str) -> dict[str, Any] | None:
         """A session's durable catalog row (written with its first snapshot), if kept."""
@@ -651,8 +603,8 @@ class RedisStore:
 
     async def list_page(
         self, ws: str, offset: int, size: int
-    ) -> list[tuple[str, dict[str, Any] | None, dict[str, str]]]:
-        """Up to size + 1 catalog rows from `offset`, newest first, each with its live hash.
+    ) -> list[ListedSession]:
+        """Up to size + 1 catalog rows from `offset`, newest first, each with its live state.
 
         scripts.LIST reads only the session hashes it is given: it is given those the last
         listing of the workspace found live, so a listing is one round trip unless the page
@@ -671,7 +623,7 @@ class RedisStore:
         for i in range(0, len(flat), 3):
             sid, row, pairs = flat[i], flat[i + 1], flat[i + 2]
             fields = dict(zip(pairs[::2], pairs[1::2], strict=True))
-            rows.append((sid, orjson.loads(row) if row else None, fields))
+            rows.append(ListedSession(sid, orjson.loads(row) if row else None, view_of(fields)))
             if fields:
                 live.append(sid)
         self._remember_live(ws, live)
@@ -708,7 +660,7 @@ class RedisStore:
 
     async def load_snapshot(
         self, ws: str, sid: str, page_size: int
-    ) -> tuple[dict[str, str], list[tuple[str, str]], list[str]]:
+    ) -> LoadSnapshot:
         """One consistent read (MULTI, one slot): the session hash, the newest transcript page
         (limit + 1 entries, newest first) and the replay log."""
         pipe = self.redis.pipeline(transaction=True)
@@ -716,8 +668,8 @@ class RedisStore:
         pipe.xrevrange(keys.transcript(ws, sid), "+", "-", count=page_size + 1)
         pipe.xrange(keys.events(ws, sid), "-", "+")
         fields, page, log_entries = await pipe.execute()
-        return (
-            fields,
+        return LoadSnapshot(
+            view_of(fields),
             [(entry_id, f["e"]) for entry_id, f in page],
             [f["e"] for _, f in log_entries],
         )
@@ -814,3 +766,57 @@ class _StreamReaders:
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         self._tasks.clear()
+
+
+# ---- packing ------------------------------------------------------------------------------
+
+
+def view_of(fields: dict[str, str]) -> SessionView | None:
+    """A session hash (HGETALL) as readers see it; None unless it is a live session's
+    (an owner and its meta). Fields at their zero value are absent (see keys.F)."""
+    owner, meta_json = fields.get(F.OWNER), fields.get(F.META)
+    if not owner or meta_json is None:
+        return None
+    meta = orjson.loads(meta_json)
+    ordered: list[tuple[float, str]] = []
+    client_count = 0
+    for name, value in fields.items():
+        if name.startswith(F.VOTABLE):
+            ordered.append((orjson.loads(value)[0], name[len(F.VOTABLE):]))
+        elif name.startswith(F.CLIENT):
+            client_count += 1
+    ordered.sort()
+    pending = [orjson.loads(fields[F.INTERACTION + rid]) for _, rid in ordered if F.INTERACTION + rid in fields]
+    turn_error, turn_error_event = fields.get(F.TURN_ERROR), fields.get(F.TURN_ERROR_EVENT)
+    return SessionView(
+        owner=owner,
+        meta=meta,
+        updated_at=fields.get(F.UPDATED, meta["createdAt"]),
+        active=fields.get(F.ACTIVE) == "1",
+        admitted=int(fields.get(F.ADMITTED, "0")),
+        client_count=client_count,
+        turn_error=orjson.loads(turn_error) if turn_error is not None else None,
+        turn_error_event=orjson.loads(turn_error_event) if turn_error_event is not None else None,
+        pending=pending,
+        last_event_id=int(fields.get(F.SEQ, "0")),
+        epoch=fields.get(F.EPOCH, ""),
+    )
+
+
+def _catalog_json(row: CatalogRow) -> dict[str, Any]:
+    """The catalog hash's value for a session (its id is the field, its cwd the workspace's)."""
+    value: dict[str, Any] = {"createdAt": row.created_at, "updatedAt": row.updated_at}
+    if row.display_name:
+        value["displayName"] = row.display_name
+    return value
+
+
+def _pack_record(record: CreateRecord) -> str:
+    """`<sid> <clientId> <attached 0/1> <state>`: state `-` claimed, `<request>` sent, `+` told."""
+    state = "+" if record.kept else record.request or "-"
+    return f"{record.sid} {record.client_id} {int(record.attached)} {state}"
+
+
+def _unpack_record(value: str) -> CreateRecord:
+    sid, client_id, attached, request = value.split(" ")
+    return CreateRecord(sid, client_id, attached == "1", request if request not in ("+", "-") else None, request == "+")

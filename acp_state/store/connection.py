@@ -90,3 +90,17 @@ async def verify(redis: Client) -> None:
         raise UnsuitableRedis(f"Redis {info.get('redis_version')} is too old: acp-state needs Redis >= 7.0")
     if info.get("cluster_enabled"):
         raise UnsuitableRedis("this Redis is a cluster node: give it as redis+cluster://host:port")
+
+
+async def check(url: str) -> None:
+    """Raise UnsuitableRedis for a Redis acp-state cannot use as given (too old, or a cluster
+    node behind a single-node URL); an unreachable one passes (the process waits for it)."""
+    client = connect(url)
+    try:
+        await verify(client)
+    except UnsuitableRedis:
+        raise
+    except Exception:
+        pass
+    finally:
+        await client.aclose()

@@ -1,4 +1,4 @@
-"""Every Lua script of acp-state, rendered from its template in `acp_state/lua/`.
+"""Every Lua script of acp-state, rendered from its template in `acp_state/store/lua/`.
 
 Each script declares every key it touches in KEYS (the sharded channels it publishes on
 too: a cluster checks their slot like a key's), all of one slot (see keys.py), so each
@@ -43,7 +43,7 @@ def render(template: str) -> str:
 
 
 def template(name: str) -> str:
-    """The template text of `acp_state/lua/<name>.lua` (package data)."""
+    """The template text of `acp_state/store/lua/<name>.lua` (package data)."""
     return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text()
 
 

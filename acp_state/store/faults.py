@@ -83,3 +83,8 @@ def _torn_under_write(error: BaseException) -> bool:
 def _says(error: BaseException, code: str) -> bool:
     message = str(error)
     return message.startswith(code) or f"error: {code}" in message
+
+
+# Every error the store's client raises: an API answers each as a failure of the store
+# (503 store_full or store_unavailable, or a 500 for a bug of ours).
+STORE_ERRORS: tuple[type[BaseException], ...] = (redis_errors.RedisError, redis_errors.RedisClusterException)

@@ -23,7 +23,7 @@ from redis.asyncio.client import PubSub
 
 from . import keys
 from .connection import Client, is_cluster, node_client
-from .tasks import BACKGROUND_ERRORS, survive
+from ..tasks import BACKGROUND_ERRORS, survive
 
 log = logging.getLogger("acp_state.fanout")
 
@@ -116,7 +116,7 @@ class _Link:
 class Fanout:
     """Also the change feed of the process's caches. `watch(ws)` follows a workspace's change
     channel, where every status change of its sessions is announced before the change's
-    events: `on_change(channel, sessionId)` therefore runs before any listener of this
+    events: `on_change(workspaceId, sessionId)` therefore runs before any listener of this
     process gets such an event. `on_reset()` runs when messages may have been lost."""
 
     def __init__(
@@ -162,6 +162,10 @@ class Fanout:
         self._links.clear()
 
     # ---- listeners (SSE) ----------------------------------------------------------------
+
+    async def subscribe_session(self, ws: str, sid: str, buffer: int = DEFAULT_BUFFER) -> Subscription:
+        """Listen to a session's live events (confirmed on return)."""
+        return await self.subscribe(keys.events(ws, sid), buffer)
 
     async def subscribe(self, channel: str, buffer: int = DEFAULT_BUFFER) -> Subscription:
         """Listen to a channel; returns once Redis confirmed the subscription."""
@@ -300,7 +304,7 @@ class Fanout:
         if kind == "smessage":
             if channel.endswith(":inv"):
                 if self.on_change is not None:
-                    self.on_change(channel, message["data"])
+                    self.on_change(keys.workspace_of_channel(channel), message["data"])
                 return
             try:
                 envelope = orjson.loads(message["data"])

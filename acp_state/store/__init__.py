@@ -1,0 +1,46 @@
+"""The runtime-state store both sides share: its interface in domain terms, and Redis.
+
+Everything outside this package uses only what is imported here: the protocols
+(`interface`), the domain types (`types`), `RedisStore` and its connection's few public
+facts, the fan-out (live delivery and change feed), and what a store error means
+(`faults`). The key schema (`keys`), the Lua (`scripts`, `lua/`) and redis-py stay inside;
+`scripts/import_graph.py` fails the suite when anything else reaches for them.
+"""
+
+from __future__ import annotations
+
+from .connection import MEMORY, UnsuitableRedis
+from .connection import check as check_redis
+from .fanout import Delivery, Fanout, Subscription
+from .faults import STORE_ERRORS, is_out_of_memory, is_transient, never_ran
+from .interface import LeaseReader, ReaderStore, Store, SweeperStore, WorkerStore
+from .redis import RedisStore
+from .types import (
+    ABANDONED,
+    Admission,
+    AdmissionStatus,
+    Applied,
+    ApplyOutcome,
+    CatalogRow,
+    CreateRecord,
+    EndAdmitted,
+    LeaseView,
+    ListedSession,
+    LoadSnapshot,
+    Mode,
+    PendingInteraction,
+    Retention,
+    SessionView,
+    Standing,
+    Transition,
+    VoteOutcome,
+)
+
+__all__ = [
+    "ABANDONED", "Admission", "AdmissionStatus", "Applied", "ApplyOutcome", "CatalogRow",
+    "CreateRecord", "Delivery", "EndAdmitted", "Fanout", "LeaseReader", "LeaseView",
+    "ListedSession", "LoadSnapshot", "MEMORY", "Mode", "PendingInteraction", "ReaderStore",
+    "RedisStore", "Retention", "STORE_ERRORS", "SessionView", "Standing", "Store",
+    "Subscription", "SweeperStore", "Transition", "UnsuitableRedis", "VoteOutcome",
+    "WorkerStore", "check_redis", "is_out_of_memory", "is_transient", "never_ran",
+]

@@ -1,0 +1,234 @@
+"""The store's domain types: what goes in (transitions), what comes out (views, outcomes).
+
+Nothing here knows Redis. A `Transition` says what changed in a session's runtime state;
+a `SessionView` is that state as a reader sees it; the outcome enums name every answer a
+store call can give. `acp_state.store.redis` alone turns them into key names, hash fields
+and script arguments, and back (one pack/unpack pair each).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Standing(enum.Enum):
+    """What a heartbeat learned about the worker's incarnation."""
+
+    HELD = "held"  # renewed in time
+    LATE = "late"  # renewed after its deadline, but nobody had declared it dead
+    NEW = "new"  # the registry did not know it: a first registration, or the store lost it
+    DEAD = "dead"  # declared dead (tombstoned): it must never act again
+
+
+class ApplyOutcome(enum.IntEnum):
+    """What became of one transition (an int, as the store answers it)."""
+
+    APPLIED = 1
+    MISSING = 0  # the session is not in the store (data loss, or swept: ask the registry)
+    FOREIGN = -1  # another incarnation owns the session
+    PRESENT = 2  # a restore (`Transition.restore`) found the session already there
+
+
+class AdmissionStatus(enum.StrEnum):
+    """What became of a command handed to a session's owner."""
+
+    OK = "ok"
+    GONE = "gone"  # no such live session of that owner
+    FULL = "full"  # the prompt queue is full
+
+
+class VoteOutcome(enum.StrEnum):
+    """How a vote was decided, in the reference's order of checks."""
+
+    OK = "ok"  # it won, and is on its way to the owner
+    GONE = "gone"  # no such live session of that owner
+    UNKNOWN = "unknown"  # no such pending request (never, or already decided)
+    CLIENT = "client"  # the voter's client id is not registered on the session
+    OPTION = "option"  # not one of the offered option ids
+
+
+class Mode(enum.Enum):
+    """How a transition treats the session as a whole."""
+
+    CREATE = "create"  # a whole snapshot: the session starts (again) from this transition
+    UPDATE = "update"  # a change to a session that exists
+    DELETE = "delete"  # the session's last transition: its state goes with it
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """The registry as a reader sees it, on Redis's clock."""
+
+    deadlines: dict[str, int]  # incarnation -> lease deadline
+    leases: dict[str, int]  # incarnation -> lease ms
+    redis_now_ms: int
+    tick_ms: int  # the store last served a lease decision
+    stall_ms: int  # the store last came back from a silence
+
+    def live_until(self) -> dict[str, int]:
+        """Until when each registered incarnation counts as live.
+
+        Its deadline, or, if the store itself was silent since (a stall, a pause, running out
+        of memory, a failover), a whole lease after it came back: the grace in which no
+        sweeper declares it dead either (the CLAIM_DEAD script), so that readers do not hide
+        the sessions of a worker that only the store kept from renewing."""
+        stall = self.stall_ms
+        if self.leases and self.redis_now_ms - self.tick_ms > min(self.leases.values()) / 2:
+            stall = self.redis_now_ms  # silent right now, as the next lease decision will find
+        return {
+            inc: max(deadline, stall + self.leases.get(inc, 0)) if stall else deadline
+            for inc, deadline in self.deadlines.items()
+        }
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The result of one state transition."""
+
+    applied: ApplyOutcome
+    last_event_id: int
+    epoch: str
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The result of handing a command to a session's owner."""
+
+    status: AdmissionStatus
+    last_event_id: int = 0
+    epoch: str = ""
+    prompt_id: str = ""  # the admitted prompt's id (the first one's, for a repeated key)
+    repeated: bool = False  # the kept first outcome of the same idempotency key
+
+
+@dataclass(frozen=True)
+class CreateRecord:
+    """What an idempotency key of a create holds: the first create's session and client,
+    and how far it got."""
+
+    sid: str
+    client_id: str
+    attached: bool
+    request: str | None  # the request sent to a worker, while its answer is not taken
+    kept: bool  # its outcome was told: the key answers with this session
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long things outside the lease are kept."""
+
+    catalog_ms: int = 7 * 24 * 3600 * 1000
+    events_ms: int = 30 * 60 * 1000
+    events_max: int = 1000
+    transcript_ms: int = 7 * 24 * 3600 * 1000
+    transcript_max: int = 10_000
+    # A live session's hash expires this long after its last refresh: the bound on how long
+    # a reader that skips the lease can see a session whose worker is gone.
+    session_ttl_ms: int = 15 * 60 * 1000
+
+
+@dataclass(frozen=True)
+class PendingInteraction:
+    """A request the agent awaits, as the session projects it."""
+
+    rid: str
+    interaction: dict[str, Any]  # exactly the wire `PendingInteraction`
+    order: int  # insertion order: the status lists pending interactions in it
+    allowed: list[str]  # the option ids a vote may select
+
+
+@dataclass(frozen=True)
+class CatalogRow:
+    """A session's durable listing row (its id and cwd are the catalog's, not the row's)."""
+
+    created_at: str
+    updated_at: str
+    updated_ms: int  # the listing order
+    display_name: str | None = None
+
+
+@dataclass(frozen=True)
+class EndAdmitted:
+    """A deleting transition ends every prompt the store admitted that it does not end itself
+    (the owner never saw it, or is dead) with a `turn_error` of this code and message."""
+
+    code: str
+    message: str
+
+
+@dataclass
+class Transition:
+    """One atomic change of a session: its state, its events, its listing row, together.
+
+    Every field left at its default changes nothing. A CREATE starts the session from the
+    state given here (first publish, or a rewrite after the store lost it); fields at their
+    zero value (inactive, nothing admitted, no turn error) are then simply absent.
+    """
+
+    mode: Mode = Mode.UPDATE
+    meta: dict[str, Any] | None = None  # {sessionId, workspaceCwd, createdAt, displayName?}
+    epoch: str | None = None  # a new event epoch (CREATE)
+    updated_at: str | None = None  # updatedAt
+    active: bool | None = None  # a prompt runs (True) or ended (False); None: unchanged
+    admitted: int = 0  # CREATE: prompts admitted and not yet terminal
+    admitted_change: int = 0  # UPDATE: change of that count
+    prompts_admitted: list[str] = field(default_factory=list)  # prompt ids (CREATE)
+    prompts_ended: list[str] = field(default_factory=list)  # prompt ids that got their terminal
+    clients: list[str] = field(default_factory=list)  # attached client ids (CREATE)
+    turn_error: dict[str, Any] | None = None  # the status's turnError, set
+    clear_turn_error: bool = False
+    clear_turn_error_event: bool = False  # the kept turn_error envelope is superseded
+    interactions_added: list[PendingInteraction] = field(default_factory=list)
+    interactions_removed: list[str] = field(default_factory=list)  # request ids
+    events: list[str] = field(default_factory=list)  # envelope bodies (events.body)
+    keep_turn_error_event: int | None = None  # 1-based index in `events` of the one to keep
+    catalog: CatalogRow | None = None  # write the listing row
+    uncatalog: bool = False  # DELETE: leave no listing row (nobody was told of the session)
+    uncatalog_untold: bool = False  # DELETE: leave no listing row if no API took the create's answer
+    untold_request: str | None = None  # CREATE: the create's request id, until an API took its answer
+    single: bool = False  # CREATE: the session holds its workspace's single-scope slot
+    restore: bool = False  # CREATE after a loss: only if the session is missing
+    end_admitted: EndAdmitted | None = None  # DELETE: end the prompts left admitted
+    op: int | None = None  # the owner's running number (a retry applies once)
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """A live session's runtime state as readers see it (one read of the store)."""
+
+    owner: str  # the owning incarnation (its lease says whether the session is live)
+    meta: dict[str, Any]  # {sessionId, workspaceCwd, createdAt, displayName?}
+    updated_at: str  # updatedAt (createdAt until a prompt reached its terminal)
+    active: bool  # a prompt runs
+    admitted: int  # prompts admitted and not yet terminal
+    client_count: int
+    turn_error: dict[str, Any] | None
+    turn_error_event: dict[str, Any] | None  # the kept turn_error envelope (refresh-append)
+    pending: list[dict[str, Any]]  # pending interactions (wire JSON), in insertion order
+    last_event_id: int
+    epoch: str
+
+
+@dataclass(frozen=True)
+class ListedSession:
+    """One row of a workspace listing page: the durable row and, if live, its state."""
+
+    sid: str
+    row: dict[str, Any] | None  # {createdAt, updatedAt, displayName?} if still kept
+    view: SessionView | None  # None: not live in the store
+
+
+@dataclass(frozen=True)
+class LoadSnapshot:
+    """One consistent read for a reload: the session, its newest transcript page, its log."""
+
+    view: SessionView | None
+    page: list[tuple[str, str]]  # (entry id, envelope) newest first, up to limit + 1
+    log: list[str]  # the replay log's envelopes, oldest first
+
+
+
+# What take_reply answers for a reply an API gave up on (the worker then undoes the create).
+ABANDONED = "abandoned"
