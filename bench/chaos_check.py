@@ -207,11 +207,26 @@ class History:
         return [e for e in self.events.values() if e["env"].get("type") in types]
 
     def restart_windows(self) -> list[tuple[float, float]]:
+        """When acknowledged writes may have gone with the store's data: a Redis restarted
+        empty, or on a cluster a master replaced by its replica before it had replicated
+        them (killed, or stalled past the cluster's node timeout): Redis replicates
+        asynchronously, so the newest writes of a master that stops are not on its replica."""
         return [
             (f["t_start"] - LOST_WITH_STORE_S, f.get("t_end") or f["t_start"])
             for f in self.faults
-            if f.get("fault") == "redis_restart_empty"
+            if f.get("fault") == "redis_restart_empty" or self._fails_a_master_over(f)
         ]
+
+    def _fails_a_master_over(self, fault: dict[str, Any]) -> bool:
+        if fault.get("fault") == "cluster_failover":
+            return True
+        meta = next((r for r in self.records if r.get("kind") == "meta"), {})
+        node_timeout_ms = meta.get("node_timeout_ms")
+        sleep_s = (fault.get("planned") or {}).get("params", {}).get("sleep_s")
+        return (
+            bool(meta.get("cluster")) and node_timeout_ms is not None and sleep_s is not None
+            and fault.get("fault", "").startswith("redis_sleep") and sleep_s * 1000 > node_timeout_ms
+        )
 
     def lost_with_store(self, t: float | None) -> bool:
         return t is not None and any(lo <= t <= hi for lo, hi in self.restart_windows())

@@ -89,6 +89,11 @@ def copy_tree(into: Path) -> Path:
     target = into / "tree"
     ignore = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".pytest_cache", "results", "node_modules")
     shutil.copytree(ROOT, target, ignore=ignore)
+    # `api/` and `worker/` install as `acp_state.api` and `acp_state.worker` (pyproject's
+    # package-dir): links inside the copy's `acp_state` make those names find the copy's
+    # folders first, before the installed project's (the original tree's).
+    for side in ("api", "worker"):
+        (target / "acp_state" / side).symlink_to(target / side, target_is_directory=True)
     return target
 
 

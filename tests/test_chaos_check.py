@@ -338,3 +338,21 @@ def test_chaos_schedule_comes_from_the_seed_alone(cluster: bool) -> None:
     assert plan[-1]["at_s"] + plan[-1]["estimated_s"] <= 60 - 10
     if cluster:
         assert "redis_restart_empty" not in {f["kind"] for f in plan}
+
+
+@pytest.mark.parametrize("sleep_s, lost", [(15.0, True), (1.0, False)])
+def test_d_a_prompt_acknowledged_just_before_a_master_stalled_past_its_failover_is_unverifiable(
+    sleep_s: float, lost: bool
+) -> None:
+    """On a cluster a master stalled past the node timeout is replaced by its replica, which
+    lacks the master's newest writes; a shorter stall fails nothing over."""
+    records = scenario(restart_after_ack=True)
+    meta = next(r for r in records if r["kind"] == "meta")
+    meta.update(cluster=True, node_timeout_ms=2000)
+    fault = next(r for r in records if r["kind"] == "fault")
+    fault.update(fault="redis_sleep_5x", planned={"kind": "redis_sleep_5x", "params": {"sleep_s": sleep_s}})
+    report = chaos_check.check(records)
+    if lost:
+        assert report.violations == [] and report.unverifiable["d: lost with the store"] == 1
+    else:
+        assert invariants(records) == ["d: acknowledged prompt without a terminal"]

@@ -362,6 +362,7 @@ async def test_reply_abandon_and_take(r: aioredis.Redis) -> None:
     assert await run(r, "REPLY", reply("q3"), ['{"late":1}', 60, "abandoned"]) == 0
     assert await run(r, "TAKE", [keys.reply("q3")], ["abandoned"]) == "abandoned"
     assert await r.lrange(keys.reply("q3"), 0, -1) == ["abandoned"]  # the marker stays
+    assert await r.ttl(keys.reply("q3")) > 0  # and so does its TTL
     await run(r, "REPLY", reply("q2"), ['{"ok":2}', 60, "abandoned"])
     assert await run(r, "TAKE", [keys.reply("q2")], ["abandoned"]) == '{"ok":2}'
     assert await run(r, "TAKE", [keys.reply("q2")], ["abandoned"]) is None
