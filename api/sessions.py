@@ -107,6 +107,16 @@ async def _told(state: AppState, ws: str, sid: str) -> None:
         log.warning("could not mark session %s as told", sid, exc_info=True)
 
 
+async def _keep(state: AppState, key: str, sid: str, client_id: str, attached: bool) -> None:
+    """Keep a create's outcome under its key. The create is done and its answer taken: a
+    store that cannot keep the outcome now must not turn that success into a refusal (a
+    retry then follows the first create's request instead, as if its API had gone)."""
+    try:
+        await state.store.keep_create(key, sid, client_id, attached)
+    except Exception:
+        log.warning("could not keep the outcome of create %s under its key", sid, exc_info=True)
+
+
 async def _join_single(state: AppState, ws: str, holder: str, client_id: str) -> dict[str, Any] | None:
     """Attach to the workspace's shared session, waiting while another caller creates it."""
     deadline = asyncio.get_running_loop().time() + state.settings.create_timeout_s
@@ -178,7 +188,7 @@ async def create_session(request: Request) -> Response:
         await _told(state, ws, sid)
         body = {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id,
                 "createdAt": late["createdAt"]}
-    await state.store.keep_create(key, body["sessionId"], client_id, body["attached"])
+    await _keep(state, key, body["sessionId"], client_id, body["attached"])
     return OrjsonResponse(body)
 
 
@@ -252,6 +262,11 @@ async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: 
             await state.store.forget_create(key, record.sid)
             raise unavailable("the create was not confirmed and is undone; retry", "create_undone")
         if answer is None and loop.time() >= deadline:
+            if record.request and await state.store.was_told(ws, record.sid):
+                # Its answer was taken, by an API that could not keep the outcome (or died
+                # before answering): the session stands.
+                await _keep(state, key, record.sid, record.client_id, record.attached)
+                break
             answer = await state.store.abandon_reply(record.request) if record.request else None
             if answer is None:
                 await state.store.forget_create(key, record.sid)
@@ -261,7 +276,7 @@ async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: 
                 await state.store.forget_create(key, record.sid)
                 raise ApiError(503, answer.get("error") or "the agent could not start", answer.get("code", "agent_unavailable"))
             await _told(state, ws, record.sid)
-            await state.store.keep_create(key, record.sid, record.client_id, record.attached)
+            await _keep(state, key, record.sid, record.client_id, record.attached)
             created_at = answer.get("createdAt")
             break
         await asyncio.sleep(WAIT_STEP_S)

@@ -270,3 +270,22 @@ async def test_lease_basics(store: RedisStore) -> None:
     await store.heartbeat(other, {}, LEASE_MS)
     await store.release(other)
     assert other not in (await store.lease_view()).deadlines
+
+
+async def test_a_session_is_told_once_an_api_took_its_answer_and_untold_rows_leave_with_a_sweep(
+    store: RedisStore,
+) -> None:
+    s = Session()
+    assert await store.was_told(s.ws, s.sid) is False  # never created
+    await s.create(store, untold_request="req-1")
+    assert await store.was_told(s.ws, s.sid) is False  # created, its answer not taken
+    await store.mark_told(s.ws, s.sid)
+    assert await store.was_told(s.ws, s.sid) is True
+    swept = Transition(mode=Mode.DELETE, uncatalog_untold=True)
+    assert (await store.apply(s.ws, s.sid, s.inc, swept)).applied is ApplyOutcome.APPLIED
+    assert await store.catalog_row(s.ws, s.sid) is not None  # told: its row is its history
+
+    untold = Session()
+    await untold.create(store, untold_request="req-2")
+    assert (await store.apply(untold.ws, untold.sid, untold.inc, swept)).applied is ApplyOutcome.APPLIED
+    assert await store.catalog_row(untold.ws, untold.sid) is None  # nobody was told: no row

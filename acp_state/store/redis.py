@@ -575,6 +575,15 @@ class RedisStore:
         """A create's answer was taken: its creator knows the session (F.REQUEST goes)."""
         await self.redis.hdel(keys.session(ws, sid), F.REQUEST)
 
+    async def was_told(self, ws: str, sid: str) -> bool:
+        """Whether a create's answer was taken: its catalog row stands, and its session (if
+        still live) no longer carries the create's request id (see mark_told)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hexists(keys.catalog(ws), sid)
+        pipe.hexists(keys.session(ws, sid), F.REQUEST)
+        listed, untold = await pipe.execute()
+        return bool(listed) and not untold
+
     async def create_record(self, idempotency_key: str) -> CreateRecord | None:
         value = await self.redis.get(keys.create_idempotency(idempotency_key))
         return None if value is None else _unpack_record(value)
