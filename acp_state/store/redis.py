@@ -65,6 +65,12 @@ TOMBSTONE_MS = 24 * 3600 * 1000
 # A sweeper's claim on a dead worker; a claim that lapses (its sweeper died) is taken again.
 SWEEP_CLAIM_MS = 30_000
 SWEEP_CLAIM_LIMIT = 64
+# A lease script answers in well under a millisecond. A master that stalls keeps its
+# connections open and silent, and on a cluster its replica may take the registry's slot
+# over meanwhile: a renewal waiting on the stalled master past this gives up, and the next
+# one (the cluster client having refreshed its slot map) reaches the new master within the
+# lease, instead of after the 5 s default.
+LEASE_SOCKET_TIMEOUT_S = 1.0
 # Workspaces whose last listing's live sessions are remembered (see RedisStore.list_page).
 LIST_HINTS = 4096
 # Stands for each admitted prompt's id in the terminal APPLY gives the prompts left (orphan).
@@ -139,7 +145,7 @@ class RedisStore:
     @classmethod
     def from_url(cls, url: str, retention: Retention | None = None) -> RedisStore:
         """A store on `url` (see acp_state.store.connection), with its own client for leases."""
-        lease = connect(url) if not url.startswith(MEMORY) else None
+        lease = connect(url, socket_timeout=LEASE_SOCKET_TIMEOUT_S) if not url.startswith(MEMORY) else None
         return cls(connect(url), retention, lease)
 
     async def close(self) -> None:
