@@ -24,10 +24,9 @@ async def store(own_redis: RedisServer) -> AsyncIterator[RedisStore]:
 
 
 @pytest.fixture
-async def raw(own_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
-    yield client
-    await client.aclose()
+def raw(own_client: aioredis.Redis) -> aioredis.Redis:
+    """The test's own Redis, read and written directly (conftest's own_client)."""
+    return own_client
 
 
 async def redis_ms(raw: aioredis.Redis) -> int:
