@@ -25,22 +25,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from acp_state.testing.scripted_agent import QUESTIONS as SCRIPTED_QUESTIONS
+
 MODEL = "fake-model"
 QWEN_FALLBACK = "/opt/qwen/node_modules/.bin/qwen"
 SHELL_TOOL = "run_shell_command"
 QUESTION_TOOL = "ask_user_question"
 SHELL_COMMAND = "touch perm_check.txt"
-QUESTIONS = [
-    {
-        "question": "Which color?",
-        "header": "Color",
-        "multiSelect": False,
-        "options": [
-            {"label": "Red", "description": "warm"},
-            {"label": "Blue", "description": "cool"},
-        ],
-    }
-]
+# The same question the scripted agent asks, so both agents' flows read alike.
+QUESTIONS = SCRIPTED_QUESTIONS
 
 
 def message_text(message: dict[str, Any]) -> str:
