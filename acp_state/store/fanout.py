@@ -365,13 +365,16 @@ class Fanout:
         """Ping every cluster link, so a silent node is noticed within FRESH_S (`watching`)."""
         while not self._stopped:
             await asyncio.sleep(PING_S)
-            for link in list(self._links.values()):
-                link.fresh()  # a silence is noted even while no read asks
-                if link.connected.is_set():
-                    try:
-                        await link.pubsub.ping(FRESH_TOKEN)
-                    except Exception:  # a dead connection: its pump notices and repairs it
-                        log.debug("ping on %s failed", link.name, exc_info=True)
+            await survive("fan-out ping", self._ping_once)
+
+    async def _ping_once(self) -> None:
+        for link in list(self._links.values()):
+            link.fresh()  # a silence is noted even while no read asks
+            if link.connected.is_set():
+                try:
+                    await link.pubsub.ping(FRESH_TOKEN)
+                except Exception:  # a dead connection: its pump notices and repairs it
+                    log.debug("ping on %s failed", link.name, exc_info=True)
 
     async def _repair_loop(self) -> None:
         while self._broken and not self._stopped:
