@@ -56,6 +56,7 @@ READY_TIMEOUT_S = 45
 REQUEST_TIMEOUT = httpx.Timeout(45.0, connect=3.0)
 POLL_TIMEOUT = httpx.Timeout(8.0, connect=2.0)
 SSE_TIMEOUT = httpx.Timeout(connect=3.0, read=25.0, write=5.0, pool=5.0)
+CREATE_TIMEOUT_S = 15
 CHAIN_BUDGET_S = 120.0  # how long one logical mutating request is retried with its key
 WORKER_NAME = "chaos-w{slot}"  # --name: incarnations are `<name>-<pid>-<8 hex>`
 ENDING = chaos_check.ENDINGS
@@ -375,7 +376,9 @@ class Chaos:
         for _ in range(10):
             process = AcpProcess(
                 "api", slot,
-                ["api", "--redis-url", self.redis_url(), "--port", str(port), "--workspace", self.workspace],
+                ["api", "--redis-url", self.redis_url(), "--port", str(port), "--workspace", self.workspace,
+                 # Short enough that a create its API gave up on is taken back within a run.
+                 "--create-timeout-s", str(CREATE_TIMEOUT_S)],
                 self.log_dir, self.rec, port=port,
             )
             try:

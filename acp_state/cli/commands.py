@@ -32,6 +32,7 @@ def _api_settings(args: argparse.Namespace) -> Any:
         workspaces=workspaces,
         tokens=_tokens(args),
         sse_send_timeout_s=args.sse_send_timeout_s,
+        create_timeout_s=args.create_timeout_s,
     )
 
 
@@ -178,6 +179,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="a bearer token of the channel role (may mark prompts as channel prompts)")
         p.add_argument("--sse-send-timeout-s", type=float, default=10.0,
                        help="drop an SSE client whose socket stays full this long")
+        p.add_argument("--create-timeout-s", type=float, default=60.0,
+                       help="how long a create waits for its worker's answer (an answer nobody took "
+                            "is taken back this long plus 5 s after it was given, and the session undone)")
 
     def worker_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--agent", help="ACP agent command (default: the built-in scripted agent)")
