@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from acp_state.store import keys
+from acp_state.store import RedisStore, keys
 from acp_state.ids import workspace_id
 from tests.harness import Harness
 from tests.helpers import create, is_type, prompt, watched_session_after_a_turn
@@ -126,6 +126,18 @@ async def test_live_clients_follow_a_failover(workspace: str) -> None:
     finally:
         await harness.stop_all()
         cluster.stop()
+
+
+async def test_a_fresh_process_answers_its_first_burst_of_requests(redis_server: RedisCluster) -> None:
+    """A process that just started gets many requests at once (every client of a restarted
+    API reconnects): none may fail while its client is still learning the slot map."""
+    for _ in range(10):
+        store = RedisStore.from_url(redis_server.url)
+        try:
+            answers = await asyncio.gather(*(store.locate(f"s{i}") for i in range(32)), return_exceptions=True)
+        finally:
+            await store.close()
+        assert answers == [None] * 32
 
 
 async def test_a_cluster_node_behind_a_single_node_url_is_refused(redis_server: RedisCluster) -> None:
