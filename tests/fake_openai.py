@@ -28,6 +28,8 @@ from typing import Any
 from acp_state.testing.scripted_agent import QUESTIONS as SCRIPTED_QUESTIONS
 
 MODEL = "fake-model"
+# scripts/test installs the pinned reference (tests/node/package.json) here.
+QWEN_LOCAL = Path(__file__).resolve().parent / "node" / "node_modules" / ".bin" / "qwen"
 QWEN_FALLBACK = "/opt/qwen/node_modules/.bin/qwen"
 SHELL_TOOL = "run_shell_command"
 QUESTION_TOOL = "ask_user_question"
@@ -258,7 +260,10 @@ def qwen_env(home_dir: str | os.PathLike[str], base_url: str,
 
 
 def find_qwen() -> str | None:
-    """Return the path of the ``qwen`` executable (PATH first, then the /opt install) or None."""
+    """Return the path of the ``qwen`` executable (the project's pinned install, then PATH,
+    then the /opt install) or None."""
+    if os.access(QWEN_LOCAL, os.X_OK):
+        return str(QWEN_LOCAL)
     found = shutil.which("qwen")
     if found:
         return found
