@@ -85,6 +85,7 @@ class Prompt:
     meta: dict[str, Any] | None = _field(types=(dict, _NONE), default=None)
     kind: str = _field(default=FOREGROUND)
     client_id: str | None = _field("clientId", types=(str, _NONE), default=None)
+    queued_at: int = _field("queuedAt", types=int, default=0)  # epoch ms of its admission
 
     def __post_init__(self) -> None:
         if self.kind not in TURN_KINDS:

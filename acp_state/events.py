@@ -55,3 +55,12 @@ def event_type(envelope_body: str) -> str:
     """The `type` of an envelope body from `body()` (it always follows `"v":1,"type":"`)."""
     start = len('"v":1,"type":"')
     return envelope_body[start : envelope_body.index('"', start)]
+
+
+def message_text(update: dict[str, Any]) -> str:
+    """The text an `agent_message_chunk` update adds to the turn's result ('' for others)."""
+    content = update.get("content")
+    if update.get("sessionUpdate") != "agent_message_chunk" or not isinstance(content, dict):
+        return ""
+    text = content.get("text")
+    return text if content.get("type") == "text" and isinstance(text, str) else ""

@@ -50,6 +50,24 @@ def live_summary(view: SessionView) -> dict[str, Any]:
     return summary
 
 
+def live_state_row(view: SessionView) -> dict[str, Any]:
+    """One session of `GET /workspaces/:workspace/sessions/live-state`: the status's runtime
+    flags only; `updatedAt` once a turn of it ended (the reference's activity watermark)."""
+    pending = view.pending
+    row: dict[str, Any] = {
+        "sessionId": view.meta["sessionId"],
+        "clientCount": view.client_count,
+        "hasActivePrompt": view.active,
+        "activeWorkState": "active" if view.active else "idle",
+        "hasRunningBackgroundTasks": False,
+        "isWaitingForPermission": any(p["kind"] != USER_QUESTION for p in pending),
+        "isWaitingForUserQuestion": any(p["kind"] == USER_QUESTION for p in pending),
+    }
+    if view.updated_at != view.meta["createdAt"]:
+        row["updatedAt"] = view.updated_at
+    return row
+
+
 def persisted_row(row: dict[str, Any]) -> dict[str, Any]:
     """A catalog row as the reference lists a non-live session: no runtime fields, never idle."""
     listed: dict[str, Any] = {

@@ -14,7 +14,7 @@ from acp_state.registry import WorkerRegistry
 from acp_state.store import STORE_ERRORS, RedisStore
 from acp_state.sweeper import run_sweeper
 
-from . import discovery, event_stream, history, metrics, permissions, sessions, web, workspaces
+from . import catalog, discovery, event_stream, history, live_state, metrics, permissions, sessions, turns, web, workspaces
 from .auth import AuthMiddleware
 from .cache import StateCache
 from .locator import SessionLocator
@@ -32,7 +32,12 @@ from .state import AppState
 # matching was a tenth of a status request's time in a profile (py-spy, 8 s under wrk).
 ROUTES = [
     Route("/session/{id}/status", sessions.status, methods=["GET"]),
-    Route("/workspace/{id}/sessions", workspaces.list_sessions, methods=["GET"]),
+    Route("/workspace/{id:path}/sessions", workspaces.list_sessions, methods=["GET"]),
+    Route("/workspaces/{workspace:path}/sessions/live-state", live_state.workspace_live_state, methods=["GET"]),
+    Route("/sessions/live-state", live_state.many_live_states, methods=["POST"]),
+    Route("/sessions/catalog", catalog.batch_catalog, methods=["POST"]),
+    Route("/session/{id}/turns/current", turns.current, methods=["GET"]),
+    Route("/session/{id}/turns/{promptId}", turns.by_prompt, methods=["GET"]),
     Route("/health", discovery.health, methods=["GET"]),
     Route("/health/ready", discovery.ready, methods=["GET"]),
     Route("/capabilities", discovery.capabilities, methods=["GET"]),

@@ -41,6 +41,11 @@ class CachedSession:
 class CachedPage:
     body: bytes
     owners: frozenset[str]
+    etag: str | None = None
+
+
+# The page key of a workspace's live state, beside its listing pages (offset, size).
+LIVE_STATE_PAGE = (-1, 0)
 
 
 class ChangeFeed(Protocol):

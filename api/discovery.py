@@ -10,29 +10,46 @@ from starlette.responses import Response
 
 from .auth import principal_of
 from .responses import MAX_BODY_BYTES, OrjsonResponse
+from .live_state import MAX_WORKSPACES
 from .sessions import MAX_QUEUED_PROMPTS
+from .workspaces import MAX_SIZE
 from .state import app_state
 
 log = logging.getLogger("api.discovery")
 READY_TIMEOUT_S = 2.0
 
-# Only what this API really serves.
+# Only what this API really serves: the reference's feature names for its routes and
+# behaviours acp-state has, then acp-state's own additions (names the reference lacks).
 FEATURES = [
     "health",
-    "health_ready",
-    "idempotency_key",
     "capabilities",
     "session_create",
-    "session_close",
+    "session_scope_override",
+    "session_load",
+    "session_list",
+    "session_catalog_batch",
+    "workspace_session_live_state",
     "session_prompt",
+    "session_turn_status",
     "session_cancel",
-    "session_status",
-    "workspace_sessions",
+    "session_events",
+    "client_identity",
+    "session_permission_vote",
     "permission_vote",
-    "permission_vote_legacy",
+    "session_status",
+    "session_close",
+    "session_transcript",
+    "session_transcript_pagination",
+    # acp-state's own
+    "health_ready",
+    "idempotency_key",
     "pending_interactions",
     "turn_error_status",
+    "sessions_live_state_batch",
 ]
+# The reference's poll interval for live state, and the one version of its protocol.
+LIVE_STATE_POLL_INTERVAL_MS = 5000
+PROTOCOL_VERSIONS = {"current": "v1", "supported": ["v1"]}
 
 
 async def health(_: Request) -> Response:
@@ -60,22 +77,33 @@ async def ready(request: Request) -> Response:
 
 
 async def capabilities(request: Request) -> Response:
+    """The reference's envelope; `workspaces` lists those this caller's token may see, the
+    first registered one primary."""
     state = app_state(request)
     principal = principal_of(request)
+    primary = state.settings.workspaces[0]
     return OrjsonResponse(
         {
             "v": 1,
-            "protocolVersions": {"acp": 1},
+            "protocolVersions": PROTOCOL_VERSIONS,
+            "mode": "http-bridge",
             "features": FEATURES,
+            "sessionLiveStatePollIntervalMs": LIVE_STATE_POLL_INTERVAL_MS,
+            "modelServices": [],
+            "workspaceCwd": primary,
+            "transports": ["rest"],
+            "policy": {"permission": "first-responder"},
             "limits": {
-                "maxQueuedPromptsPerSession": MAX_QUEUED_PROMPTS,
-                "maxPendingInteractionsPerSession": 64,
+                "maxPendingPromptsPerSession": 1 + MAX_QUEUED_PROMPTS,
                 "maxRequestBodyBytes": MAX_BODY_BYTES,
-                "maxListPageSize": 100,
+                "maxListPageSize": MAX_SIZE,
+                "maxLiveStateWorkspaces": MAX_WORKSPACES,
             },
-            "polling": {"statusIntervalMs": 1000},
             "workspaces": [
-                {"workspaceId": ws, "cwd": cwd} for ws, cwd in state.workspaces.items() if principal.may(ws)
+                {"id": ws, "cwd": cwd, "primary": cwd == primary, "trusted": True, "workflowsEnabled": False}
+                for ws, cwd in state.workspaces.items()
+                if principal.may(ws)
             ],
+            "supportedLanguages": ["en", "zh-CN"],
         }
     )

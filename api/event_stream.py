@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from typing import AsyncIterator
 
 import orjson
@@ -81,7 +82,11 @@ async def stream_events(request: Request) -> Response:
         await state.fanout.unsubscribe(subscription)
         raise
     body = _generate(request, ws, sid, view, live, last_id, epoch_hint, subscription)
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    # The reference's headers: its SDK reads the epoch before the first frame, and the
+    # stream id names this one connection (a resumed stream gets a new one).
+    headers = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no", "X-Qwen-SSE-Stream-Id": str(uuid.uuid4())}
+    if view is not None:
+        headers["X-Qwen-Event-Epoch"] = view.epoch
     return EventStreamResponse(body, state.settings.sse_send_timeout_s, headers)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from typing import Any, Awaitable, Callable
 
@@ -17,6 +18,7 @@ from acp_state.clock import iso, now_ms
 from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateRecord, is_transient
 from acp_state.summary import live_summary
 
+from . import workspace_ref
 from .auth import principal_of
 from .cache import CachedSession
 from .locator import not_found
@@ -141,9 +143,12 @@ async def create_session(request: Request) -> Response:
     cwd = body.get("workspaceCwd", body.get("cwd"))
     if cwd is None:
         cwd = state.settings.workspaces[0]
-    if not isinstance(cwd, str) or workspace_id(cwd) not in state.workspaces:
-        raise ApiError(400, "cwd is not a workspace registered with this daemon", "workspace_mismatch", workspaceCwd=cwd)
-    if not principal_of(request).may(workspace_id(cwd)):
+    # The reference canonicalizes the cwd (resolve + realpath) before matching it.
+    found = workspace_ref.find(request, cwd) if isinstance(cwd, str) and os.path.isabs(cwd) else None
+    if found is None:
+        raise workspace_ref.mismatch(request, cwd if isinstance(cwd, str) else "", "id")
+    cwd = state.workspaces[found]
+    if not principal_of(request).may(found):
         raise ApiError(404, "no such workspace", "workspace_not_found", workspaceCwd=cwd)
     scope = body.get("sessionScope", "single")
     if scope not in ("single", "thread"):
@@ -352,7 +357,8 @@ async def prompt(request: Request) -> Response:
     ref, admission = await live_or_first(request, sid, key)
     if ref is not None:
         command = commands.Prompt(
-            sid=sid, prompt_id=ids.new_id(), blocks=blocks, text=text, meta=meta, kind=kind, client_id=client_id
+            sid=sid, prompt_id=ids.new_id(), blocks=blocks, text=text, meta=meta, kind=kind, client_id=client_id,
+            queued_at=now_ms(),
         )
         async with effect(state.store.resends):
             admission = await commands.send_prompt(
@@ -365,8 +371,10 @@ async def prompt(request: Request) -> Response:
         raise unavailable(
             f"session already has {MAX_QUEUED_PROMPTS} queued prompts", "prompt_queue_full", sessionId=sid
         )
+    # 202, as the reference: the prompt is admitted; its turn runs on (turns/:promptId, SSE).
     return OrjsonResponse(
-        {"promptId": admission.prompt_id, "lastEventId": admission.last_event_id, "eventEpoch": admission.epoch}
+        {"promptId": admission.prompt_id, "lastEventId": admission.last_event_id, "eventEpoch": admission.epoch},
+        status_code=202,
     )
 
 

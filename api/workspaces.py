@@ -8,13 +8,12 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from acp_state import ids
 from acp_state.summary import live_summary, merged_row, persisted_row
 
-from .auth import principal_of
+from . import workspace_ref
 from .cache import CachedPage
 from .responses import ApiError, OrjsonResponse, parse_decimal
-from .state import app_state
+from .state import AppState, app_state
 
 DEFAULT_SIZE = 20
 MAX_SIZE = 100
@@ -37,9 +36,7 @@ def decode_cursor(cursor: str) -> int:
 
 async def list_sessions(request: Request) -> Response:
     state = app_state(request)
-    ws = request.path_params["id"]
-    if not ids.is_workspace_id(ws) or ws not in state.workspaces or not principal_of(request).may(ws):
-        raise ApiError(404, f'No workspace with id "{ws}"', "workspace_not_found", workspaceId=ws)
+    ws = workspace_ref.resolve(request, "id")
     query = request.query_params
     size = parse_decimal(query.get("size", str(DEFAULT_SIZE)), MAX_SIZE)
     if size is None or size < 1:
@@ -50,10 +47,16 @@ async def list_sessions(request: Request) -> Response:
     if archive_state == "archived":
         return OrjsonResponse({"sessions": []})  # nothing is ever archived here
     offset = decode_cursor(query["cursor"]) if "cursor" in query else 0
+    body = await listing(state, ws, offset, size)
+    return Response(body, media_type="application/json")
 
-    cached = state.locator.cache.page(ws, offset, size)
-    if cached is not None and all([await state.registry.is_live(owner) for owner in cached.owners]):
-        return Response(cached.body, media_type="application/json")
+
+async def listing(state: AppState, ws: str, offset: int, size: int) -> bytes:
+    """One page of the workspace's listing as JSON, from this process's cache while no
+    change of the workspace was announced and every live row's owner still holds its lease."""
+    cached = await cached_page(state, ws, offset, size)
+    if cached is not None:
+        return cached.body
     token = await state.locator.cache.begin_read(ws, ws)
     page = await state.store.list_page(ws, offset, size)
     sessions, owners = [], set()
@@ -71,10 +74,18 @@ async def list_sessions(request: Request) -> Response:
             sessions.append(merged_row(row, summary) if row else summary)
         else:
             sessions.append(persisted_row(row))  # type: ignore[arg-type]
-    listing: dict[str, object] = {"sessions": sessions}
+    result: dict[str, object] = {"sessions": sessions}
     if len(page) > size:
-        listing["nextCursor"] = encode_cursor(offset + size)
-    body = orjson.dumps(listing)
+        result["nextCursor"] = encode_cursor(offset + size)
+    body = orjson.dumps(result)
     # Kept until a change in the workspace arrives, or one of these owners' leases lapses.
     state.locator.cache.keep_page(ws, offset, size, token, CachedPage(body, frozenset(owners)))
-    return Response(body, media_type="application/json")
+    return body
+
+
+async def cached_page(state: AppState, ws: str, offset: int, size: int) -> CachedPage | None:
+    """A kept page, unless one of the owners of its live rows lost its lease since."""
+    cached = state.locator.cache.page(ws, offset, size)
+    if cached is not None and all([await state.registry.is_live(owner) for owner in cached.owners]):
+        return cached
+    return None

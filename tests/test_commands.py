@@ -27,14 +27,14 @@ CASES: list[tuple[commands.Command, dict[str, Any]]] = [
     ),
     (
         Prompt(sid="s-1", prompt_id="p-1", blocks=BLOCKS, text="hi", meta={"qwen.channel.prompt": True},
-               kind="channel", client_id="c-1"),
+               kind="channel", client_id="c-1", queued_at=1796080703834),
         {"t": "prompt", "sid": "s-1", "promptId": "p-1", "prompt": BLOCKS, "text": "hi",
-         "meta": {"qwen.channel.prompt": True}, "kind": "channel", "clientId": "c-1"},
+         "meta": {"qwen.channel.prompt": True}, "kind": "channel", "clientId": "c-1", "queuedAt": 1796080703834},
     ),
     (
         Prompt(sid="s-1", prompt_id="p-2", blocks=BLOCKS, text="", meta=None, kind="cron", client_id=None),
         {"t": "prompt", "sid": "s-1", "promptId": "p-2", "prompt": BLOCKS, "text": "", "meta": None, "kind": "cron",
-         "clientId": None},
+         "clientId": None, "queuedAt": 0},
     ),
     (Cancel(sid="s-1"), {"t": "cancel", "sid": "s-1"}),
     (

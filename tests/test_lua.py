@@ -18,6 +18,8 @@ import redis.asyncio as aioredis
 from acp_state import events
 from acp_state.store import keys, scripts
 from acp_state.store.keys import F
+from acp_state.store.keys import VersionField as VER
+from acp_state.turns import TurnRecord, TurnState
 from acp_state.store.redis import Script
 from tests.redis_server import RedisServer
 
@@ -28,9 +30,11 @@ OTHER = "w-2"
 TTL = 60_000
 CHANNEL = keys.invalidations(WS)
 SESSION = keys.session(WS, SID)
+VERSION = keys.catalog_version(WS)
+TURNS, ENDED = keys.turns(WS, SID), keys.turns_ended(WS, SID)
 APPLY_KEYS = [
     SESSION, keys.events(WS, SID), keys.live(WS), keys.catalog(WS), keys.catalog_order(WS),
-    keys.single(WS), keys.transcript(WS, SID), CHANNEL,
+    keys.single(WS), keys.transcript(WS, SID), CHANNEL, VERSION, TURNS, ENDED,
 ]
 
 
@@ -55,6 +59,7 @@ async def run(r: aioredis.Redis, name: str, key_list: list[str], args: list[Any]
 
 def apply_ops(**ops: Any) -> str:
     ops.setdefault("sid", SID)
+    ops.setdefault("verttl", TTL)
     if ops.get("events") or ops.get("orphan"):
         ops.update(evmax=100, evttl=TTL, trmax=100, trttl=TTL)
         ops.setdefault("tr", [i + 1 for i, b in enumerate(ops.get("events", [])) if events.in_transcript(b)])
@@ -198,12 +203,13 @@ async def test_apply_tells_caches_before_it_publishes_the_event(r: aioredis.Redi
 # ---- SEND ------------------------------------------------------------------------------
 
 
-SEND_KEYS = [SESSION, keys.inbox(WS, INC)]
+SEND_KEYS = [SESSION, keys.inbox(WS, INC), TURNS]
 
 
 async def send(r: aioredis.Redis, limit: Any = "", pid: str = "", idem: str | None = None, incarnation: str = INC) -> list[Any]:
     key_list = SEND_KEYS + ([keys.idempotency(WS, SID, idem)] if idem else [])
-    return await run(r, "SEND", key_list, [incarnation, '{"t":"prompt"}', limit, TTL, 100, pid, TTL])
+    turn = TurnRecord.queued(pid, "hi", 1, None).pack() if pid else ""
+    return await run(r, "SEND", key_list, [incarnation, '{"t":"prompt"}', limit, TTL, 100, pid, TTL, turn, TTL])
 
 
 async def test_send_admits_within_the_limit_and_records_the_prompt(r: aioredis.Redis) -> None:
@@ -213,6 +219,9 @@ async def test_send_admits_within_the_limit_and_records_the_prompt(r: aioredis.R
     assert await send(r, 2, "p3") == ["full"]
     assert await r.hget(SESSION, F.ADMITTED) == "2"
     assert await r.hget(SESSION, F.PROMPT + "p1") == "1" and not await r.hexists(SESSION, F.PROMPT + "p3")
+    # The admitted prompts' turn records are queued in the same step; the refused one has none.
+    assert TurnRecord.unpack(await r.hget(TURNS, "p1")).state is TurnState.QUEUED
+    assert await r.hkeys(TURNS) == ["p1", "p2"] and 0 < await r.pttl(TURNS) <= TTL
     assert await r.xlen(keys.inbox(WS, INC)) == 2 and 0 < await r.pttl(keys.inbox(WS, INC)) <= TTL
 
 
@@ -227,12 +236,12 @@ async def test_send_is_fenced_and_keeps_its_first_outcome(r: aioredis.Redis) -> 
 # ---- VOTE ------------------------------------------------------------------------------
 
 
-VOTE_KEYS = [SESSION, keys.inbox(WS, INC), CHANNEL]
+VOTE_KEYS = [SESSION, keys.inbox(WS, INC), CHANNEL, VERSION]
 
 
 async def vote(r: aioredis.Redis, option: str = "allow", client: str = "", kind: str = "selected", idem: str | None = None, incarnation: str = INC) -> str:
     key_list = VOTE_KEYS + ([keys.idempotency(WS, SID, idem)] if idem else [])
-    args = [incarnation, "r1", kind, option, client, '{"t":"vote"}', TTL, 100, "__cancelled__", SID, TTL]
+    args = [incarnation, "r1", kind, option, client, '{"t":"vote"}', TTL, 100, "__cancelled__", SID, TTL, TTL]
     return await run(r, "VOTE", key_list, args)
 
 
@@ -282,11 +291,57 @@ async def test_a_won_vote_is_kept_for_its_retry_and_announced(r: aioredis.Redis)
 
 async def test_attach_registers_the_client_fenced_by_the_owner(r: aioredis.Redis) -> None:
     await created(r)
-    key_list = [SESSION, keys.inbox(WS, INC), CHANNEL]
-    assert await run(r, "ATTACH", key_list, [OTHER, "c1", "{}", TTL, 100, SID]) == 0
+    key_list = [SESSION, keys.inbox(WS, INC), CHANNEL, VERSION]
+    assert await run(r, "ATTACH", key_list, [OTHER, "c1", "{}", TTL, 100, SID, TTL]) == 0
     assert not await r.hexists(SESSION, F.CLIENT + "c1")
-    assert await run(r, "ATTACH", key_list, [INC, "c1", '{"t":"attach"}', TTL, 100, SID]) == 1
+    revision = int(await r.hget(VERSION, VER.REVISION))
+    assert await run(r, "ATTACH", key_list, [INC, "c1", '{"t":"attach"}', TTL, 100, SID, TTL]) == 1
     assert await r.hget(SESSION, F.CLIENT + "c1") == "1" and await r.xlen(keys.inbox(WS, INC)) == 1
+    assert int(await r.hget(VERSION, VER.REVISION)) == revision + 1  # the client count changed
+
+
+# ---- catalog version and turns -----------------------------------------------------------
+
+
+async def test_every_change_moves_the_revision_and_a_lost_version_starts_a_new_generation(r: aioredis.Redis) -> None:
+    generation, revision = await run(r, "VERSION", [VERSION], [TTL])
+    assert revision == "0" and 0 < await r.pttl(VERSION) <= TTL
+    assert await run(r, "VERSION", [VERSION], [TTL]) == [generation, "0"]  # a read changes nothing
+    await created(r)
+    await apply(r, events=[update("x")])
+    assert await run(r, "VERSION", [VERSION], [TTL]) == [generation, "2"]
+    assert await apply(r, incarnation=OTHER, events=[update("y")]) == [-1, 0, ""]
+    assert (await run(r, "VERSION", [VERSION], [TTL]))[1] == "2"  # a fenced write moved nothing
+    await r.delete(VERSION)  # Redis lost it
+    await apply(r, events=[update("z")])
+    assert (await r.hget(VERSION, VER.GENERATION)) != generation and await r.hget(VERSION, VER.REVISION) == "1"
+
+
+def turn_ops(*records: TurnRecord) -> dict[str, Any]:
+    return {"turns": [[t.prompt_id, t.pack(), 1 if t.ended else 0] for t in records], "turnkeep": 2, "turnttl": TTL}
+
+
+async def test_apply_keeps_the_newest_ended_turns_and_current_turn_picks_running_queued_then_last(r: aioredis.Redis) -> None:
+    await created(r)
+    current = [SESSION, TURNS, ENDED]
+    assert await run(r, "CURRENT_TURN", current, []) is None
+    first = TurnRecord.queued("p1", "one", 10, None)
+    second = TurnRecord.queued("p2", "two", 20, "c1")
+    await r.hset(SESSION, mapping={F.PROMPT + "p1": "1", F.PROMPT + "p2": "1"})
+    await apply(r, **turn_ops(second, first))
+    assert TurnRecord.unpack(await run(r, "CURRENT_TURN", current, [])).prompt_id == "p1"  # the oldest queued
+    await apply(r, **turn_ops(second.started(30)))
+    assert TurnRecord.unpack(await run(r, "CURRENT_TURN", current, [])).state is TurnState.RUNNING
+    ended = [first.finished(40, "end_turn", "a"), second.started(30).failed(50, "boom", None),
+             TurnRecord.queued("p3", "three", 60, None).finished(70, "cancelled", "")]
+    await r.hdel(SESSION, F.PROMPT + "p1", F.PROMPT + "p2")
+    for record in ended:
+        await apply(r, **turn_ops(record))
+    assert await r.lrange(ENDED, 0, -1) == ["p2", "p3"] and sorted(await r.hkeys(TURNS)) == ["p2", "p3"]
+    last = TurnRecord.unpack(await run(r, "CURRENT_TURN", current, []))
+    assert (last.prompt_id, last.state, last.stop_reason) == ("p3", TurnState.CANCELLED, "cancelled")
+    await apply(r, mode="delete")
+    assert not await r.exists(TURNS, ENDED)  # the session's turns go with it
 
 
 # ---- LIST ------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ async def create(api: ApiProcess, workspace: str) -> dict[str, Any]:
 
 async def prompt(api: ApiProcess, sid: str, text: str) -> dict[str, Any]:
     response = await api.client.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": text}]})
-    assert response.status_code == 200, response.text
+    assert response.status_code == 202, response.text
     return response.json()
 
 

@@ -336,7 +336,8 @@ async def test_bad_session_requests_get_clear_errors(harness: Harness, workspace
     assert (await api.client.get(f"/workspace/{ws}/sessions?size=0")).status_code == 400
     assert (await api.client.get(f"/workspace/{ws}/sessions?cursor=%%%")).status_code == 400
     assert (await api.client.get(f"/workspace/{ws}/sessions?archiveState=x")).json()["code"] == "invalid_archive_state"
-    assert (await api.client.get("/workspace/0123456789abcdef/sessions")).status_code == 404
+    unknown_ws = await api.client.get("/workspace/0123456789abcdef/sessions")  # neither an id of ours nor a path
+    assert unknown_ws.status_code == 400 and unknown_ws.json()["code"] == "workspace_mismatch"
 
 
 async def test_workspace_listing_pages_newest_first(harness: Harness, workspace: str) -> None:

@@ -31,6 +31,7 @@ from acp_state.store import (
     is_transient,
 )
 from acp_state.turn_errors import LOOP_DETECTED_MESSAGE, TurnError, from_exception
+from acp_state.turns import TEXT_MAX_CHARS, TurnRecord
 
 from .loop_guard import LoopGuard, LoopLimits, skipped_update
 from .metrics import EVENTS, TRANSITIONS, TURN_ERRORS, WRITES_DROPPED
@@ -71,6 +72,21 @@ class Prompt:
     sent: bool = False  # session/prompt went to the agent
     cancel_requested: bool = False
     ended: bool = False
+    result: list[str] = field(default_factory=list)  # the agent's message text of this turn
+    result_chars: int = 0
+    turn: TurnRecord = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.turn = TurnRecord.queued(self.prompt_id, self.text, self.queued_at, self.client_id)
+
+    def add_result(self, text: str) -> None:
+        """Keep the agent's text up to just past what a turn record holds."""
+        if text and self.result_chars <= TEXT_MAX_CHARS:
+            self.result.append(text)
+            self.result_chars += len(text)
+
+    def result_text(self) -> str:
+        return "".join(self.result)
 
 
 @dataclass
@@ -349,7 +365,8 @@ class LiveSession:
         self._guard = LoopGuard(self.loop_limits)
         self._loop_stop = None
         self.turn_error_event = False
-        transition = Transition(active=True, clear_turn_error_event=True)
+        prompt.turn = prompt.turn.started(now_ms())
+        transition = Transition(active=True, clear_turn_error_event=True, turns=[prompt.turn])
         if prompt.kind in INTERACTIVE_KINDS or prompt.kind == CHANNEL:
             self.turn_error = None
             transition.clear_turn_error = True
@@ -402,6 +419,8 @@ class LiveSession:
         if prompt.ended:
             return
         transition = self._terminal(prompt)
+        prompt.turn = prompt.turn.finished(now_ms(), stop_reason, prompt.result_text())
+        transition.turns.append(prompt.turn)
         data = {"sessionId": self.sid, "stopReason": stop_reason, "promptId": prompt.prompt_id}
         transition.events.append(events.body("turn_complete", data, prompt.prompt_id))
         await self._write(transition)
@@ -411,6 +430,8 @@ class LiveSession:
         if prompt.ended:
             return
         transition = self._terminal(prompt)
+        prompt.turn = prompt.turn.failed(now_ms(), error.message, error.code)
+        transition.turns.append(prompt.turn)
         if error.structured:
             # A structured rejection cancels pending interactions first, without prompt_cancelled.
             transition.interactions_removed += self._resolve_all_pending(transition.events)
@@ -629,6 +650,8 @@ class LiveSession:
         kept turn-error event, so a reload no longer re-appends it.
         """
         prompt_id = self.active.prompt_id if self.active else None
+        if self.active is not None:
+            self.active.add_result(events.message_text(update))
         transition = Transition(events=[events.body("session_update", {"sessionId": self.sid, "update": update}, prompt_id)])
         if self.turn_error_event and events.is_turn_content(update):
             self.turn_error_event = False

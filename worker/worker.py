@@ -366,6 +366,7 @@ class Worker:
                     meta=command.meta,
                     client_id=command.client_id,
                     kind=command.kind,
+                    queued_at=command.queued_at or now_ms(),
                 )
             )
 

@@ -22,6 +22,7 @@ from .types import (
     Applied,
     ApplyOutcome,
     CatalogRow,
+    CatalogVersion,
     CreateRecord,
     EndAdmitted,
     LeaseView,
@@ -37,7 +38,7 @@ from .types import (
 )
 
 __all__ = [
-    "ABANDONED", "Admission", "AdmissionStatus", "Applied", "ApplyOutcome", "CatalogRow",
+    "ABANDONED", "Admission", "AdmissionStatus", "Applied", "ApplyOutcome", "CatalogRow", "CatalogVersion",
     "CreateRecord", "Delivery", "EndAdmitted", "Fanout", "LeaseReader", "LeaseView",
     "ListedSession", "LoadSnapshot", "MEMORY", "Mode", "PendingInteraction", "ReaderStore",
     "RedisStore", "Retention", "STORE_ERRORS", "SessionView", "Standing", "Store",

@@ -94,6 +94,24 @@ def catalog_order(ws: str) -> str:
     return f"{PREFIX}:{{{ws}}}:cat:t"
 
 
+def catalog_version(ws: str) -> str:
+    """HASH {g: generation, r: revision} of the workspace's live state: the revision moves
+    in the same script as every change announced on the change channel; a new generation
+    starts when the hash is missing (Redis lost the workspace's state)."""
+    return f"{PREFIX}:{{{ws}}}:ver"
+
+
+def turns(ws: str, sid: str) -> str:
+    """HASH promptId -> turn record JSON (acp_state.turns) of a live session's recent turns."""
+    return f"{PREFIX}:{{{ws}}}:t:{sid}"
+
+
+def turns_ended(ws: str, sid: str) -> str:
+    """LIST of the promptIds whose turns ended, oldest first, bounded (the newest is the
+    `turns/current` of an idle session)."""
+    return f"{PREFIX}:{{{ws}}}:t:{sid}:end"
+
+
 def single(ws: str) -> str:
     """STRING: the id of the workspace's shared `sessionScope: single` session."""
     return f"{PREFIX}:{{{ws}}}:single"
@@ -147,6 +165,13 @@ class F:
     CLIENT = "c:"  # + clientId -> "1"
     INTERACTION = "pi:"  # + requestId -> PendingInteraction JSON
     VOTABLE = "pv:"  # + requestId -> JSON [order, [allowed option ids]]
+
+
+class VersionField:
+    """Field names of the catalog version hash (catalog_version)."""
+
+    GENERATION = "g"
+    REVISION = "r"
 
 
 class ClockField:

@@ -22,10 +22,11 @@ from .. import commands, events
 from ..clock import now_ms
 from ..commands import CANCEL_SENTINEL, Attach, Command, Create, MalformedCommand, Vote
 from ..metrics import REDIS_ROUNDTRIP
+from ..turns import KEPT_ENDED_TURNS, TurnRecord
 from . import keys, scripts
 from .connection import MEMORY, Client, connect, is_cluster
 from .fanout import Fanout
-from .keys import F
+from .keys import F, VersionField
 from .types import (
     ABANDONED,
     Admission,
@@ -33,6 +34,7 @@ from .types import (
     Applied,
     ApplyOutcome,
     CatalogRow,
+    CatalogVersion,
     CreateRecord,
     LeaseView,
     ListedSession,
@@ -128,6 +130,8 @@ class RedisStore:
         self._send = Script(redis, scripts.SEND)
         self._vote = Script(redis, scripts.VOTE)
         self._attach = Script(redis, scripts.ATTACH)
+        self._version = Script(redis, scripts.VERSION)
+        self._current_turn = Script(redis, scripts.CURRENT_TURN)
         self._list = Script(redis, scripts.LIST)
         self._release_single = Script(redis, scripts.RELEASE_SINGLE)
         self._heartbeat = Script(self.lease_redis, scripts.HEARTBEAT, allow_oom=True)
@@ -141,6 +145,7 @@ class RedisStore:
         self._flushing: asyncio.Task[None] | None = None
         self._readers = _StreamReaders(redis) if is_cluster(redis) else None
         self._live_on_page: dict[str, list[str]] = {}  # ws -> live ids its last listing found
+        self._live_in_workspace: dict[str, list[str]] = {}  # ws -> live ids its last live-state read found
 
     @classmethod
     def from_url(cls, url: str, retention: Retention | None = None) -> RedisStore:
@@ -192,6 +197,9 @@ class RedisStore:
             keys.single(ws),
             keys.transcript(ws, sid),
             keys.invalidations(ws),
+            keys.catalog_version(ws),
+            keys.turns(ws, sid),
+            keys.turns_ended(ws, sid),
         ]
         future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
         args = [incarnation, orjson.dumps(ops).decode(), str(self.retention.session_ttl_ms)]
@@ -236,7 +244,11 @@ class RedisStore:
         if t.clear_turn_error:
             removed.append(F.TURN_ERROR)
 
-        ops: dict[str, Any] = {"mode": t.mode.value, "sid": sid}
+        ops: dict[str, Any] = {"mode": t.mode.value, "sid": sid, "verttl": self.retention.catalog_ms}
+        if t.turns:
+            ops["turns"] = [[turn.prompt_id, turn.pack(), 1 if turn.ended else 0] for turn in t.turns]
+            ops["turnkeep"] = KEPT_ENDED_TURNS
+            ops["turnttl"] = self.retention.catalog_ms
         if fields:
             ops["set"] = fields
         if removed:
@@ -495,9 +507,12 @@ class RedisStore:
         """Hand a command to the session's owner (scripts.SEND); prompts pass `admit_limit`.
 
         With `idempotency_key`, the first success is kept and a repeat returns it."""
-        key_list = [keys.session(ws, command.sid), keys.inbox(ws, incarnation)]
+        key_list = [keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.turns(ws, command.sid)]
         if idempotency_key is not None:
             key_list.append(keys.idempotency(ws, command.sid, idempotency_key))
+        turn = ""
+        if isinstance(command, commands.Prompt):
+            turn = TurnRecord.queued(command.prompt_id, command.text, command.queued_at, command.client_id).pack()
         result = await self._send(
             key_list,
             [
@@ -508,6 +523,8 @@ class RedisStore:
                 INBOX_MAXLEN,
                 command.prompt_id if isinstance(command, commands.Prompt) else "",
                 IDEMPOTENCY_TTL_MS,
+                turn,
+                self.retention.catalog_ms,
             ],
         )
         if result[0] != "ok":
@@ -526,7 +543,9 @@ class RedisStore:
 
     async def vote(self, ws: str, incarnation: str, command: Vote, idempotency_key: str | None = None) -> VoteOutcome:
         """Decide a vote and enqueue it to the owner in one step (scripts.VOTE)."""
-        key_list = [keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.invalidations(ws)]
+        key_list = [
+            keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.invalidations(ws), keys.catalog_version(ws)
+        ]
         if idempotency_key is not None:
             key_list.append(keys.idempotency(ws, command.sid, idempotency_key))
         outcome = await self._vote(
@@ -543,6 +562,7 @@ class RedisStore:
                 CANCEL_SENTINEL,
                 command.sid,
                 IDEMPOTENCY_TTL_MS,
+                self.retention.catalog_ms,
             ],
         )
         return VoteOutcome(outcome)
@@ -603,8 +623,14 @@ class RedisStore:
         """Register a client on a live session (and tell its owner); False if it is gone."""
         return bool(
             await self._attach(
-                [keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.invalidations(ws)],
-                [incarnation, command.client_id, commands.encode(command), INBOX_TTL_MS, INBOX_MAXLEN, command.sid],
+                [
+                    keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.invalidations(ws),
+                    keys.catalog_version(ws),
+                ],
+                [
+                    incarnation, command.client_id, commands.encode(command), INBOX_TTL_MS, INBOX_MAXLEN, command.sid,
+                    self.retention.catalog_ms,
+                ],
             )
         )
 
@@ -641,17 +667,60 @@ class RedisStore:
             rows.append(ListedSession(sid, orjson.loads(row) if row else None, view_of(fields)))
             if fields:
                 live.append(sid)
-        self._remember_live(ws, live)
+        _remember(self._live_on_page, ws, live)
         return rows
 
-    def _remember_live(self, ws: str, live: list[str]) -> None:
-        """Keep the live ids of a workspace's last listing page, for the next one to declare
-        (a bounded number of workspaces, the oldest forgotten first)."""
-        self._live_on_page.pop(ws, None)
-        if live:
-            self._live_on_page[ws] = live
-            if len(self._live_on_page) > LIST_HINTS:
-                del self._live_on_page[next(iter(self._live_on_page))]
+    async def live_states(self, workspaces: list[str]) -> dict[str, tuple[CatalogVersion, list[SessionView]]]:
+        """Each workspace's catalog version and its live sessions' views, the version read
+        first (a reader may then see a newer state than the version says, never an older).
+
+        One pipeline asks every workspace's version, live set and the session hashes its
+        last read found live: one round trip per shard, unless a workspace gained a live
+        session since (one more for those) or lost its version (one more to start anew)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for ws in workspaces:
+            pipe.hmget(keys.catalog_version(ws), [VersionField.GENERATION, VersionField.REVISION])
+            pipe.smembers(keys.live(ws))
+            for sid in self._live_in_workspace.get(ws, ()):
+                pipe.hgetall(keys.session(ws, sid))
+        replies = iter(await pipe.execute())
+        found: dict[str, tuple[list[Any], set[str], dict[str, dict[str, str]]]] = {}
+        for ws in workspaces:
+            version, members = next(replies), set(next(replies))
+            hashes = {sid: next(replies) for sid in self._live_in_workspace.get(ws, ())}
+            found[ws] = (version, members, hashes)
+        missing = [(ws, sid) for ws, (_, members, hashes) in found.items() for sid in members - hashes.keys()]
+        if missing:
+            pipe = self.redis.pipeline(transaction=False)
+            for ws, sid in missing:
+                pipe.hgetall(keys.session(ws, sid))
+            for (ws, sid), fields in zip(missing, await pipe.execute(), strict=True):
+                found[ws][2][sid] = fields
+        result: dict[str, tuple[CatalogVersion, list[SessionView]]] = {}
+        for ws, (version, members, hashes) in found.items():
+            generation, revision = version
+            current = (
+                CatalogVersion(generation, int(revision)) if generation is not None else await self.catalog_version(ws)
+            )
+            views = [view for sid in sorted(members) if (view := view_of(hashes.get(sid) or {})) is not None]
+            _remember(self._live_in_workspace, ws, [view.meta["sessionId"] for view in views])
+            result[ws] = (current, views)
+        return result
+
+    async def catalog_version(self, ws: str) -> CatalogVersion:
+        """The workspace's catalog version (a new generation at revision 0 if it had none)."""
+        generation, revision = await self._version([keys.catalog_version(ws)], [self.retention.catalog_ms])
+        return CatalogVersion(generation, int(revision))
+
+    async def turn(self, ws: str, sid: str, prompt_id: str) -> TurnRecord | None:
+        """One turn's record, while it is among the session's kept turns."""
+        packed = await self.redis.hget(keys.turns(ws, sid), prompt_id)
+        return None if packed is None else TurnRecord.unpack(packed)
+
+    async def current_turn(self, ws: str, sid: str) -> TurnRecord | None:
+        """The running turn, else the oldest queued one, else the one that ended last."""
+        packed = await self._current_turn([keys.session(ws, sid), keys.turns(ws, sid), keys.turns_ended(ws, sid)], [])
+        return TurnRecord.unpack(packed) if packed else None
 
     async def replay(self, ws: str, sid: str, after: int, upto: int | None = None) -> tuple[list[str], int | None]:
         """Envelopes with ids in (after, upto] from the replay log, plus the first id it holds."""
@@ -784,6 +853,16 @@ class _StreamReaders:
 
 
 # ---- packing ------------------------------------------------------------------------------
+
+
+def _remember(hints: dict[str, list[str]], ws: str, live: list[str]) -> None:
+    """Keep the live ids a workspace's last read found, for the next one to declare (a
+    bounded number of workspaces, the oldest forgotten first)."""
+    hints.pop(ws, None)
+    if live:
+        hints[ws] = live
+        if len(hints) > LIST_HINTS:
+            del hints[next(iter(hints))]
 
 
 def view_of(fields: dict[str, str]) -> SessionView | None:

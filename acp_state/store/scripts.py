@@ -21,7 +21,7 @@ from importlib import resources
 from . import keys
 
 # The classes of field names a template may name, as `{{<class>.<NAME>}}`.
-FIELD_CLASSES: dict[str, type] = {"F": keys.F, "CLOCK": keys.ClockField}
+FIELD_CLASSES: dict[str, type] = {"F": keys.F, "CLOCK": keys.ClockField, "VER": keys.VersionField}
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\.(\w+)\}\}")
 _SAFE_NAME = re.compile(r"[a-z:]+")  # quoted as is in Lua: no quote or escape can occur
 
@@ -52,10 +52,12 @@ def load(name: str, prelude: str | None = None) -> str:
 
 
 # Session-slot scripts (KEYS all carry the workspace's hash tag).
-APPLY = load("apply")
+APPLY = load("apply", prelude="changes")
 SEND = load("send")
-VOTE = load("vote")
-ATTACH = load("attach")
+VOTE = load("vote", prelude="changes")
+ATTACH = load("attach", prelude="changes")
+VERSION = load("version", prelude="changes")
+CURRENT_TURN = load("current_turn")
 LIST = load("list")
 RELEASE_SINGLE = load("release_single")
 
@@ -71,7 +73,7 @@ ABANDON = load("abandon")
 TAKE = load("take")
 
 ALL = {
-    "APPLY": APPLY, "SEND": SEND, "VOTE": VOTE, "ATTACH": ATTACH, "LIST": LIST,
+    "APPLY": APPLY, "SEND": SEND, "VOTE": VOTE, "ATTACH": ATTACH, "VERSION": VERSION, "CURRENT_TURN": CURRENT_TURN, "LIST": LIST,
     "RELEASE_SINGLE": RELEASE_SINGLE, "HEARTBEAT": HEARTBEAT, "CLAIM_DEAD": CLAIM_DEAD,
     "RELEASE": RELEASE, "RESIGN": RESIGN, "REPLY": REPLY, "ABANDON": ABANDON, "TAKE": TAKE,
 }

@@ -12,6 +12,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..turns import TurnRecord
+
 
 class Standing(enum.Enum):
     """What a heartbeat learned about the worker's incarnation."""
@@ -192,6 +194,15 @@ class Transition:
     restore: bool = False  # CREATE after a loss: only if the session is missing
     end_admitted: EndAdmitted | None = None  # DELETE: end the prompts left admitted
     op: int | None = None  # the owner's running number (a retry applies once)
+    turns: list[TurnRecord] = field(default_factory=list)  # turn records to write whole
+
+
+@dataclass(frozen=True)
+class CatalogVersion:
+    """A workspace's live-state version: `revision` counts its changes within `generation`."""
+
+    generation: str
+    revision: int
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@
 -- was swept) can no longer resurrect or modify a session.
 --   KEYS: 1 session hash, 2 event stream (also the pub/sub channel), 3 live set,
 --         4 catalog hash, 5 catalog order zset, 6 single-scope key, 7 transcript stream,
---         8 the workspace's change channel
+--         8 the workspace's change channel, 9 the workspace's catalog version,
+--         10 the session's turn records, 11 the ids of its ended turns
 --   ARGV: 1 incarnation, 2 ops JSON (see RedisStore.apply), 3 the session hash's TTL ms
 --         (refreshed by every transition)
 --   -> {applied, last event id, epoch}; applied: 1, 0 the session is not in the store (data
@@ -47,7 +48,7 @@ if ops.del and #ops.del > 0 then redis.call('HDEL', KEYS[1], unpack(ops.del)) en
 if ops.incr then
   for k, n in pairs(ops.incr) do redis.call('HINCRBY', KEYS[1], k, n) end
 end
-redis.call('SPUBLISH', KEYS[8], ops.sid)
+changed(9, 8, ops.sid, ops.verttl)
 local seq = tonumber(redis.call('HGET', KEYS[1], {{F.SEQ}}) or '0')
 local epoch = redis.call('HGET', KEYS[1], {{F.EPOCH}}) or ''
 local bodies = ops.events or {}
@@ -98,7 +99,23 @@ if ops.catalog then
     end
   end
 end
+if ops.turns and ops.mode ~= 'delete' then
+  -- Turn records (queued, running, ended); only the newest `turnkeep` ended ones are kept.
+  for _, turn in ipairs(ops.turns) do
+    redis.call('HSET', KEYS[10], turn[1], turn[2])
+    if turn[3] == 1 then
+      redis.call('LREM', KEYS[11], 0, turn[1])
+      redis.call('RPUSH', KEYS[11], turn[1])
+      while redis.call('LLEN', KEYS[11]) > ops.turnkeep do
+        redis.call('HDEL', KEYS[10], redis.call('LPOP', KEYS[11]))
+      end
+    end
+  end
+  redis.call('PEXPIRE', KEYS[10], ops.turnttl)
+  redis.call('PEXPIRE', KEYS[11], ops.turnttl)
+end
 if ops.mode == 'delete' then
+  redis.call('DEL', KEYS[10], KEYS[11])
   -- A session whose creator was never told of it (its answer not taken: the field is still
   -- there) leaves no catalog row when its worker is swept.
   local untold = ops.uncatalog_untold and redis.call('HEXISTS', KEYS[1], {{F.REQUEST}}) == 1

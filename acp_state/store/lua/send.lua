@@ -4,14 +4,18 @@
 -- whoever removes the session (its owner closing it, a sweeper) ends it even if the owner
 -- never read it. With an idempotency key the first success is kept, and a retry returns it
 -- unchanged.
---   KEYS: 1 session hash, 2 inbox stream, 3 idempotency key (optional)
+-- An admitted prompt's turn record (queued) is written in the same step, so its turn status
+-- answers on every API process as soon as the prompt is acknowledged.
+--   KEYS: 1 session hash, 2 inbox stream, 3 the session's turn records,
+--         4 idempotency key (optional)
 --   ARGV: 1 incarnation, 2 command JSON, 3 admission limit ('' = no admission),
 --         4 inbox TTL ms, 5 inbox max length, 6 promptId ('' unless a prompt),
---         7 idempotency TTL ms
+--         7 idempotency TTL ms, 8 the prompt's turn record JSON ('' unless a prompt),
+--         9 the turn records' TTL ms
 --   -> {'ok', last event id, epoch, promptId[, 'repeat' when it is the kept first outcome]}
 --      | {'gone'} | {'full'}
-if KEYS[3] then
-  local first = redis.call('GET', KEYS[3])
+if KEYS[4] then
+  local first = redis.call('GET', KEYS[4])
   if first then
     local result = cjson.decode(first)
     result[5] = 'repeat'
@@ -25,8 +29,12 @@ if ARGV[3] ~= '' then
   redis.call('HINCRBY', KEYS[1], {{F.ADMITTED}}, 1)
 end
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], {{F.PROMPT}} .. ARGV[6], '1') end
+if ARGV[8] ~= '' then
+  redis.call('HSET', KEYS[3], ARGV[6], ARGV[8])
+  redis.call('PEXPIRE', KEYS[3], ARGV[9])
+end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'c', ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
 local result = {'ok', redis.call('HGET', KEYS[1], {{F.SEQ}}) or '0', redis.call('HGET', KEYS[1], {{F.EPOCH}}) or '', ARGV[6]}
-if KEYS[3] then redis.call('SET', KEYS[3], cjson.encode(result), 'PX', ARGV[7]) end
+if KEYS[4] then redis.call('SET', KEYS[4], cjson.encode(result), 'PX', ARGV[7]) end
 return result

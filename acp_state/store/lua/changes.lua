@@ -1,0 +1,17 @@
+-- The changes prelude, shared by APPLY, ATTACH and VOTE: a change of a session's live
+-- state moves its workspace's catalog version and is announced on the workspace's change
+-- channel, in the same step as the change itself, so every API process reads one revision
+-- for one state. A missing version hash (Redis lost the workspace's state, or it was idle
+-- past the hash's TTL) starts a new generation, named after Redis's clock: readers that
+-- kept a revision of the old one see that it no longer counts.
+local function new_generation()
+  local t = redis.call('TIME')
+  return t[1] .. string.format('%06d', tonumber(t[2]))
+end
+-- `version` and `channel` are indexes in KEYS: a script touches only the keys it declares.
+local function changed(version, channel, sid, ttl_ms)
+  redis.call('HSETNX', KEYS[version], {{VER.GENERATION}}, new_generation())
+  redis.call('HINCRBY', KEYS[version], {{VER.REVISION}}, 1)
+  redis.call('PEXPIRE', KEYS[version], ttl_ms)
+  redis.call('SPUBLISH', KEYS[channel], sid)
+end

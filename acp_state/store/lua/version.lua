@@ -1,0 +1,10 @@
+-- VERSION: the workspace's catalog version, starting a new generation at revision 0 when
+-- the hash is missing (see the changes prelude).
+--   KEYS: 1 catalog version hash
+--   ARGV: 1 the hash's TTL ms
+--   -> {generation, revision}
+if redis.call('HSETNX', KEYS[1], {{VER.GENERATION}}, new_generation()) == 1 then
+  redis.call('HSET', KEYS[1], {{VER.REVISION}}, 0)
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+return redis.call('HMGET', KEYS[1], {{VER.GENERATION}}, {{VER.REVISION}})

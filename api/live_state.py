@@ -1,0 +1,112 @@
+"""Live state: `GET /workspaces/:workspace/sessions/live-state` and, for 1 to 20 workspaces
+in one request, `POST /sessions/live-state`.
+
+Each workspace's answer carries its `catalogVersion {generation, revision}`, kept in Redis
+and moved in the same script as every change it counts, so every API process reports the
+same revision for the same state. The version is read before the sessions: a body may be
+newer than its version, never older. The body of the GET is cached until a change of the
+workspace is announced (or an owner's lease lapses) and answered with an `ETag`: a poller
+that sends it back in `If-None-Match` gets a 304 without a body, and without a Redis read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from acp_state.store import CatalogVersion, SessionView
+from acp_state.summary import live_state_row
+
+from . import workspace_ref
+from .auth import principal_of
+from .cache import LIVE_STATE_PAGE, CachedPage
+from .responses import ApiError, OrjsonResponse, json_body
+from .state import AppState, app_state
+from .workspaces import cached_page
+
+MAX_WORKSPACES = 20
+# Browsers and proxies may keep the body but must ask again each time (with the ETag).
+CACHE_CONTROL = "no-cache"
+
+
+async def workspace_live_state(request: Request) -> Response:
+    state = app_state(request)
+    ws = workspace_ref.resolve(request, "workspace")
+    page = await _page(state, ws)
+    headers = {"ETag": page.etag or "", "Cache-Control": CACHE_CONTROL}
+    if _matches(request.headers.get("if-none-match"), page.etag):
+        return Response(status_code=304, headers=headers)
+    return Response(page.body, media_type="application/json", headers=headers)
+
+
+async def many_live_states(request: Request) -> Response:
+    """`{"workspaces": [id or absolute path, ...]}` (1 to 20) -> one entry per workspace, in
+    order: its live state, or `{workspace, error: {code, message, status}}`."""
+    state = app_state(request)
+    body = await json_body(request)
+    selectors = body.get("workspaces") if isinstance(body, dict) else None
+    if not isinstance(selectors, list) or not selectors or not all(isinstance(s, str) and s for s in selectors):
+        raise ApiError(
+            400, "body must be {\"workspaces\": [workspace id or absolute path, ...]}", "invalid_live_state_request"
+        )
+    if len(selectors) > MAX_WORKSPACES:
+        raise ApiError(400, f"Select at most {MAX_WORKSPACES} workspaces per request.", "too_many_workspaces")
+    principal = principal_of(request)
+    found = {selector: workspace_ref.find(request, selector) for selector in selectors}
+    found = {selector: ws if ws is not None and principal.may(ws) else None for selector, ws in found.items()}
+    wanted = sorted({ws for ws in found.values() if ws is not None})
+    states = await state.store.live_states(wanted) if wanted else {}
+    answers = []
+    for selector in selectors:
+        ws = found[selector]
+        if ws is None:
+            answers.append(_failed(selector, 404, "workspace_not_found", "Workspace is not registered with this daemon."))
+            continue
+        version, views = states[ws]
+        rows, _ = await _rows(state, views)
+        answers.append({"workspace": selector, "workspaceId": ws, "cwd": state.workspaces[ws], **_body(version, rows)})
+    return OrjsonResponse({"v": 1, "workspaces": answers})
+
+
+async def _page(state: AppState, ws: str) -> CachedPage:
+    cache = state.locator.cache
+    cached = await cached_page(state, ws, *LIVE_STATE_PAGE)
+    if cached is not None:
+        return cached
+    token = await cache.begin_read(ws, ws)
+    version, views = (await state.store.live_states([ws]))[ws]
+    rows, owners = await _rows(state, views)
+    body = orjson.dumps(_body(version, rows))
+    page = CachedPage(body, frozenset(owners), etag=f'"{hashlib.blake2b(body, digest_size=12).hexdigest()}"')
+    cache.keep_page(ws, *LIVE_STATE_PAGE, token, page)
+    return page
+
+
+async def _rows(state: AppState, views: list[SessionView]) -> tuple[list[dict[str, Any]], set[str]]:
+    """The rows of the sessions whose owner's lease holds, and those owners."""
+    rows, owners = [], set()
+    for view in views:
+        if await state.registry.is_live(view.owner):
+            rows.append(live_state_row(view))
+            owners.add(view.owner)
+    return rows, owners
+
+
+def _body(version: CatalogVersion, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"v": 1, "catalogVersion": {"generation": version.generation, "revision": version.revision}, "sessions": rows}
+
+
+def _failed(selector: str, status: int, code: str, message: str) -> dict[str, Any]:
+    return {"workspace": selector, "error": {"code": code, "message": message, "status": status}}
+
+
+def _matches(header: str | None, etag: str | None) -> bool:
+    """`If-None-Match` names this ETag (a list, `*`, and weak forms are understood)."""
+    if header is None or etag is None:
+        return False
+    candidates = {tag.strip().removeprefix("W/") for tag in header.split(",")}
+    return "*" in candidates or etag in candidates
