@@ -76,7 +76,12 @@ def query_param(name: str, description: str, schema: Schema) -> Schema:
 
 SESSION_ID = path_param("id", "Session id (as returned by `POST /session`).")
 REQUEST_ID = path_param("requestId", "Permission request id (from the `permission_request` event or status).")
-WORKSPACE_ID = path_param("id", "Workspace id: the first 16 hex characters of sha256 of the workspace cwd.")
+WORKSPACE_ID = path_param(
+    "id", "Workspace id (the first 16 hex characters of sha256 of the workspace cwd) or its URL-encoded absolute cwd."
+)
+WORKSPACE = dict(WORKSPACE_ID, name="workspace")
+PROMPT_ID = path_param("promptId", "Prompt id (as returned by `POST /session/:id/prompt`).")
+BAD_WORKSPACE = "Neither a registered workspace's id nor an absolute path of one (`workspace_mismatch`)."
 CLIENT_ID = {
     "name": "X-Qwen-Client-Id",
     "in": "header",
@@ -229,19 +234,75 @@ def components() -> Schema:
         "Capabilities": obj(
             {
                 "v": {"const": 1},
-                "protocolVersions": obj({"acp": integer()}),
+                "protocolVersions": obj({"current": string(), "supported": array(string())}),
+                "mode": string(),
                 "features": array(string()),
-                "limits": obj(
-                    {
-                        "maxQueuedPromptsPerSession": integer(),
-                        "maxPendingInteractionsPerSession": integer(),
-                        "maxRequestBodyBytes": integer(),
-                        "maxListPageSize": integer(),
-                    }
+                "sessionLiveStatePollIntervalMs": integer(minimum=1000),
+                "workspaceCwd": string(),
+                "transports": array(string()),
+                "policy": obj({"permission": string()}),
+                "limits": obj({"maxPendingPromptsPerSession": integer()}),
+                "workspaces": array(
+                    obj({"id": string(), "cwd": string(), "primary": boolean(), "trusted": boolean()})
                 ),
-                "polling": obj({"statusIntervalMs": integer()}),
-                "workspaces": array(obj({"workspaceId": string(), "cwd": string()})),
             }
+        ),
+        "CatalogVersion": obj({"generation": string(), "revision": integer(minimum=0)}, extra=False),
+        "LiveStateRow": obj(
+            {
+                "sessionId": string(), "clientCount": integer(minimum=0), "hasActivePrompt": boolean(),
+                "activeWorkState": string(enum=["idle", "active"]), "hasRunningBackgroundTasks": boolean(),
+                "isWaitingForPermission": boolean(), "isWaitingForUserQuestion": boolean(),
+            },
+            {"updatedAt": string()},
+        ),
+        "LiveState": obj(
+            {"v": {"const": 1}, "catalogVersion": ref("CatalogVersion"), "sessions": array(ref("LiveStateRow"))}
+        ),
+        "MemberError": obj(
+            {"workspace": string(), "error": obj({"code": string(), "message": string(), "status": integer()})},
+            {"workspaceId": string(), "cwd": string()},
+        ),
+        "LiveStates": obj(
+            {"v": {"const": 1}, "workspaces": array({"oneOf": [
+                obj({"workspace": string(), "workspaceId": string(), "cwd": string(),
+                     "catalogVersion": ref("CatalogVersion"), "sessions": array(ref("LiveStateRow"))}),
+                ref("MemberError"),
+            ]})}
+        ),
+        "LiveStatesRequest": obj(
+            {"workspaces": array(string(minLength=1), minItems=1, maxItems=20,
+                                 description="Workspace ids or absolute cwds.")},
+            extra=False,
+        ),
+        "CatalogRequest": obj(
+            {"workspaces": {"oneOf": [
+                {"const": "all"},
+                array(obj({"workspace": string(minLength=1, maxLength=4096)}, {"cursor": string()}, extra=False),
+                      minItems=1, maxItems=20),
+            ]}},
+            {
+                "options": obj(optional={
+                    "size": integer(minimum=1, maximum=100),
+                    "archiveState": string(enum=["active", "archived"]),
+                }, extra=False),
+                "includeGroups": boolean(),
+            },
+            extra=False,
+        ),
+        "Catalog": obj({"workspaces": array({"oneOf": [
+            obj({"workspace": string(), "workspaceId": string(), "cwd": string(),
+                 "sessions": array(ref("SessionRow"))}, {"nextCursor": string(), "groups": array(obj())}),
+            ref("MemberError"),
+        ]})}),
+        "TurnStatus": obj(
+            {"sessionId": string(), "state": string(enum=["idle", "queued", "running", "completed", "cancelled", "error"])},
+            {
+                "promptId": string(), "promptText": string(), "promptTextTruncated": boolean(),
+                "queuedAt": integer(), "startedAt": integer(), "endedAt": integer(), "stopReason": string(),
+                "error": obj({"message": string()}, {"code": string()}), "resultText": string(),
+                "resultTruncated": boolean(), "resultCode": string(), "originatorClientId": string(),
+            },
         ),
         "CreateSessionRequest": obj(
             optional={
@@ -391,7 +452,7 @@ def paths() -> Schema:
             "post": operation(
                 "promptSession", "Prompts and events", "Send a prompt (runs now, or queues behind the running one)",
                 {
-                    "200": json_response("Admitted; its events carry `promptId`.", ref("PromptAccepted")),
+                    "202": json_response("Admitted; its events carry `promptId`.", ref("PromptAccepted")),
                     **TOO_LARGE,
                     "400": error("Bad body or header (`invalid_prompt`, `invalid_turn_kind`, `invalid_client_id`, ...)."),
                     "404": not_found(NO_SESSION),
@@ -497,8 +558,9 @@ def paths() -> Schema:
                 "listWorkspaceSessions", "Sessions", "The workspace's sessions, newest first, live ones with runtime fields",
                 {
                     "200": json_response("One page.", ref("SessionList")),
-                    "400": error("Bad `size` (`invalid_size`), `archiveState` or `cursor` (`invalid_cursor`)."),
-                    "404": not_found("No registered workspace with this id (`workspace_not_found`)."),
+                    "400": error("Bad `size` (`invalid_size`), `archiveState` or `cursor` (`invalid_cursor`). Or: "
+                                 + BAD_WORKSPACE),
+                    "404": not_found("The caller's token is scoped to another workspace (`workspace_not_found`)."),
                 },
                 parameters=[
                     WORKSPACE_ID,
@@ -506,6 +568,58 @@ def paths() -> Schema:
                     query_param("archiveState", "Which sessions.", string(enum=["active", "archived"], default="active")),
                     query_param("cursor", "`nextCursor` of the previous page.", string()),
                 ],
+            )
+        },
+        "/workspaces/{workspace}/sessions/live-state": {
+            "get": operation(
+                "getWorkspaceLiveState", "Sessions", "The runtime flags of the workspace's live sessions, versioned",
+                {
+                    "200": json_response("The live state; `ETag` names it.", ref("LiveState")),
+                    "304": {"description": "Unchanged since the `If-None-Match` ETag."},
+                    "400": error(BAD_WORKSPACE),
+                    "404": not_found("The caller's token is scoped to another workspace (`workspace_not_found`)."),
+                },
+                parameters=[WORKSPACE, {"name": "If-None-Match", "in": "header", "required": False,
+                                        "description": "An ETag of an earlier answer.", "schema": string()}],
+            )
+        },
+        "/sessions/live-state": {
+            "post": operation(
+                "getLiveStates", "Sessions", "The live state of 1 to 20 workspaces in one request",
+                {
+                    "200": json_response("One member per workspace asked, in order.", ref("LiveStates")),
+                    **TOO_LARGE,
+                    "400": error("Malformed body (`invalid_live_state_request`) or more than 20 (`too_many_workspaces`)."),
+                },
+                body=json_body(ref("LiveStatesRequest")),
+            )
+        },
+        "/sessions/catalog": {
+            "post": operation(
+                "getCatalog", "Sessions", "One listing page of each selected workspace",
+                {
+                    "200": json_response("One member per selection, in order.", ref("Catalog")),
+                    **TOO_LARGE,
+                    "400": error("Malformed body (`invalid_session_catalog_request`) or more than 20 "
+                                 "(`too_many_workspaces`)."),
+                },
+                body=json_body(ref("CatalogRequest")),
+            )
+        },
+        "/session/{id}/turns/current": {
+            "get": operation(
+                "getCurrentTurn", "Prompts and events", "The running turn, else the oldest queued, else the last one",
+                {"200": json_response("A turn, or `{sessionId, state: idle}`.", ref("TurnStatus")),
+                 "400": BAD_CLIENT, "404": not_found(NO_SESSION)},
+                parameters=[SESSION_ID, CLIENT_ID],
+            )
+        },
+        "/session/{id}/turns/{promptId}": {
+            "get": operation(
+                "getTurn", "Prompts and events", "One turn of the session, among its kept ones",
+                {"200": json_response("The turn.", ref("TurnStatus")), "400": BAD_CLIENT,
+                 "404": not_found("No such session (`session_not_found`), or no such turn in it (`prompt_not_found`).")},
+                parameters=[SESSION_ID, PROMPT_ID, CLIENT_ID],
             )
         },
     }
