@@ -86,7 +86,7 @@ async def soak(minutes: float, sessions: int, cluster: bool = False) -> dict[str
                 started = time.perf_counter()
                 text = "#permission" if n % 2 else "hello"
                 accepted = await timed("prompt", client.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": text}]}))
-                if accepted.status_code != 200:  # 503 queue full, or a dropped connection
+                if accepted.status_code != 202:  # 503 queue full, or a dropped connection
                     await asyncio.sleep(0.05)
                     continue
                 while time.monotonic() < stop_at:
