@@ -1,0 +1,341 @@
+"""Differential test: the reference daemon (`qwen serve` 0.24.4) and acp-state, side by side.
+
+Both run on one scripted LLM (`FakeOpenAI`) and the same workspace folder: the reference as
+`qwen serve`, acp-state as one worker hosting `qwen --acp` and one API. One scenario runs
+against each (concurrently); every step's status code, the headers clients read and the
+body's shape (`tests.reference.shape`) are compared. Differences listed in the ```compat
+block of `docs/compatibility.md` are allowed; the test fails listing every other one.
+
+Skipped when `qwen` (tests/node: `npm ci --prefix tests/node`) or `node` is missing.
+`ACP_DIFF_DUMP=/some/file.json` also writes every exchange of both sides there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from acp_state.ids import workspace_id
+from tests.fake_openai import FakeOpenAI, find_qwen, qwen_env
+from tests.harness import Harness
+from tests.reference import (
+    Exchange,
+    compare,
+    exchange_of,
+    load_allowed,
+    reference_daemon,
+    report,
+    undocumented,
+)
+
+pytestmark = pytest.mark.qwen
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPATIBILITY = ROOT / "docs" / "compatibility.md"
+QWEN = find_qwen()
+CREATE_TIMEOUT_S = 90
+WAIT_TIMEOUT_S = 60
+SHORT_WAIT_S = 5
+POLL_S = 0.1
+UNKNOWN_SID = "00000000-0000-4000-8000-000000000000"
+UNKNOWN_WS_ID = "0123456789abcdef"
+UNREGISTERED_CWD = "/nonexistent-acp-state-diff-ws"
+# `qwen serve` runs its sessions in the `auto` approval mode (a shell command goes to the
+# permission classifier, which the scripted LLM cannot answer, so it asks): acp-state's
+# agent runs in the same mode, so both agents ask the same permission the same way.
+AGENT_MODE = "auto"
+PROCEED_ONCE = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
+
+
+def text_prompt(text: str) -> dict[str, Any]:
+    return {"prompt": [{"type": "text", "text": text}]}
+
+
+@pytest.fixture
+def qwen() -> str:
+    if QWEN is None:
+        pytest.skip("qwen is not installed: run `npm ci --prefix tests/node` to run the differential test")
+    if shutil.which("node") is None:
+        pytest.skip("node is not on PATH: the reference daemon (qwen serve) needs Node.js")
+    return QWEN
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> str:
+    """The workspace as its real path: the reference canonicalizes `--workspace` with
+    `realpath` and derives the workspace id from that, acp-state from the string it is given."""
+    path = tmp_path / "ws"
+    path.mkdir()
+    return os.path.realpath(path)
+
+
+@pytest.fixture
+def fake_llm() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+@dataclass
+class Target:
+    """One side of the comparison: a base URL and what each step answered."""
+
+    name: str
+    client: httpx.AsyncClient
+    workspace: str
+    exchanges: list[Exchange] = field(default_factory=list)
+    wait_timeout_s: float = WAIT_TIMEOUT_S  # cut short once a wait timed out: the run stays brief
+
+    async def call(
+        self, step: str, route: str, method: str, url: str, body: Any = None, raw: bytes | None = None,
+        timeout: float | None = None, headers: dict[str, str] | None = None,
+    ) -> Exchange:
+        kwargs: dict[str, Any] = {"headers": dict(headers or {})}
+        if raw is not None:
+            kwargs["content"] = raw
+            kwargs["headers"]["Content-Type"] = "application/json"
+        elif body is not None:
+            kwargs["json"] = body
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        try:
+            response = await self.client.request(method, url, **kwargs)
+        except httpx.HTTPError as error:
+            exchange = Exchange(step=step, route=route, method=method, url=url, request=body,
+                                note=f"{type(error).__name__}: {error}")
+        else:
+            exchange = exchange_of(step, route, response, request=body)
+        self.exchanges.append(exchange)
+        return exchange
+
+    async def headers_of_stream(self, step: str, route: str, url: str) -> Exchange:
+        """Open an event stream, read the status and headers, close it."""
+        try:
+            async with self.client.stream("GET", url, timeout=10) as response:
+                if response.status_code == 200:
+                    exchange = exchange_of(step, route, response, read_body=False)
+                else:
+                    await response.aread()
+                    exchange = exchange_of(step, route, response)
+        except httpx.HTTPError as error:
+            exchange = Exchange(step=step, route=route, method="GET", url=url, note=f"{type(error).__name__}: {error}")
+        self.exchanges.append(exchange)
+        return exchange
+
+    async def wait_status(
+        self, step: str, sid: str, predicate: Callable[[dict[str, Any]], bool], stable_s: float = 0.0
+    ) -> dict[str, Any]:
+        """Poll `GET /session/:id/status` until `predicate` holds (for `stable_s` if given).
+        Recorded as a step of its own: a side that never gets there shows as a difference."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_timeout_s
+        held_since: float | None = None
+        last: Any = None
+        while loop.time() < deadline:
+            response = await self.client.get(f"/session/{sid}/status")
+            last = response.json() if response.headers.get("content-type", "").startswith("application/json") else response.text
+            if response.status_code == 200 and predicate(last):
+                held_since = held_since if held_since is not None else loop.time()
+                if loop.time() - held_since >= stable_s:
+                    self.exchanges.append(Exchange(step=step, route="(wait) status", status=200))
+                    return last
+            else:
+                held_since = None
+            await asyncio.sleep(POLL_S)
+        self.exchanges.append(Exchange(step=step, route="(wait) status",
+                                       note=f"timed out after {self.wait_timeout_s}s; last status {last}"))
+        self.wait_timeout_s = SHORT_WAIT_S
+        return last if isinstance(last, dict) else {}
+
+
+def first_request_id(status: dict[str, Any]) -> str:
+    pending = status.get("pendingInteractions") or [{}]
+    return pending[0].get("requestId", "no-pending-request")
+
+
+def waiting_permission(s: dict[str, Any]) -> bool:
+    return bool(s.get("isWaitingForPermission"))
+
+
+def waiting_question(s: dict[str, Any]) -> bool:
+    return bool(s.get("isWaitingForUserQuestion"))
+
+
+def idle(s: dict[str, Any]) -> bool:
+    return s.get("hasActivePrompt") is False and s.get("activeWorkState") == "idle"
+
+
+async def scenario(t: Target) -> None:
+    """The one scenario both sides run. Step names say the session's state."""
+    ws = t.workspace
+    wid = workspace_id(ws)
+    enc = quote(ws, safe="")
+
+    await t.call("daemon", "GET /capabilities", "GET", "/capabilities")
+    created = await t.call("new", "POST /session", "POST", "/session", {"cwd": ws}, timeout=CREATE_TIMEOUT_S)
+    sid = (created.body or {}).get("sessionId", "no-session") if created.is_json else "no-session"
+    s = f"/session/{sid}"
+
+    async def session_views(step: str, *prompt_ids: str) -> None:
+        await t.call(step, "GET /session/:id/status", "GET", f"{s}/status")
+        await t.call(step, "GET /workspace/:id/sessions", "GET", f"/workspace/{wid}/sessions")
+        await t.call(step, "GET /workspaces/:workspace/sessions/live-state", "GET",
+                     f"/workspaces/{wid}/sessions/live-state")
+        await t.call(step, "GET /session/:id/turns/current", "GET", f"{s}/turns/current")
+        for n, prompt_id in enumerate(prompt_ids):
+            label = step if len(prompt_ids) == 1 else f"{step}, prompt {n + 1}"
+            await t.call(label, "GET /session/:id/turns/:promptId", "GET", f"{s}/turns/{prompt_id}")
+
+    # 1. A fresh idle session.
+    await session_views("idle, fresh")
+    await t.call("idle, path form", "GET /workspace/:id/sessions", "GET", f"/workspace/{enc}/sessions")
+    await t.call("idle, path form", "GET /workspaces/:workspace/sessions/live-state", "GET",
+                 f"/workspaces/{enc}/sessions/live-state")
+    await t.headers_of_stream("idle", "GET /session/:id/events", f"{s}/events")
+
+    # 2. A turn waiting for a permission (shell tool).
+    ran = await t.call("idle", "POST /session/:id/prompt", "POST", f"{s}/prompt", text_prompt("PERM please run"))
+    pid1 = (ran.body or {}).get("promptId", "no-prompt") if ran.is_json else "no-prompt"
+    status = await t.wait_status("waiting for permission", sid, waiting_permission)
+    rid = first_request_id(status)
+    await session_views("waiting for permission", pid1)
+    await t.call("unknown promptId", "GET /session/:id/turns/:promptId", "GET", f"{s}/turns/nope")
+    await t.headers_of_stream("waiting for permission", "GET /session/:id/events", f"{s}/events")
+    vote = "POST /session/:id/permission/:requestId"
+    await t.call("bad outcome", vote, "POST", f"{s}/permission/{rid}", {"outcome": {"outcome": "bogus"}})
+    await t.call("no body fields", vote, "POST", f"{s}/permission/{rid}", {})
+    await t.call("unknown requestId", vote, "POST", f"{s}/permission/{UNKNOWN_SID}", PROCEED_ONCE)
+    await t.call("waiting for permission", vote, "POST", f"{s}/permission/{rid}", PROCEED_ONCE)
+    await t.wait_status("turn ended", sid, idle)
+    await session_views("turn ended", pid1)
+    # A poller's conditional GET, with the validator the previous answer carried (if any).
+    seen = await t.call("turn ended", "GET /session/:id/status", "GET", f"{s}/status")
+    await t.call("turn ended, If-None-Match", "GET /session/:id/status", "GET", f"{s}/status",
+                 headers={"If-None-Match": seen.headers.get("ETag", 'W/"none"')})
+    await t.call("turn ended, vote again", vote, "POST", f"{s}/permission/{rid}", PROCEED_ONCE)
+
+    # 3. A question (ask_user_question) and its answer.
+    asked = await t.call("idle after a turn", "POST /session/:id/prompt", "POST", f"{s}/prompt",
+                         text_prompt("QUESTION ask me"))
+    pid2 = (asked.body or {}).get("promptId", "no-prompt") if asked.is_json else "no-prompt"
+    status = await t.wait_status("waiting for question", sid, waiting_question)
+    await session_views("waiting for question", pid2)
+    await t.call("waiting for question", vote, "POST", f"{s}/permission/{first_request_id(status)}",
+                 {**PROCEED_ONCE, "answers": {"0": "Blue"}})
+    await t.wait_status("question answered", sid, idle)
+    await session_views("question answered", pid2)
+
+    # 4. A prompt queued behind a running one, then cancel.
+    running = await t.call("idle after a question", "POST /session/:id/prompt", "POST", f"{s}/prompt",
+                           text_prompt("PERM run again"))
+    pid3 = (running.body or {}).get("promptId", "no-prompt") if running.is_json else "no-prompt"
+    await t.wait_status("running, waiting for permission", sid, waiting_permission)
+    queued = await t.call("running", "POST /session/:id/prompt", "POST", f"{s}/prompt",
+                          text_prompt("hello queued"))
+    pid4 = (queued.body or {}).get("promptId", "no-prompt") if queued.is_json else "no-prompt"
+    await session_views("one running, one queued", pid3, pid4)
+    await t.call("one running, one queued", "POST /session/:id/cancel", "POST", f"{s}/cancel")
+    await t.wait_status("after cancel", sid, idle, stable_s=1.0)
+    await session_views("after cancel", pid3, pid4)
+    await t.call("idle", "POST /session/:id/cancel", "POST", f"{s}/cancel")
+
+    # 5. Malformed bodies.
+    prompt = "POST /session/:id/prompt"
+    await t.call("no prompt field", prompt, "POST", f"{s}/prompt", {})
+    await t.call("empty prompt array", prompt, "POST", f"{s}/prompt", {"prompt": []})
+    await t.call("invalid JSON", prompt, "POST", f"{s}/prompt", raw=b"{not json")
+    await t.call("cwd of another workspace", "POST /session", "POST", "/session", {"cwd": UNREGISTERED_CWD})
+
+    # 6. Unknown ids.
+    u = f"/session/{UNKNOWN_SID}"
+    unknown = "unknown session"
+    await t.call(unknown, "GET /session/:id/status", "GET", f"{u}/status")
+    await t.call(unknown, "GET /session/:id/turns/current", "GET", f"{u}/turns/current")
+    await t.call(unknown, "GET /session/:id/turns/:promptId", "GET", f"{u}/turns/nope")
+    await t.call(unknown, prompt, "POST", f"{u}/prompt", text_prompt("hello"))
+    await t.call(unknown, "POST /session/:id/cancel", "POST", f"{u}/cancel")
+    await t.call(unknown, vote, "POST", f"{u}/permission/{UNKNOWN_SID}", PROCEED_ONCE)
+    await t.headers_of_stream(unknown, "GET /session/:id/events", f"{u}/events")
+    await t.call(unknown, "DELETE /session/:id", "DELETE", u)
+    listing, live = "GET /workspace/:id/sessions", "GET /workspaces/:workspace/sessions/live-state"
+    for step, ident in (
+        ("unknown workspace id", UNKNOWN_WS_ID),
+        ("bad workspace id", "nothex"),
+        ("unregistered absolute path", quote(UNREGISTERED_CWD, safe="")),
+    ):
+        await t.call(step, listing, "GET", f"/workspace/{ident}/sessions")
+        await t.call(step, live, "GET", f"/workspaces/{ident}/sessions/live-state")
+
+    # 7. The session catalog (POST /sessions/catalog).
+    catalog = "POST /sessions/catalog"
+    await t.call("one workspace by path", catalog, "POST", "/sessions/catalog", {"workspaces": [{"workspace": ws}]})
+    await t.call("one workspace by id", catalog, "POST", "/sessions/catalog", {"workspaces": [{"workspace": wid}]})
+    await t.call("all workspaces", catalog, "POST", "/sessions/catalog", {"workspaces": "all"})
+    await t.call("unregistered workspace", catalog, "POST", "/sessions/catalog",
+                 {"workspaces": [{"workspace": UNREGISTERED_CWD}]})
+    await t.call("invalid request", catalog, "POST", "/sessions/catalog", {})
+
+    # 8. Close, then the session is gone.
+    await t.call("idle", "DELETE /session/:id", "DELETE", s)
+    await t.call("deleted", "GET /session/:id/status", "GET", f"{s}/status")
+    await t.call("deleted", "GET /session/:id/turns/current", "GET", f"{s}/turns/current")
+    await t.call("deleted", "GET /workspace/:id/sessions", "GET", f"/workspace/{wid}/sessions")
+    await t.call("deleted", "GET /workspaces/:workspace/sessions/live-state", "GET",
+                 f"/workspaces/{wid}/sessions/live-state")
+
+
+def dump(path: Path, reference: Target, ours: Target) -> None:
+    path.write_text(json.dumps(
+        {"reference": [e.as_dict() for e in reference.exchanges], "acp-state": [e.as_dict() for e in ours.exchanges]},
+        indent=1,
+    ))
+
+
+async def test_reference_and_acp_state_answer_alike(
+    qwen: str, fake_llm: FakeOpenAI, harness: Harness, workspace: str, tmp_path: Path
+) -> None:
+    # `fake_llm` comes before `harness`, so it outlives the worker and its qwen child.
+    rules = load_allowed(COMPATIBILITY)
+
+    scratch = tmp_path / "acp-qwen-tmp"
+    scratch.mkdir()
+    env = qwen_env(tmp_path / "acp-home", fake_llm.base_url)
+    env["TMPDIR"] = str(scratch)
+    await harness.worker(
+        "--agent", f"{qwen} --acp", "--session-mode", AGENT_MODE,
+        "--agent-stderr", str(tmp_path / "qwen-stderr.log"),
+        env=env,
+    )
+    api = await harness.api()
+
+    async with reference_daemon(qwen, workspace, fake_llm.base_url, tmp_path / "reference") as daemon:
+        async with httpx.AsyncClient(base_url=daemon.base_url, timeout=30) as client:
+            reference = Target("reference", client, workspace)
+            ours = Target("acp-state", api.client, workspace)
+            await asyncio.gather(scenario(reference), scenario(ours))
+
+    dump_path = Path(os.environ.get("ACP_DIFF_DUMP") or tmp_path / "exchanges.json")
+    dump(dump_path, reference, ours)
+    assert [e.key for e in reference.exchanges] == [e.key for e in ours.exchanges]
+
+    diffs = [d for ref, our in zip(reference.exchanges, ours.exchanges) for d in compare(ref, our)]
+    left = undocumented(diffs, rules)
+    unused = [f"{r.route} | {r.what} | {r.kind}" for r in rules if not r.used]
+    if unused:
+        print("compat rules that matched nothing in this run:\n  " + "\n  ".join(unused))
+    if left:
+        lines = report(left)
+        pytest.fail(
+            f"{sum(not line.startswith('-- ') for line in lines)} undocumented difference(s) from the reference (qwen serve 0.24.4); "
+            f"document deliberate ones in docs/compatibility.md. Every exchange: {dump_path}\n"
+            + "\n".join(lines),
+            pytrace=False,
+        )
