@@ -24,6 +24,11 @@ def new_id() -> str:
     return str(uuid.uuid4())
 
 
+def new_client_id() -> str:
+    """A client id the daemon assigns, in the reference's form `client_<uuid>`."""
+    return f"client_{uuid.uuid4()}"
+
+
 def is_session_id(value: object) -> bool:
     return isinstance(value, str) and bool(_SESSION_ID.fullmatch(value))
 

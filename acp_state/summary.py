@@ -23,22 +23,32 @@ def state_of(summary: dict[str, Any]) -> str:
     return "failed" if summary["hasTurnError"] else "idle"
 
 
+def turn_ended(view: SessionView) -> bool:
+    """A turn of the session reached its terminal (`updatedAt` moved past `createdAt`):
+    the reference reports `updatedAt` and `hasRunningBackgroundTasks` only from then on."""
+    return view.updated_at != view.meta["createdAt"]
+
+
 def live_summary(view: SessionView) -> dict[str, Any]:
-    """Assemble `GET /session/:id/status` from a live session's view."""
+    """Assemble `GET /session/:id/status` from a live session's view. (`displayName` is the
+    listing's: the reference's status never carries it.)"""
     meta, pending = view.meta, view.pending
+    ended = turn_ended(view)
     summary: dict[str, Any] = {
         "sessionId": meta["sessionId"],
         "workspaceCwd": meta["workspaceCwd"],
         "createdAt": meta["createdAt"],
-        "updatedAt": view.updated_at,
     }
-    if meta.get("displayName"):
-        summary["displayName"] = meta["displayName"]
+    if ended:
+        summary["updatedAt"] = view.updated_at
     summary.update(
         clientCount=view.client_count,
         hasActivePrompt=view.active,
         activeWorkState="active" if view.active else "idle",
-        hasRunningBackgroundTasks=False,
+    )
+    if ended:
+        summary["hasRunningBackgroundTasks"] = False
+    summary.update(
         isWaitingForPermission=any(p["kind"] != USER_QUESTION for p in pending),
         isWaitingForUserQuestion=any(p["kind"] == USER_QUESTION for p in pending),
         pendingInteractionCount=len(pending),
@@ -59,11 +69,12 @@ def live_state_row(view: SessionView) -> dict[str, Any]:
         "clientCount": view.client_count,
         "hasActivePrompt": view.active,
         "activeWorkState": "active" if view.active else "idle",
-        "hasRunningBackgroundTasks": False,
-        "isWaitingForPermission": any(p["kind"] != USER_QUESTION for p in pending),
-        "isWaitingForUserQuestion": any(p["kind"] == USER_QUESTION for p in pending),
     }
-    if view.updated_at != view.meta["createdAt"]:
+    if turn_ended(view):
+        row["hasRunningBackgroundTasks"] = False
+    row["isWaitingForPermission"] = any(p["kind"] != USER_QUESTION for p in pending)
+    row["isWaitingForUserQuestion"] = any(p["kind"] == USER_QUESTION for p in pending)
+    if turn_ended(view):
         row["updatedAt"] = view.updated_at
     return row
 
@@ -82,17 +93,20 @@ def persisted_row(row: dict[str, Any]) -> dict[str, Any]:
     return listed
 
 
-def merged_row(row: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
-    """The persisted row overlaid with the live summary (`mergeLiveSessionSummary`)."""
+def merged_row(row: dict[str, Any], live: dict[str, Any], meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The persisted row overlaid with the live summary (`mergeLiveSessionSummary`): the
+    row's `createdAt`, the later `updatedAt` (once the live one has one), and the live
+    session's `displayName` (its meta's), else the row's."""
     merged: dict[str, Any] = {}
+    display_name = (meta or {}).get("displayName") or row.get("displayName")
     for key, value in live.items():
         if key == "createdAt":
             value = row.get("createdAt", value)
         elif key == "updatedAt":
             value = max(row.get("updatedAt", ""), value)
+        elif key == "clientCount" and display_name:
+            merged["displayName"] = display_name
         merged[key] = value
-        if key == "updatedAt" and not live.get("displayName") and row.get("displayName"):
-            merged["displayName"] = row["displayName"]
-        elif key == "hasActivePrompt":
+        if key == "hasActivePrompt":
             merged["isArchived"] = False  # the reference's key order
     return merged

@@ -17,6 +17,7 @@ from acp_state.sweeper import run_sweeper
 from . import catalog, discovery, event_stream, history, live_state, metrics, permissions, sessions, turns, web, workspaces
 from .auth import AuthMiddleware
 from .cache import StateCache
+from .etag import ETagMiddleware
 from .locator import SessionLocator
 from .openapi import openapi_json
 from .responses import (
@@ -107,5 +108,9 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette
             # what a middleware raised: JSON 500 `internal_error`, never text/plain.
             Exception: internal_error_handler,
         },
-        middleware=[Middleware(metrics.RequestMetrics), Middleware(AuthMiddleware, tokens=settings.tokens)],
+        middleware=[
+            Middleware(metrics.RequestMetrics),
+            Middleware(ETagMiddleware),
+            Middleware(AuthMiddleware, tokens=settings.tokens),
+        ],
     )

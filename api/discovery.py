@@ -24,6 +24,7 @@ FEATURES = [
     "health",
     "capabilities",
     "session_create",
+    "session_id_override",
     "session_scope_override",
     "session_load",
     "session_list",
@@ -104,6 +105,5 @@ async def capabilities(request: Request) -> Response:
                 for ws, cwd in state.workspaces.items()
                 if principal.may(ws)
             ],
-            "supportedLanguages": ["en", "zh-CN"],
         }
     )

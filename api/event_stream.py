@@ -2,8 +2,8 @@
 
 Framed as the reference frames them (`retry:`, then `id:`/`event:`/`data:`). A client that
 sends `Last-Event-ID` gets what it missed from the replay log, then `replay_complete`;
-history the log no longer holds is announced with `history_truncated`, never skipped
-silently. Live events arrive through the process's shared pub/sub connection; a gap in ids
+history the log no longer holds is announced (the reference's `state_resync_required`, then
+acp-state's `history_truncated`), never skipped silently. Live events arrive through the process's shared pub/sub connection; a gap in ids
 is filled from the log.
 """
 
@@ -55,6 +55,15 @@ def control(event_type: str, data: dict, event_id: int | None = None) -> bytes:
     return frame(event_type, orjson.dumps(envelope).decode(), event_id)
 
 
+def resync(reason: str, last_delivered: int, earliest: int, detail: str | None = None) -> bytes:
+    """The reference's `state_resync_required` (what its SDK acts on), sent just before
+    acp-state's own `history_truncated` says the same in its words: events after
+    `last_delivered` are not all available; the stream goes on from `earliest`."""
+    data: dict = {"reason": reason, **({"detail": detail} if detail else {})}
+    data.update(lastDeliveredId=last_delivered, earliestAvailableId=earliest)
+    return control("state_resync_required", data)
+
+
 def _event_id_and_type(raw: str) -> tuple[int, str]:
     envelope = orjson.loads(raw)
     return int(envelope["id"]), envelope["type"]
@@ -64,7 +73,8 @@ async def stream_events(request: Request) -> Response:
     state = app_state(request)
     sid = request.path_params["id"]
     last_id = parse_last_event_id(request.headers.get("last-event-id"))
-    epoch_hint = request.query_params.get("eventEpoch")
+    # The reference's SDK sends the epoch as a header beside Last-Event-ID; ours as a query.
+    epoch_hint = request.query_params.get("eventEpoch") or request.headers.get("x-qwen-event-epoch")
     queued = parse_decimal(request.query_params.get("maxQueued"), MAX_SAFE_INTEGER)
     buffer = min(2048, max(16, queued)) if queued is not None else 256
 
@@ -95,7 +105,9 @@ class EventStreamResponse(StreamingResponse):
     a reader that stopped costs a bounded buffer (the transport's) and never slows others."""
 
     def __init__(self, body: AsyncIterator[bytes], send_timeout: float, headers: dict[str, str]) -> None:
-        super().__init__(body, media_type="text/event-stream", headers=headers)
+        super().__init__(body, headers=headers)
+        # Set here, not as `media_type`: Starlette would add `; charset=utf-8`, the reference does not.
+        self.headers["content-type"] = "text/event-stream"
         self.send_timeout = send_timeout
 
     async def stream_response(self, send: Send) -> None:
@@ -134,9 +146,11 @@ async def _generate(
             yield control("session_snapshot", snapshot)
         else:
             cursor = last_id
-            if (epoch_hint and epoch_hint != epoch) or last_id > seq:
+            mismatch = bool(epoch_hint) and epoch_hint != epoch
+            if mismatch or last_id > seq:
                 # The history this id refers to is gone (new epoch): say so, replay all we have.
-                reason = "epoch_changed" if epoch_hint and epoch_hint != epoch else "unknown_event_id"
+                yield resync("epoch_reset", last_id, seq + 1, detail="epoch_mismatch" if mismatch else None)
+                reason = "epoch_changed" if mismatch else "unknown_event_id"
                 # `id: 0`: a client that reconnects from here resumes at the new epoch's start.
                 data = {"reason": reason, "requestedAfter": last_id, "eventEpoch": epoch}
                 yield control("history_truncated", data, 0)
@@ -166,6 +180,7 @@ async def _generate(
                 now = await store.session(ws, sid)
                 current = now.epoch if now is not None else ""
                 if current and current != epoch:
+                    yield resync("epoch_reset", cursor, 1)
                     data = {"reason": "epoch_changed", "requestedAfter": cursor, "eventEpoch": current}
                     yield control("history_truncated", data, 0)
                     epoch, cursor = current, 0
@@ -197,6 +212,7 @@ async def _from_log(store, ws: str, sid: str, after: int, upto: int | None, epoc
     envelopes, first_id = await store.replay(ws, sid, after, upto)
     frames: list[bytes] = []
     if first_id is not None and first_id > after + 1:
+        frames.append(resync("ring_evicted", after, first_id))
         data = {"reason": "trimmed", "requestedAfter": after, "firstAvailableEventId": first_id, "eventEpoch": epoch}
         frames.append(control("history_truncated", data))
     cursor, ended = after, False

@@ -87,7 +87,7 @@ async def load(request: Request) -> Response:
     """`POST /session/:id/load` for a live session, with `historyReplay: "response"`."""
     state = app_state(request)
     sid = request.path_params["id"]
-    client_id = client_id_header(request) or ids.new_id()
+    client_id = client_id_header(request) or ids.new_client_id()
     body = await json_body(request, required=False)
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", "invalid_request")

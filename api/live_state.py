@@ -24,13 +24,13 @@ from acp_state.summary import live_state_row
 from . import workspace_ref
 from .auth import principal_of
 from .cache import LIVE_STATE_PAGE, CachedPage
-from .responses import ApiError, OrjsonResponse, json_body
+from .responses import ApiError, JSON_TYPE, OrjsonResponse, json_body
 from .state import AppState, app_state
 from .workspaces import cached_page
 
 MAX_WORKSPACES = 20
-# Browsers and proxies may keep the body but must ask again each time (with the ETag).
-CACHE_CONTROL = "no-cache"
+# The reference's: nothing keeps the body; a poller sends the ETag back itself.
+CACHE_CONTROL = "no-store"
 
 
 async def workspace_live_state(request: Request) -> Response:
@@ -40,7 +40,7 @@ async def workspace_live_state(request: Request) -> Response:
     headers = {"ETag": page.etag or "", "Cache-Control": CACHE_CONTROL}
     if _matches(request.headers.get("if-none-match"), page.etag):
         return Response(status_code=304, headers=headers)
-    return Response(page.body, media_type="application/json", headers=headers)
+    return Response(page.body, media_type=JSON_TYPE, headers=headers)
 
 
 async def many_live_states(request: Request) -> Response:

@@ -465,7 +465,7 @@ def paths() -> Schema:
         "/session/{id}/cancel": {
             "post": operation(
                 "cancelSession", "Prompts and events", "Cancel the running prompt",
-                {"200": json_response("Sent.", ref("EmptyObject")), "400": BAD_CLIENT, "404": not_found(NO_SESSION)},
+                {"204": {"description": "Sent (no body, as the reference)."}, "400": BAD_CLIENT, "404": not_found(NO_SESSION)},
                 parameters=[SESSION_ID, CLIENT_ID, IDEMPOTENCY_KEY],
                 description="Any request body is ignored.",
             )

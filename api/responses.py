@@ -18,7 +18,13 @@ STORE_FULL_RETRY_S = 5
 log = logging.getLogger("api.errors")
 
 
+# The reference's JSON content type (Express names the charset).
+JSON_TYPE = "application/json; charset=utf-8"
+
+
 class OrjsonResponse(JSONResponse):
+    media_type = JSON_TYPE
+
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content)
 
@@ -113,4 +119,4 @@ async def json_body(request: Request, *, required: bool = True) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
-        raise ApiError(400, "request body is not valid JSON", "invalid_json") from None
+        raise ApiError(400, "Invalid JSON in request body", "invalid_json") from None

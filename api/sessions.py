@@ -23,7 +23,7 @@ from .auth import principal_of
 from .cache import CachedSession
 from .locator import not_found
 from .outcomes import effect, idempotency_key, outcome_unknown
-from .responses import ApiError, OrjsonResponse, json_body, unavailable
+from .responses import ApiError, JSON_TYPE, OrjsonResponse, json_body, unavailable
 from .state import AppState, app_state
 
 log = logging.getLogger("api.sessions")
@@ -157,7 +157,7 @@ async def create_session(request: Request) -> Response:
     if requested is not None and not ids.is_session_id(requested):
         raise ApiError(400, "sessionId must be an RFC 4122 UUID (versions 1-5)", "invalid_session_id")
     ws = workspace_id(cwd)
-    client_id = header_client or ids.new_id()
+    client_id = header_client or ids.new_client_id()
     sid = requested or ids.new_id()
     key = idempotency_key(request)
     if key is None:
@@ -318,7 +318,7 @@ def _prompt_blocks(body: Any) -> tuple[list[dict[str, Any]], str]:
         raise ApiError(400, "request body must be a JSON object", "invalid_request")
     blocks = body.get("prompt")
     if not isinstance(blocks, list) or not blocks:
-        raise ApiError(400, "`prompt` must be a non-empty array of content blocks", "invalid_prompt")
+        raise ApiError(400, "`prompt` is required and must be a non-empty array of content blocks", "invalid_prompt")
     for block in blocks:
         if not isinstance(block, dict) or not isinstance(block.get("type"), str):
             raise ApiError(400, "every content block needs a string `type`", "invalid_prompt")
@@ -389,7 +389,7 @@ async def cancel(request: Request) -> Response:
             admission = await commands.send_cancel(state.store, ref.ws, ref.owner, commands.Cancel(sid=sid), key)
     if admission is None or admission.status is not AdmissionStatus.OK:
         raise not_found(sid)
-    return OrjsonResponse({})
+    return Response(status_code=204)  # the reference's: no body
 
 
 async def close(request: Request) -> Response:
@@ -439,4 +439,4 @@ async def status(request: Request) -> Response:
     ref = await app_state(request).locator.live(request.path_params["id"], principal_of(request))
     if ref.status_body is None:
         ref.status_body = orjson.dumps(live_summary(ref.view))
-    return Response(ref.status_body, media_type="application/json")
+    return Response(ref.status_body, media_type=JSON_TYPE)

@@ -12,7 +12,7 @@ from acp_state.summary import live_summary, merged_row, persisted_row
 
 from . import workspace_ref
 from .cache import CachedPage
-from .responses import ApiError, OrjsonResponse, parse_decimal
+from .responses import ApiError, JSON_TYPE, OrjsonResponse, parse_decimal
 from .state import AppState, app_state
 
 DEFAULT_SIZE = 20
@@ -48,7 +48,7 @@ async def list_sessions(request: Request) -> Response:
         return OrjsonResponse({"sessions": []})  # nothing is ever archived here
     offset = decode_cursor(query["cursor"]) if "cursor" in query else 0
     body = await listing(state, ws, offset, size)
-    return Response(body, media_type="application/json")
+    return Response(body, media_type=JSON_TYPE)
 
 
 async def listing(state: AppState, ws: str, offset: int, size: int) -> bytes:
@@ -71,7 +71,7 @@ async def listing(state: AppState, ws: str, offset: int, size: int) -> bytes:
             assert view is not None
             owners.add(view.owner)
             summary = live_summary(view)
-            sessions.append(merged_row(row, summary) if row else summary)
+            sessions.append(merged_row(row or {}, summary, view.meta))
         else:
             sessions.append(persisted_row(row))  # type: ignore[arg-type]
     result: dict[str, object] = {"sessions": sessions}

@@ -55,7 +55,7 @@ TERMINALS = ("turn_complete", "turn_error")
 ENDINGS = ("session_died", "session_closed")
 # Frames of one stream, not events of the session (a `history_truncated` may carry `id: 0`,
 # which moves the client's resume point to a new epoch's start).
-CONTROL_TYPES = ("session_snapshot", "history_truncated", "replay_complete")
+CONTROL_TYPES = ("session_snapshot", "state_resync_required", "history_truncated", "replay_complete")
 VOTE_ROUTES = ("vote", "vote_legacy")
 # Transport errors raised before the request could reach the server: nothing was done.
 NOT_SENT_ERRORS = ("ConnectError", "ConnectTimeout", "PoolTimeout")

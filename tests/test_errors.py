@@ -107,7 +107,7 @@ async def client(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
 
 def _assert_json(response: httpx.Response, status: int, code: str) -> dict:
     assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/json", response.headers
+    assert response.headers["content-type"] == "application/json; charset=utf-8", response.headers
     body = response.json()
     assert body["code"] == code and isinstance(body["error"], str), body
     return body
@@ -191,7 +191,7 @@ async def test_create_on_a_full_redis_is_json_503(own_harness: Harness, own_redi
         await redis.config_set("maxmemory-policy", "noeviction")
         await redis.config_set("maxmemory", 1)  # below what any Redis uses: every write is refused
         response = await api.client.post("/session", json=body)
-        assert response.headers["content-type"] == "application/json", (response.status_code, response.text)
+        assert response.headers["content-type"] == "application/json; charset=utf-8", (response.status_code, response.text)
         assert response.status_code == 503, response.text
         assert response.json()["code"] == "store_full" and response.headers["retry-after"] == "5"
     finally:

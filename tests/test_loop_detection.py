@@ -17,7 +17,7 @@ async def send(api: ApiProcess, sid: str, text: str, headers: dict | None = None
     response = await api.client.post(
         f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": text}], **body}, headers=headers or {}
     )
-    assert response.status_code == 200, response.text
+    assert response.status_code == 202, response.text
     return response.json()
 
 
@@ -112,7 +112,7 @@ async def test_cancel_wins_when_it_races_the_loop_stop(harness: Harness, workspa
     os.kill(worker.pid, signal.SIGSTOP)  # both commands wait in the inbox, then land together
     try:
         looped = await prompt(api, sid, "#loop-forever")
-        assert (await api.client.post(f"/session/{sid}/cancel")).status_code == 200
+        assert (await api.client.post(f"/session/{sid}/cancel")).status_code == 204
     finally:
         os.kill(worker.pid, signal.SIGCONT)
     done = await sse.wait_for(terminal(looped["promptId"]), timeout=30)

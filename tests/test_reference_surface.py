@@ -60,7 +60,7 @@ async def test_live_state_revision_moves_with_each_change_alike_on_every_api(har
     await harness.worker()
     api1, api2 = await harness.api(), await harness.api()
     code, headers, empty = await live_state(api1, workspace)
-    assert code == 200 and empty["sessions"] == [] and headers["cache-control"] == "no-cache"
+    assert code == 200 and empty["sessions"] == [] and headers["cache-control"] == "no-store"
     generation = empty["catalogVersion"]["generation"]
 
     sid = (await create(api1, workspace))["sessionId"]
@@ -70,7 +70,7 @@ async def test_live_state_revision_moves_with_each_change_alike_on_every_api(har
     [row] = one["sessions"]
     assert row == {
         "sessionId": sid, "clientCount": 1, "hasActivePrompt": False, "activeWorkState": "idle",
-        "hasRunningBackgroundTasks": False, "isWaitingForPermission": False, "isWaitingForUserQuestion": False,
+        "isWaitingForPermission": False, "isWaitingForUserQuestion": False,
     }
 
     asked = await prompt(api2, sid, "#permission")

@@ -253,7 +253,7 @@ async def test_cancel_resolves_pending_and_ends_cancelled(harness: Harness, work
     sid = (await create(api, workspace))["sessionId"]
     running = await prompt(api, sid, "#permission")
     rid = (await events.wait_type(sid, "permission_request"))["data"]["requestId"]
-    assert (await api.client.post(f"/session/{sid}/cancel")).status_code == 200
+    assert (await api.client.post(f"/session/{sid}/cancel")).status_code == 204
     resolved = await events.wait_type(sid, "permission_resolved", requestId=rid)
     assert resolved["data"]["outcome"] == {"outcome": "cancelled"}
     done = await events.wait_type(sid, "turn_complete", promptId=running["promptId"])

@@ -411,14 +411,20 @@ def test_client_count_counts_client_fields_only() -> None:
     assert summary.live_summary(fields)["clientCount"] == 3
 
 
-def test_live_summary_without_update_falls_back_to_created_at() -> None:
-    assert summary.live_summary(session_hash())["updatedAt"] == META["createdAt"]
+def test_update_and_background_flag_appear_once_a_turn_ended() -> None:
+    """The reference's status has neither `updatedAt` nor `hasRunningBackgroundTasks` until
+    a turn of the session reached its terminal."""
+    fresh = summary.live_summary(session_hash())
+    assert "updatedAt" not in fresh and "hasRunningBackgroundTasks" not in fresh
+    ended = summary.live_summary(session_hash(**{F.UPDATED: "2026-11-30T06:03:17.161Z"}))
+    assert ended["updatedAt"] == "2026-11-30T06:03:17.161Z" and ended["hasRunningBackgroundTasks"] is False
 
 
-def test_display_name_only_when_set() -> None:
-    assert "displayName" not in summary.live_summary(session_hash())
-    named = summary.live_summary(session_hash(meta={**META, "displayName": "PERM please run"}))
-    assert named["displayName"] == "PERM please run"
+def test_display_name_is_the_listings_never_the_status() -> None:
+    named = session_hash(meta={**META, "displayName": "PERM please run"})
+    assert "displayName" not in summary.live_summary(named)
+    listed = summary.merged_row({}, summary.live_summary(named), named.meta)
+    assert listed["displayName"] == "PERM please run"
 
 
 ROW = {"sessionId": "15788ed8", "workspaceCwd": "/tmp/qws", "createdAt": "2026-11-30T06:00:00.000Z",
@@ -437,15 +443,19 @@ def test_persisted_row_without_update_uses_created_at() -> None:
 
 
 def live(**overrides: object) -> dict:
-    fields = session_hash((1, pending("r1", "permission")), meta={**META, **overrides.pop("meta", {})},
-                          **{F.UPDATED: "2026-11-30T06:03:17.161Z", F.CLIENT + "a": "1", F.CLIENT + "b": "1",
-                             F.TURN_ERROR: orjson.dumps(LOOP_TURN_ERROR).decode()})
-    return summary.live_summary(fields)
+    return summary.live_summary(live_hash(**overrides))
+
+
+def live_hash(**overrides: object) -> SessionView:
+    return session_hash((1, pending("r1", "permission")), meta={**META, **overrides.pop("meta", {})},
+                        **{F.UPDATED: "2026-11-30T06:03:17.161Z", F.CLIENT + "a": "1", F.CLIENT + "b": "1",
+                           F.TURN_ERROR: orjson.dumps(LOOP_TURN_ERROR).decode()})
 
 
 def test_merged_row_overlays_live_runtime_fields() -> None:
-    live_summary = live(meta={"displayName": "PERM please run"})
-    merged = summary.merged_row(ROW, live_summary)
+    named = live_hash(meta={"displayName": "PERM please run"})
+    live_summary = summary.live_summary(named)
+    merged = summary.merged_row(ROW, live_summary, named.meta)
     assert merged["createdAt"] == ROW["createdAt"]
     assert merged["updatedAt"] == ROW["updatedAt"]  # the later of the two
     assert merged["displayName"] == "PERM please run"

@@ -11,7 +11,6 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-import secrets
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
@@ -187,7 +186,7 @@ class LiveSession:
         transition = Transition(
             mode=Mode.CREATE,
             meta=self._meta(),
-            epoch=secrets.token_hex(8),
+            epoch=ids.new_id(),  # a UUID, as the reference's epochs
             updated_at=iso(self.updated_ms) if self.updated_ms != self.created_ms else None,
             active=True if self.active else None,
             admitted=len(admitted),
