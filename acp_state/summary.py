@@ -95,14 +95,18 @@ def persisted_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def merged_row(row: dict[str, Any], live: dict[str, Any], meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """The persisted row overlaid with the live summary (`mergeLiveSessionSummary`): the
-    row's `createdAt`, the later `updatedAt` (once the live one has one), and the live
-    session's `displayName` (its meta's), else the row's."""
+    row's `createdAt`; the later `updatedAt`, or the row's alone once a prompt was recorded
+    (the row has its title: the reference lists the persisted `updatedAt` before its status
+    has one); and the live session's `displayName` (its meta's), else the row's."""
     merged: dict[str, Any] = {}
     display_name = (meta or {}).get("displayName") or row.get("displayName")
     for key, value in live.items():
         if key == "createdAt":
-            value = row.get("createdAt", value)
-        elif key == "updatedAt":
+            merged[key] = row.get("createdAt", value)
+            if "updatedAt" not in live and row.get("displayName") and row.get("updatedAt"):
+                merged["updatedAt"] = row["updatedAt"]
+            continue
+        if key == "updatedAt":
             value = max(row.get("updatedAt", ""), value)
         elif key == "clientCount" and display_name:
             merged["displayName"] = display_name

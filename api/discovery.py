@@ -96,6 +96,8 @@ async def capabilities(request: Request) -> Response:
             "policy": {"permission": "first-responder"},
             "limits": {
                 "maxPendingPromptsPerSession": 1 + MAX_QUEUED_PROMPTS,
+                # How long a create may take (the SDK's restore budget): the create timeout.
+                "sessionRestoreTimeoutMs": int(state.settings.create_timeout_s * 1000),
                 "maxRequestBodyBytes": MAX_BODY_BYTES,
                 "maxListPageSize": MAX_SIZE,
                 "maxLiveStateWorkspaces": MAX_WORKSPACES,

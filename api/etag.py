@@ -56,6 +56,10 @@ class ETagMiddleware:
                 await send(message)
                 return
             body = message.get("body", b"")
+            if not body and "etag" not in headers:  # no body (204): nothing to name, as Express
+                await send(held)
+                await send(message)
+                return
             etag = headers.get("etag") or weak_etag(body)
             headers["ETag"] = etag
             if held["status"] == 200 and names(if_none_match, etag):

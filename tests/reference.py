@@ -335,7 +335,8 @@ class AllowedDifference:
 
     `route` is a glob over `"METHOD /route/template @ step"` (without ` @ ` it matches every
     step); `what` a glob over `status`, `header:<Name>` or a body path (`$.code`,
-    `$.features[*]`); `kind` one of the difference kinds or `*`."""
+    `$.features*`: `[` would open an fnmatch character class); `kind` one of the difference
+    kinds or `*`."""
 
     route: str
     what: str
