@@ -46,10 +46,14 @@ class ETagMiddleware:
             if message["type"] == "http.response.start":
                 start = message  # held until the body says whether the answer is whole
                 return
-            if start is None or message["type"] != "http.response.body":
+            if start is None:
                 await send(message)
                 return
             held, start = start, None
+            if message["type"] != "http.response.body":  # e.g. `http.response.pathsend` (a file)
+                await send(held)
+                await send(message)
+                return
             headers = MutableHeaders(raw=held["headers"])
             if message.get("more_body", False) or headers.get("content-type", "").startswith("text/event-stream"):
                 await send(held)  # a stream: sent as it comes

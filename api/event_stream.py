@@ -143,6 +143,8 @@ async def _generate(
             cursor = seq
             assert view is not None  # a fresh client of a session not live got a 404
             snapshot = {**live_summary(view), "lastEventId": seq, "eventEpoch": epoch}
+            if view.meta.get("displayName"):
+                snapshot["displayName"] = view.meta["displayName"]  # the title the status lacks
             yield control("session_snapshot", snapshot)
         else:
             cursor = last_id

@@ -204,11 +204,12 @@ def _pending_interaction() -> Schema:
 
 
 def _status_fields() -> dict[str, Schema]:
+    """Required in a live status (`updatedAt` and `hasRunningBackgroundTasks` are not: they
+    appear once a turn has ended, as the reference's)."""
     return {
         "clientCount": integer(minimum=0),
         "hasActivePrompt": boolean(),
         "activeWorkState": string(enum=["active", "idle"]),
-        "hasRunningBackgroundTasks": boolean(),
         "isWaitingForPermission": boolean(),
         "isWaitingForUserQuestion": boolean(),
         "pendingInteractionCount": integer(minimum=0),
@@ -217,7 +218,8 @@ def _status_fields() -> dict[str, Schema]:
     }
 
 
-SESSION_BASE = {"sessionId": string(), "workspaceCwd": string(), "createdAt": string(), "updatedAt": string()}
+SESSION_BASE = {"sessionId": string(), "workspaceCwd": string(), "createdAt": string()}
+AFTER_A_TURN = {"updatedAt": string(), "hasRunningBackgroundTasks": boolean()}
 
 
 def components() -> Schema:
@@ -330,13 +332,14 @@ def components() -> Schema:
         "PromptAccepted": obj({"promptId": string(), "lastEventId": integer(minimum=0), "eventEpoch": string()}),
         "TurnError": obj({"message": string()}, {"code": string(), "errorKind": string()}),
         "PendingInteraction": _pending_interaction(),
-        "SessionStatus": obj({**SESSION_BASE, **_status_fields()}, {"displayName": string(), "turnError": ref("TurnError")}),
+        "SessionStatus": obj({**SESSION_BASE, **_status_fields()}, {**AFTER_A_TURN, "turnError": ref("TurnError")}),
         "SessionRow": {
             "description": "A live session (status fields and `isArchived: false`) or a persisted one "
             "(`clientCount: 0`, `hasActivePrompt: false`, `isArchived: false`, no other runtime fields).",
             **obj(
                 {**SESSION_BASE, "clientCount": integer(minimum=0), "hasActivePrompt": boolean()},
-                {**_status_fields(), "isArchived": {"const": False}, "displayName": string(), "turnError": ref("TurnError")},
+                {**_status_fields(), **AFTER_A_TURN, "isArchived": {"const": False}, "displayName": string(),
+                 "turnError": ref("TurnError")},
             ),
         },
         "SessionList": obj({"sessions": array(ref("SessionRow"))}, {"nextCursor": string()}),

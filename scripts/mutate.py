@@ -50,7 +50,7 @@ MUTATIONS = [
         "announce-late",
         "APPLY announces on the change channel after publishing the events",
         "acp_state/store/lua/apply.lua",
-        "redis.call('SPUBLISH', KEYS[8], ops.sid)\n",
+        "changed(9, 8, ops.sid, ops.verttl)\n",
         "",
         LUA_TESTS,
         before="if ops.catalog then\n",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import urllib.parse
 
 import httpx
 
@@ -34,8 +35,9 @@ async def test_dev_command_serves_a_session(workspace: str) -> None:
                         assert accepted["promptId"] in line and '"stopReason":"end_turn"' in line
                         break
             summary = (await client.get(f"/session/{sid}/status")).json()
-            assert summary["hasActivePrompt"] is False and summary["displayName"] == "hi"
-            assert summary["clientCount"] == 1
+            assert summary["hasActivePrompt"] is False and summary["clientCount"] == 1
+            listed = (await client.get(f"/workspace/{urllib.parse.quote(workspace, safe='')}/sessions")).json()
+            assert [(s["sessionId"], s["displayName"]) for s in listed["sessions"]] == [(sid, "hi")]
     finally:
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0

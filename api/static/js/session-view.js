@@ -300,7 +300,8 @@ class SessionView {
 
   setSummary(summary) {
     if (this.destroyed) return;
-    this.summary = summary;
+    // The status carries no title (the reference's does not): keep the one the snapshot gave.
+    this.summary = { ...summary, displayName: summary.displayName ?? this.summary?.displayName };
     this.interactions = Array.isArray(summary.pendingInteractions) ? summary.pendingInteractions : [];
     this.renderHead();
     this.renderInteractions();

@@ -32,7 +32,9 @@ export function sessionStatus(row) {
 export function compareSessions(a, b) {
   const rank = STATUS_ORDER.indexOf(sessionStatus(a)) - STATUS_ORDER.indexOf(sessionStatus(b));
   if (rank !== 0) return rank;
-  const recency = (Date.parse(b.updatedAt) || 0) - (Date.parse(a.updatedAt) || 0);
+  // `updatedAt` appears once a turn has ended; a session without one sorts by its creation.
+  const when = (row) => Date.parse(row.updatedAt ?? row.createdAt) || 0;
+  const recency = when(b) - when(a);
   if (recency !== 0) return recency;
   return String(a.sessionId).localeCompare(String(b.sessionId));
 }

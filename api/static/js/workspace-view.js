@@ -1,5 +1,5 @@
 // The workspace view: every session of a workspace, most urgent first, kept live by polling
-// `GET /workspace/:id/sessions` at the interval `GET /capabilities` advertises.
+// `GET /workspace/:id/sessions` every DEFAULT_INTERVAL_MS.
 
 import { api } from "./api.js";
 import { h, replaceChildren } from "./dom.js";
@@ -8,7 +8,6 @@ import { sessionStatus, sortSessions, statusBadge } from "./status.js";
 
 const WORKSPACE_KEY = "acp-shell.workspace";
 const DEFAULT_INTERVAL_MS = 1000;
-const MIN_INTERVAL_MS = 250;
 
 export function mountWorkspaceView(root, { capabilities, navigate }) {
   const view = new WorkspaceView(root, capabilities, navigate);
@@ -58,8 +57,8 @@ class WorkspaceView {
     try {
       const caps = await this.capabilities;
       this.workspaces = Array.isArray(caps.workspaces) ? caps.workspaces : [];
-      const advertised = Number(caps.polling?.statusIntervalMs);
-      if (Number.isFinite(advertised) && advertised > 0) this.intervalMs = Math.max(MIN_INTERVAL_MS, advertised);
+      // The reference's capabilities: workspaces are `{id, cwd, primary, ...}`. The listing is
+      // polled at the shell's own pace (a person is watching), not the live-state interval.
     } catch (error) {
       this.listError = error.message;
     }
@@ -69,7 +68,7 @@ class WorkspaceView {
     } catch {
       /* not remembered */
     }
-    const known = this.workspaces.map((w) => w.workspaceId);
+    const known = this.workspaces.map((w) => w.id);
     this.workspaceId = known.includes(stored) ? stored : known[0] ?? null;
     this.renderAll();
     if (this.workspaceId) this.poll();
@@ -83,7 +82,7 @@ class WorkspaceView {
   }
 
   get workspace() {
-    return this.workspaces.find((w) => w.workspaceId === this.workspaceId) ?? null;
+    return this.workspaces.find((w) => w.id === this.workspaceId) ?? null;
   }
 
   async poll() {
@@ -144,7 +143,7 @@ class WorkspaceView {
           id: "ws-select",
           onChange: (event) => this.selectWorkspace(event.target.value),
         },
-        this.workspaces.map((w) => h("option", { value: w.workspaceId, selected: w.workspaceId === this.workspaceId }, w.cwd)),
+        this.workspaces.map((w) => h("option", { value: w.id, selected: w.id === this.workspaceId }, w.cwd)),
       );
       replaceChildren(this.workspaceSlot, h("label", { for: "ws-select", class: "ws-label" }, t("ws.workspace")), select);
     } else if (this.workspace) {
@@ -202,8 +201,9 @@ class WorkspaceView {
     let previous = null;
     for (const row of this.rows) {
       seen.add(row.sessionId);
-      const when = relativeTime(row.updatedAt);
-      const sig = JSON.stringify([sessionStatus(row), row.displayName, row.pendingInteractionCount, row.updatedAt, when]);
+      const updated = row.updatedAt ?? row.createdAt;
+      const when = relativeTime(updated);
+      const sig = JSON.stringify([sessionStatus(row), row.displayName, row.pendingInteractionCount, updated, when]);
       let entry = this.rowElements.get(row.sessionId);
       if (!entry) {
         entry = { li: h("li", { class: "session-item" }), sig: null };
@@ -229,6 +229,7 @@ class WorkspaceView {
     const status = sessionStatus(row);
     const count = Number(row.pendingInteractionCount) || 0;
     const name = row.displayName || t("ws.untitled");
+    const updated = row.updatedAt ?? row.createdAt;
     return h(
       "a",
       {
@@ -248,7 +249,7 @@ class WorkspaceView {
         { class: `row-pending${count ? " row-pending-some" : ""}`, title: t("ws.pendingTitle"), dataset: { count: String(count) } },
         t("ws.pending", { count }),
       ),
-      h("time", { class: "row-updated", datetime: row.updatedAt, title: absoluteTime(row.updatedAt) }, t("ws.updated", { time: when })),
+      h("time", { class: "row-updated", datetime: updated, title: absoluteTime(updated) }, t("ws.updated", { time: when })),
     );
   }
 }
