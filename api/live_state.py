@@ -90,7 +90,7 @@ async def _rows(state: AppState, views: list[SessionView]) -> tuple[list[dict[st
     """The rows of the sessions whose owner's lease holds, and those owners."""
     rows, owners = [], set()
     for view in views:
-        if await state.registry.is_live(view.owner):
+        if view.told and await state.registry.is_live(view.owner):  # untold: it may be undone
             rows.append(live_state_row(view))
             owners.add(view.owner)
     return rows, owners

@@ -64,6 +64,8 @@ async def listing(state: AppState, ws: str, offset: int, size: int) -> bytes:
     for listed in page[:size]:
         row = {"sessionId": listed.sid, "workspaceCwd": cwd, **listed.row} if listed.row else None
         view = listed.view
+        if view is not None and not view.told:
+            continue  # its create may still be undone: nobody was told of it yet
         live = view is not None and await state.registry.is_live(view.owner)
         if row is None and not live:
             continue

@@ -197,6 +197,7 @@ class LiveSession:
             catalog=self.catalog_row(),
             single=self.single,
             untold_request=self.untold_request,
+            turns=[prompt.turn for prompt in admitted],  # their records may be lost too
         )
         if reason_event:
             # A rewrite also carries the terminals the store lost with the rest: every
@@ -283,6 +284,11 @@ class LiveSession:
                 )
             await asyncio.sleep(pause)
             pause = min(pause * 2, RETRY_MAX_S)
+
+    async def mark_told(self) -> None:
+        """The create's answer was taken. Its API says so in the store itself; this makes it
+        so even if that API could not (the session would stay out of listings)."""
+        await self._write(Transition(told=True))
 
     async def publish_created(self, client_id: str | None) -> Applied | None:
         if client_id:

@@ -319,6 +319,7 @@ class Worker:
                 await session.close("create_abandoned", uncatalog=True)
             else:  # taken: its creator was told (a rewrite after a loss must not say otherwise)
                 session.untold_request = None
+                await session.mark_told()
 
     # ---- commands -----------------------------------------------------------------------
 

@@ -243,6 +243,8 @@ class RedisStore:
             removed.append(F.TURN_ERROR_EVENT)
         if t.clear_turn_error:
             removed.append(F.TURN_ERROR)
+        if t.told:
+            removed.append(F.REQUEST)
 
         ops: dict[str, Any] = {"mode": t.mode.value, "sid": sid, "verttl": self.retention.catalog_ms}
         if t.turns:
@@ -894,6 +896,7 @@ def view_of(fields: dict[str, str]) -> SessionView | None:
         pending=pending,
         last_event_id=int(fields.get(F.SEQ, "0")),
         epoch=fields.get(F.EPOCH, ""),
+        told=F.REQUEST not in fields,
     )
 
 

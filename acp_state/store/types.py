@@ -195,6 +195,7 @@ class Transition:
     end_admitted: EndAdmitted | None = None  # DELETE: end the prompts left admitted
     op: int | None = None  # the owner's running number (a retry applies once)
     turns: list[TurnRecord] = field(default_factory=list)  # turn records to write whole
+    told: bool = False  # the create's answer was taken: its request id goes (see SessionView.told)
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,9 @@ class SessionView:
     pending: list[dict[str, Any]]  # pending interactions (wire JSON), in insertion order
     last_event_id: int
     epoch: str
+    # Its creator was told of it (an API took the create's answer). Until then the session
+    # is no one's yet: listings leave it out, since its create may still be undone.
+    told: bool = True
 
 
 @dataclass(frozen=True)
