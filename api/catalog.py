@@ -74,12 +74,7 @@ async def batch_catalog(request: Request) -> Response:
         selector = item["workspace"]
         ws = workspace_ref.find(request, selector)
         if ws is None or not principal.may(ws):
-            members.append(
-                {"workspace": selector, "error": {
-                    "code": "workspace_not_found", "message": "Workspace is not registered with this daemon.",
-                    "status": 404,
-                }}
-            )
+            members.append(workspace_ref.not_registered(selector))
             continue
         member: dict[str, Any] = {"workspace": selector, "workspaceId": ws, "cwd": state.workspaces[ws]}
         try:

@@ -24,6 +24,7 @@ from acp_state.summary import live_state_row
 from . import workspace_ref
 from .auth import principal_of
 from .cache import LIVE_STATE_PAGE, CachedPage
+from .etag import names
 from .responses import ApiError, JSON_TYPE, OrjsonResponse, json_body
 from .state import AppState, app_state
 from .workspaces import cached_page
@@ -38,7 +39,7 @@ async def workspace_live_state(request: Request) -> Response:
     ws = workspace_ref.resolve(request, "workspace")
     page = await _page(state, ws)
     headers = {"ETag": page.etag or "", "Cache-Control": CACHE_CONTROL}
-    if _matches(request.headers.get("if-none-match"), page.etag):
+    if page.etag is not None and names(request.headers.get("if-none-match"), page.etag):
         return Response(status_code=304, headers=headers)
     return Response(page.body, media_type=JSON_TYPE, headers=headers)
 
@@ -64,7 +65,7 @@ async def many_live_states(request: Request) -> Response:
     for selector in selectors:
         ws = found[selector]
         if ws is None:
-            answers.append(_failed(selector, 404, "workspace_not_found", "Workspace is not registered with this daemon."))
+            answers.append(workspace_ref.not_registered(selector))
             continue
         version, views = states[ws]
         rows, _ = await _rows(state, views)
@@ -98,15 +99,3 @@ async def _rows(state: AppState, views: list[SessionView]) -> tuple[list[dict[st
 
 def _body(version: CatalogVersion, rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"v": 1, "catalogVersion": {"generation": version.generation, "revision": version.revision}, "sessions": rows}
-
-
-def _failed(selector: str, status: int, code: str, message: str) -> dict[str, Any]:
-    return {"workspace": selector, "error": {"code": code, "message": message, "status": status}}
-
-
-def _matches(header: str | None, etag: str | None) -> bool:
-    """`If-None-Match` names this ETag (a list, `*`, and weak forms are understood)."""
-    if header is None or etag is None:
-        return False
-    candidates = {tag.strip().removeprefix("W/") for tag in header.split(",")}
-    return "*" in candidates or etag in candidates

@@ -73,3 +73,9 @@ def mismatch(request: Request, selector: str, param: str) -> ApiError:
         400, f'Workspace mismatch: daemon is bound to "{bound}"', MISMATCH,
         boundWorkspace=bound, requestedWorkspace=canonical(selector),
     )
+
+
+def not_registered(selector: str) -> dict:
+    """A batch route's member for a selector naming no workspace (the reference's shape)."""
+    error = {"code": "workspace_not_found", "message": "Workspace is not registered with this daemon.", "status": 404}
+    return {"workspace": selector, "error": error}
