@@ -14,7 +14,22 @@ from acp_state.registry import WorkerRegistry
 from acp_state.store import STORE_ERRORS, RedisStore
 from acp_state.sweeper import run_sweeper
 
-from . import catalog, discovery, event_stream, history, live_state, metrics, permissions, sessions, turns, web, workspaces
+from . import (
+    attention,
+    catalog,
+    discovery,
+    event_stream,
+    history,
+    live_feed,
+    live_state,
+    metrics,
+    permissions,
+    sessions,
+    turns,
+    web,
+    workers,
+    workspaces,
+)
 from .auth import AuthMiddleware
 from .cache import StateCache
 from .etag import ETagMiddleware
@@ -36,6 +51,10 @@ ROUTES = [
     Route("/workspace/{id:path}/sessions", workspaces.list_sessions, methods=["GET"]),
     Route("/workspaces/{workspace:path}/sessions/live-state", live_state.workspace_live_state, methods=["GET"]),
     Route("/sessions/live-state", live_state.many_live_states, methods=["POST"]),
+    Route("/workspaces/{workspace:path}/sessions/live-state/events", live_feed.live_state_events, methods=["GET"]),
+    Route("/attention", attention.attention_page, methods=["GET"]),
+    Route("/attention/events", attention.attention_events, methods=["GET"]),
+    Route("/workers", workers.workers, methods=["GET"]),
     Route("/sessions/catalog", catalog.batch_catalog, methods=["POST"]),
     Route("/session/{id}/turns/current", turns.current, methods=["GET"]),
     Route("/session/{id}/turns/{promptId}", turns.by_prompt, methods=["GET"]),
@@ -65,6 +84,8 @@ def end_streams(app: Starlette) -> None:
     state = getattr(app.state, "acp", None)
     if state is not None:
         state.fanout.end_listeners()
+        state.feeds.end()
+        state.attention.end()
 
 
 def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette:
@@ -76,14 +97,30 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette
         registry = WorkerRegistry(own_store)
         fanout = own_store.fanout()
         cache = StateCache(fanout)
-        fanout.on_change, fanout.on_reset = cache.changed, cache.clear
+        cwds = settings.workspace_cwds()
+        feeds = live_feed.LiveFeeds(own_store, registry, fanout)
+        inbox = attention.AttentionFeeds(own_store, registry, fanout, cwds)
+
+        def changed(ws: str, sid: str, revision: int) -> None:
+            cache.changed(ws, sid)  # first: nothing this process serves after may be older
+            feeds.changed(ws, sid, revision)
+            inbox.changed(ws, sid)
+
+        def reset() -> None:
+            cache.clear()
+            feeds.reset()
+            inbox.reset()
+
+        fanout.on_change, fanout.on_reset = changed, reset
         app.state.acp = AppState(
             settings=settings,
             store=own_store,
             registry=registry,
             locator=SessionLocator(own_store, registry, cache),
-            workspaces=settings.workspace_cwds(),
+            workspaces=cwds,
             fanout=fanout,
+            feeds=feeds,
+            attention=inbox,
         )
         stop = asyncio.Event()
         sweeper = asyncio.ensure_future(run_sweeper(own_store, settings.sweep_interval_s, stop))
@@ -92,6 +129,8 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette
         finally:
             stop.set()
             await sweeper
+            feeds.stop()
+            inbox.stop()
             await fanout.stop()
             if store is None:
                 await own_store.close()

@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from .auth import principal_of
 from .responses import MAX_BODY_BYTES, OrjsonResponse
+from .attention import MAX_SIZE as MAX_ATTENTION_PAGE
 from .live_state import MAX_WORKSPACES
 from .sessions import MAX_QUEUED_PROMPTS
 from .workspaces import MAX_SIZE
@@ -47,6 +48,10 @@ FEATURES = [
     "pending_interactions",
     "turn_error_status",
     "sessions_live_state_batch",
+    "workspace_live_state_events",
+    "attention_inbox",
+    "attention_events",
+    "deployment_workers",
 ]
 # The reference's poll interval for live state, and the one version of its protocol.
 LIVE_STATE_POLL_INTERVAL_MS = 5000
@@ -101,6 +106,7 @@ async def capabilities(request: Request) -> Response:
                 "maxRequestBodyBytes": MAX_BODY_BYTES,
                 "maxListPageSize": MAX_SIZE,
                 "maxLiveStateWorkspaces": MAX_WORKSPACES,
+                "maxAttentionPageSize": MAX_ATTENTION_PAGE,
             },
             "workspaces": [
                 {"id": ws, "cwd": cwd, "primary": cwd == primary, "trusted": True, "workflowsEnabled": False}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
@@ -11,6 +12,10 @@ from acp_state.store import Fanout, Store
 
 from .locator import SessionLocator
 from .settings import Settings
+
+if TYPE_CHECKING:  # they read the app state themselves
+    from .attention import AttentionFeeds
+    from .live_feed import LiveFeeds
 
 
 @dataclass
@@ -21,6 +26,8 @@ class AppState:
     locator: SessionLocator
     workspaces: dict[str, str]  # workspace id -> cwd
     fanout: Fanout
+    feeds: LiveFeeds  # the live workspace feeds (push)
+    attention: AttentionFeeds  # the attention inbox's stream (push)
 
 
 def app_state(request: Request) -> AppState:

@@ -230,13 +230,20 @@ class Harness:
 
 
 class SseClient:
-    """Reads `GET /session/:id/events` like a browser's EventSource would, frame by frame."""
+    """Reads `GET /session/:id/events` (or another event stream: `path`) like a browser's
+    EventSource would, frame by frame."""
 
-    def __init__(self, api: ApiProcess, sid: str, last_event_id: int | None = None, query: str = "") -> None:
+    def __init__(
+        self, api: ApiProcess, sid: str = "", last_event_id: int | None = None, query: str = "", path: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.api = api
         self.sid = sid
         self.last_event_id = last_event_id
         self.query = query
+        self.path = path
+        self.headers = headers or {}
+        self.response_headers: dict[str, str] = {}
         self.frames: list[dict[str, Any]] = []
         self._arrived = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
@@ -252,10 +259,11 @@ class SseClient:
 
     async def _read(self, opened: asyncio.Future[None]) -> None:
         headers = {} if self.last_event_id is None else {"Last-Event-ID": str(self.last_event_id)}
-        url = f"/session/{self.sid}/events{self.query}"
+        url = (self.path or f"/session/{self.sid}/events") + self.query
         try:
-            async with self.api.client.stream("GET", url, headers=headers, timeout=None) as response:
+            async with self.api.client.stream("GET", url, headers={**headers, **self.headers}, timeout=None) as response:
                 self.status = response.status_code
+                self.response_headers = dict(response.headers)
                 opened.set_result(None)
                 if response.status_code != 200:
                     return

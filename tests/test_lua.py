@@ -32,9 +32,10 @@ CHANNEL = keys.invalidations(WS)
 SESSION = keys.session(WS, SID)
 VERSION = keys.catalog_version(WS)
 TURNS, ENDED = keys.turns(WS, SID), keys.turns_ended(WS, SID)
+ATTENTION, ATTENTION_DETAILS = keys.attention(WS), keys.attention_details(WS)
 APPLY_KEYS = [
     SESSION, keys.events(WS, SID), keys.live(WS), keys.catalog(WS), keys.catalog_order(WS),
-    keys.single(WS), keys.transcript(WS, SID), CHANNEL, VERSION, TURNS, ENDED,
+    keys.single(WS), keys.transcript(WS, SID), CHANNEL, VERSION, TURNS, ENDED, ATTENTION, ATTENTION_DETAILS,
 ]
 
 
@@ -236,7 +237,7 @@ async def test_send_is_fenced_and_keeps_its_first_outcome(r: aioredis.Redis) -> 
 # ---- VOTE ------------------------------------------------------------------------------
 
 
-VOTE_KEYS = [SESSION, keys.inbox(WS, INC), CHANNEL, VERSION]
+VOTE_KEYS = [SESSION, keys.inbox(WS, INC), CHANNEL, VERSION, ATTENTION, ATTENTION_DETAILS]
 
 
 async def vote(r: aioredis.Redis, option: str = "allow", client: str = "", kind: str = "selected", idem: str | None = None, incarnation: str = INC) -> str:
@@ -282,7 +283,7 @@ async def test_a_won_vote_is_kept_for_its_retry_and_announced(r: aioredis.Redis)
     assert await vote(r, idem="k") == "ok"  # the retry, not a 404
     assert await r.xlen(keys.inbox(WS, INC)) == 1
     message = await pubsub.get_message(timeout=5)
-    assert (message["channel"], message["data"]) == (CHANNEL, SID)
+    assert (message["channel"], message["data"]) == (CHANNEL, f"{SID} {await r.hget(VERSION, VER.REVISION)}")
     await pubsub.aclose()
 
 
@@ -421,3 +422,99 @@ async def test_reply_abandon_and_take(r: aioredis.Redis) -> None:
     await run(r, "REPLY", reply("q2"), ['{"ok":2}', 60, "abandoned"])
     assert await run(r, "TAKE", [keys.reply("q2")], ["abandoned"]) == '{"ok":2}'
     assert await run(r, "TAKE", [keys.reply("q2")], ["abandoned"]) is None
+
+
+# ---- the attention index (APPLY, VOTE, ATTENTION_PAGE, ATTENTION_OF) ---------------------
+
+
+QUESTION = '{"requestId":"r2","kind":"user_question","title":"Which one?"}'
+
+
+async def attention(r: aioredis.Redis) -> dict[str, tuple[int, str]]:
+    """The index as {member: (since, details)}."""
+    index = await r.zrange(ATTENTION, 0, -1, withscores=True)
+    return {member: (int(since), await r.hget(ATTENTION_DETAILS, member)) for member, since in index}
+
+
+async def test_apply_indexes_what_a_session_waits_for_in_the_same_step(r: aioredis.Redis) -> None:
+    await created(r)
+    assert await attention(r) == {}
+    await apply(r, mode="update", set={F.INTERACTION + "r1": '{"kind":"permission"}', F.INTERACTION + "r2": QUESTION})
+    index = await attention(r)
+    assert index[f"{SID}/r1"][1] == INC + '\n{"kind":"permission"}' and index[f"{SID}/r2"][1] == INC + "\n" + QUESTION
+    since = index[f"{SID}/r1"][0]
+    redis_now = (await r.time())[0] * 1000
+    assert redis_now - 5_000 < since <= redis_now + 1_000  # Redis's clock, in ms
+    assert 0 < await r.pttl(ATTENTION) <= TTL and 0 < await r.pttl(ATTENTION_DETAILS) <= TTL
+    await apply(r, mode="update", set={F.TURN_ERROR: '{"message":"boom"}'}, **{"del": [F.INTERACTION + "r1"]})
+    index = await attention(r)
+    assert set(index) == {f"{SID}/r2", f"{SID}/!"} and index[f"{SID}/!"][1] == INC + '\n{"message":"boom"}'
+    await apply(r, mode="update", **{"del": [F.TURN_ERROR]})
+    assert set(await attention(r)) == {f"{SID}/r2"}
+
+
+async def test_a_rewrite_keeps_a_wait_it_still_holds_and_drops_the_rest(r: aioredis.Redis) -> None:
+    await created(r, **{F.INTERACTION + "r1": "{}", F.INTERACTION + "r2": QUESTION})
+    before = await attention(r)
+    await r.zadd(ATTENTION, {f"{SID}/r1": 1000})  # an old wait: a rewrite must not restart it
+    meta = orjson.dumps({"sessionId": SID, "workspaceCwd": "/w", "createdAt": "t0"}).decode()
+    await apply(r, mode="create", set={F.META: meta, F.EPOCH: "e2", F.INTERACTION + "r1": "{}"})
+    after = await attention(r)
+    assert set(after) == {f"{SID}/r1"} and after[f"{SID}/r1"][0] == 1000 and f"{SID}/r2" in before
+
+
+async def test_a_deleted_session_leaves_the_index_and_a_vote_removes_its_request(r: aioredis.Redis) -> None:
+    await pending(r)
+    await apply(r, mode="update", set={F.TURN_ERROR: "{}"})
+    assert set(await attention(r)) == {f"{SID}/r1", f"{SID}/!"}
+    assert await vote(r, client="c1") == "ok"
+    assert set(await attention(r)) == {f"{SID}/!"}
+    await apply(r, mode="delete")
+    assert await attention(r) == {} and not await r.exists(ATTENTION_DETAILS)
+
+
+async def test_a_fenced_out_transition_indexes_nothing(r: aioredis.Redis) -> None:
+    await created(r)
+    assert (await apply(r, OTHER, mode="update", set={F.INTERACTION + "r1": "{}"}))[0] == -1
+    assert await attention(r) == {}
+
+
+async def page(r: aioredis.Redis, after: tuple[str, str, str], limit: int) -> list[tuple[str, int]]:
+    flat = await run(r, "ATTENTION_PAGE", [ATTENTION, ATTENTION_DETAILS], [*after, limit])
+    return [(flat[i], int(flat[i + 1])) for i in range(0, len(flat), 3)]
+
+
+async def test_attention_page_walks_the_index_oldest_first_past_a_cursor(r: aioredis.Redis) -> None:
+    waits = {"a/1": 10, "b/1": 20, "c/1": 20, "d/1": 20, "e/!": 30}
+    await r.zadd(ATTENTION, waits)
+    await r.hset(ATTENTION_DETAILS, mapping={m: "w\n{}" for m in waits})
+    assert await page(r, ("", "gt", ""), 10) == sorted(waits.items(), key=lambda kv: (kv[1], kv[0]))
+    assert await page(r, ("", "gt", ""), 2) == [("a/1", 10), ("b/1", 20)]
+    assert await page(r, ("20", "ge", "b/1"), 2) == [("c/1", 20), ("d/1", 20)]  # ties, by member
+    assert await page(r, ("20", "gt", ""), 5) == [("e/!", 30)]  # strictly after that wait
+    assert await page(r, ("30", "ge", "e/!"), 5) == []
+
+
+async def test_attention_of_answers_one_sessions_waits(r: aioredis.Redis) -> None:
+    await created(r, **{F.INTERACTION + "r2": QUESTION, F.TURN_ERROR: '{"message":"x"}'})
+    flat = await run(r, "ATTENTION_OF", [SESSION, ATTENTION, ATTENTION_DETAILS], [SID])
+    found = {flat[i]: flat[i + 2] for i in range(0, len(flat), 3)}
+    assert found == {f"{SID}/r2": INC + "\n" + QUESTION, f"{SID}/!": INC + '\n{"message":"x"}'}
+
+
+# ---- TOLD ------------------------------------------------------------------------------
+
+
+async def test_told_shows_an_untold_session_once_and_announces_it(r: aioredis.Redis) -> None:
+    await created(r, **{F.REQUEST: "req-1"})
+    pubsub = r.pubsub()
+    await pubsub.ssubscribe(CHANNEL)
+    assert (await pubsub.get_message(timeout=5))["type"] == "ssubscribe"
+    revision = int(await r.hget(VERSION, VER.REVISION))
+    assert await run(r, "TOLD", [SESSION, CHANNEL, VERSION], [SID, TTL]) == 1
+    assert not await r.hexists(SESSION, F.REQUEST)
+    message = await pubsub.get_message(timeout=5)
+    assert message["data"] == f"{SID} {revision + 1}"  # listings and live state now show it
+    assert await run(r, "TOLD", [SESSION, CHANNEL, VERSION], [SID, TTL]) == 0  # told already: no news
+    assert int(await r.hget(VERSION, VER.REVISION)) == revision + 1
+    await pubsub.aclose()

@@ -21,6 +21,8 @@ from .types import (
     AdmissionStatus,
     Applied,
     ApplyOutcome,
+    AttentionCursor,
+    AttentionEntry,
     CatalogRow,
     CatalogVersion,
     CreateRecord,
@@ -38,7 +40,7 @@ from .types import (
 )
 
 __all__ = [
-    "ABANDONED", "Admission", "AdmissionStatus", "Applied", "ApplyOutcome", "CatalogRow", "CatalogVersion",
+    "ABANDONED", "Admission", "AdmissionStatus", "Applied", "ApplyOutcome", "AttentionCursor", "AttentionEntry", "CatalogRow", "CatalogVersion",
     "CreateRecord", "Delivery", "EndAdmitted", "Fanout", "LeaseReader", "LeaseView",
     "ListedSession", "LoadSnapshot", "MEMORY", "Mode", "PendingInteraction", "ReaderStore",
     "RedisStore", "Retention", "STORE_ERRORS", "SessionView", "Standing", "Store",

@@ -101,6 +101,17 @@ def catalog_version(ws: str) -> str:
     return f"{PREFIX}:{{{ws}}}:ver"
 
 
+def attention(ws: str) -> str:
+    """ZSET `<sessionId>/<requestId>` (`<sessionId>/!` for a turn error) -> since (epoch ms):
+    what the workspace's live sessions wait for a human for, kept by APPLY and VOTE."""
+    return f"{PREFIX}:{{{ws}}}:attn"
+
+
+def attention_details(ws: str) -> str:
+    """HASH attention member -> `<owner incarnation>\n<the interaction's or turn error's JSON>`."""
+    return f"{PREFIX}:{{{ws}}}:attn:d"
+
+
 def turns(ws: str, sid: str) -> str:
     """HASH promptId -> turn record JSON (acp_state.turns) of a live session's recent turns."""
     return f"{PREFIX}:{{{ws}}}:t:{sid}"

@@ -33,6 +33,8 @@ from .types import (
     AdmissionStatus,
     Applied,
     ApplyOutcome,
+    AttentionCursor,
+    AttentionEntry,
     CatalogRow,
     CatalogVersion,
     CreateRecord,
@@ -131,9 +133,12 @@ class RedisStore:
         self._vote = Script(redis, scripts.VOTE)
         self._attach = Script(redis, scripts.ATTACH)
         self._version = Script(redis, scripts.VERSION)
+        self._told = Script(redis, scripts.TOLD)
         self._current_turn = Script(redis, scripts.CURRENT_TURN)
         self._list = Script(redis, scripts.LIST)
         self._release_single = Script(redis, scripts.RELEASE_SINGLE)
+        self._attention_page = Script(redis, scripts.ATTENTION_PAGE)
+        self._attention_of = Script(redis, scripts.ATTENTION_OF)
         self._heartbeat = Script(self.lease_redis, scripts.HEARTBEAT, allow_oom=True)
         self._claim_dead = Script(self.lease_redis, scripts.CLAIM_DEAD, allow_oom=True)
         self._release = Script(self.lease_redis, scripts.RELEASE, allow_oom=True)
@@ -200,6 +205,8 @@ class RedisStore:
             keys.catalog_version(ws),
             keys.turns(ws, sid),
             keys.turns_ended(ws, sid),
+            keys.attention(ws),
+            keys.attention_details(ws),
         ]
         future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
         args = [incarnation, orjson.dumps(ops).decode(), str(self.retention.session_ttl_ms)]
@@ -308,22 +315,27 @@ class RedisStore:
                     future.set_result(Applied(ApplyOutcome(int(result[0])), int(result[1]), str(result[2])))
 
     async def _run_transitions(self, batch: list[tuple[list[str], list[str], Any]]) -> list[Any]:
-        """One pipeline of APPLY calls; the ones a freshly restarted Redis did not know the
-        script for are run again, in their order, once it is loaded."""
-        results: list[Any] = [None] * len(batch)
-        todo = list(range(len(batch)))
+        """One pipeline of APPLY calls (see `_pipelined`)."""
+        with REDIS_ROUNDTRIP.labels("transitions").time():
+            return await self._pipelined(self._apply, [(key_list, args) for key_list, args, _ in batch])
+
+    async def _pipelined(self, script: Script, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Run one script for each (keys, args) in one pipeline, answers (or errors) in call
+        order; the calls a freshly restarted Redis did not know the script for are run
+        again, in their order, once it is loaded."""
+        results: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
         for attempt in range(2):
             pipe = self.redis.pipeline(transaction=False)
             for i in todo:
-                self._apply.queue(pipe, batch[i][0], batch[i][1])
-            with REDIS_ROUNDTRIP.labels("transitions").time():
-                replies = await pipe.execute(raise_on_error=False)
+                script.queue(pipe, *calls[i])
+            replies = await pipe.execute(raise_on_error=False)
             for i, reply in zip(todo, replies, strict=True):
                 results[i] = reply
             todo = [i for i in todo if isinstance(results[i], NoScriptError)]
             if not todo or attempt:
                 break
-            await self._apply.load()
+            await script.load()
         return results
 
     async def touch_sessions(self, incarnation: str, sessions: list[tuple[str, str, bool]]) -> set[tuple[str, str]]:
@@ -546,7 +558,8 @@ class RedisStore:
     async def vote(self, ws: str, incarnation: str, command: Vote, idempotency_key: str | None = None) -> VoteOutcome:
         """Decide a vote and enqueue it to the owner in one step (scripts.VOTE)."""
         key_list = [
-            keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.invalidations(ws), keys.catalog_version(ws)
+            keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.invalidations(ws), keys.catalog_version(ws),
+            keys.attention(ws), keys.attention_details(ws),
         ]
         if idempotency_key is not None:
             key_list.append(keys.idempotency(ws, command.sid, idempotency_key))
@@ -600,8 +613,10 @@ class RedisStore:
         return None if first is None else _unpack_record(first)
 
     async def mark_told(self, ws: str, sid: str) -> None:
-        """A create's answer was taken: its creator knows the session (F.REQUEST goes)."""
-        await self.redis.hdel(keys.session(ws, sid), F.REQUEST)
+        """A create's answer was taken: its creator knows the session (F.REQUEST goes, and
+        readers are told that it now shows)."""
+        key_list = [keys.session(ws, sid), keys.invalidations(ws), keys.catalog_version(ws)]
+        await self._told(key_list, [sid, self.retention.catalog_ms])
 
     async def was_told(self, ws: str, sid: str) -> bool:
         """Whether a create's answer was taken: its catalog row stands, and its session (if
@@ -713,6 +728,34 @@ class RedisStore:
         """The workspace's catalog version (a new generation at revision 0 if it had none)."""
         generation, revision = await self._version([keys.catalog_version(ws)], [self.retention.catalog_ms])
         return CatalogVersion(generation, int(revision))
+
+    async def attention_page(
+        self, workspaces: list[str], after: AttentionCursor | None, limit: int
+    ) -> list[AttentionEntry]:
+        """Up to `limit` entries of each workspace's attention index that come after `after`
+        in the attention order (`AttentionCursor.order`), all of them in that order. One
+        pipeline: one round trip per shard."""
+        calls = []
+        for ws in workspaces:
+            if after is None:
+                bound = ["", "gt", ""]
+            else:
+                # Equal waits are ordered by workspace, then by member (the index's order).
+                tie = "ge" if ws >= after.ws else "gt"
+                bound = [str(after.since_ms), tie, after.member if ws == after.ws else ""]
+            calls.append(([keys.attention(ws), keys.attention_details(ws)], [*bound, limit]))
+        replies = await self._pipelined(self._attention_page, calls)
+        failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
+        if failed is not None:
+            raise failed
+        entries = [entry for ws, flat in zip(workspaces, replies, strict=True) for entry in _attention_entries(ws, flat)]
+        entries.sort(key=lambda e: e.cursor.order)
+        return entries
+
+    async def attention_of(self, ws: str, sid: str) -> list[AttentionEntry]:
+        """What one live session waits for (its entries of the attention index)."""
+        key_list = [keys.session(ws, sid), keys.attention(ws), keys.attention_details(ws)]
+        return _attention_entries(ws, await self._attention_of(key_list, [sid]))
 
     async def turn(self, ws: str, sid: str, prompt_id: str) -> TurnRecord | None:
         """One turn's record, while it is among the session's kept turns."""
@@ -917,3 +960,22 @@ def _pack_record(record: CreateRecord) -> str:
 def _unpack_record(value: str) -> CreateRecord:
     sid, client_id, attached, request = value.split(" ")
     return CreateRecord(sid, client_id, attached == "1", request if request not in ("+", "-") else None, request == "+")
+
+
+def _attention_entries(ws: str, flat: list[Any]) -> list[AttentionEntry]:
+    """ATTENTION_PAGE / ATTENTION_OF replies -> entries (`<sid>/<requestId>` members, `!`
+    for a turn error; one without readable details is skipped, never fails a page)."""
+    entries = []
+    for i in range(0, len(flat), 3):
+        member, since, details = flat[i], flat[i + 1], flat[i + 2]
+        if not details:
+            continue
+        sid, _, rid = member.partition("/")
+        owner, _, value = details.partition("\n")
+        try:
+            detail = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            continue
+        request_id = None if rid == "!" else rid
+        entries.append(AttentionEntry(ws, sid, request_id, int(float(since)), owner, detail if isinstance(detail, dict) else {}))
+    return entries

@@ -47,25 +47,29 @@ def template(name: str) -> str:
     return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text()
 
 
-def load(name: str, prelude: str | None = None) -> str:
-    return render((template(prelude) if prelude else "") + template(name))
+def load(name: str, *preludes: str) -> str:
+    """A script: its preludes' shared functions, then its own body."""
+    return render("".join(template(prelude) for prelude in preludes) + template(name))
 
 
 # Session-slot scripts (KEYS all carry the workspace's hash tag).
-APPLY = load("apply", prelude="changes")
+APPLY = load("apply", "changes", "attention")
 SEND = load("send")
-VOTE = load("vote", prelude="changes")
-ATTACH = load("attach", prelude="changes")
-VERSION = load("version", prelude="changes")
+VOTE = load("vote", "changes", "attention")
+ATTACH = load("attach", "changes")
+VERSION = load("version", "changes")
+TOLD = load("told", "changes")
 CURRENT_TURN = load("current_turn")
 LIST = load("list")
 RELEASE_SINGLE = load("release_single")
+ATTENTION_PAGE = load("attention_page")
+ATTENTION_OF = load("attention_of", "attention")
 
 # Registry scripts (KEYS = keys.REGISTRY_KEYS, one slot), run on the lease client.
-HEARTBEAT = load("heartbeat", prelude="registry")
-CLAIM_DEAD = load("claim_dead", prelude="registry")
+HEARTBEAT = load("heartbeat", "registry")
+CLAIM_DEAD = load("claim_dead", "registry")
 RELEASE = load("release")
-RESIGN = load("resign", prelude="registry")
+RESIGN = load("resign", "registry")
 
 # Create and close replies (KEYS: the reply list).
 REPLY = load("reply")
@@ -73,7 +77,7 @@ ABANDON = load("abandon")
 TAKE = load("take")
 
 ALL = {
-    "APPLY": APPLY, "SEND": SEND, "VOTE": VOTE, "ATTACH": ATTACH, "VERSION": VERSION, "CURRENT_TURN": CURRENT_TURN, "LIST": LIST,
-    "RELEASE_SINGLE": RELEASE_SINGLE, "HEARTBEAT": HEARTBEAT, "CLAIM_DEAD": CLAIM_DEAD,
+    "APPLY": APPLY, "SEND": SEND, "VOTE": VOTE, "ATTACH": ATTACH, "VERSION": VERSION, "TOLD": TOLD, "CURRENT_TURN": CURRENT_TURN, "LIST": LIST,
+    "RELEASE_SINGLE": RELEASE_SINGLE, "ATTENTION_PAGE": ATTENTION_PAGE, "ATTENTION_OF": ATTENTION_OF, "HEARTBEAT": HEARTBEAT, "CLAIM_DEAD": CLAIM_DEAD,
     "RELEASE": RELEASE, "RESIGN": RESIGN, "REPLY": REPLY, "ABANDON": ABANDON, "TAKE": TAKE,
 }

@@ -227,6 +227,44 @@ class SessionView:
 
 
 @dataclass(frozen=True)
+class AttentionCursor:
+    """A place in the attention order: oldest wait first, then by workspace, then by the
+    session and request (a turn error sorts as request `!`)."""
+
+    since_ms: int
+    ws: str
+    sid: str
+    request_id: str | None  # None: the session's turn error
+
+    @property
+    def member(self) -> str:
+        """Its name among the waits of its workspace: `<sessionId>/<requestId or !>`."""
+        return f"{self.sid}/{self.request_id or '!'}"
+
+    @property
+    def order(self) -> tuple[int, str, str]:
+        return self.since_ms, self.ws, self.member
+
+
+@dataclass(frozen=True)
+class AttentionEntry:
+    """One thing a live session waits for a human for: a pending interaction (its
+    `request_id`, `detail` its wire JSON) or its turn error (`request_id` None, `detail` the
+    turnError), waiting since `since_ms` (epoch ms, Redis's clock)."""
+
+    ws: str
+    sid: str
+    request_id: str | None
+    since_ms: int
+    owner: str  # the session's owning incarnation: the entry counts while its lease holds
+    detail: dict[str, Any]
+
+    @property
+    def cursor(self) -> AttentionCursor:
+        return AttentionCursor(self.since_ms, self.ws, self.sid, self.request_id)
+
+
+@dataclass(frozen=True)
 class ListedSession:
     """One row of a workspace listing page: the durable row and, if live, its state."""
 

@@ -9,7 +9,8 @@
 --   KEYS: 1 session hash, 2 event stream (also the pub/sub channel), 3 live set,
 --         4 catalog hash, 5 catalog order zset, 6 single-scope key, 7 transcript stream,
 --         8 the workspace's change channel, 9 the workspace's catalog version,
---         10 the session's turn records, 11 the ids of its ended turns
+--         10 the session's turn records, 11 the ids of its ended turns,
+--         12 the workspace's attention index, 13 its details (the attention prelude)
 --   ARGV: 1 incarnation, 2 ops JSON (see RedisStore.apply), 3 the session hash's TTL ms
 --         (refreshed by every transition)
 --   -> {applied, last event id, epoch}; applied: 1, 0 the session is not in the store (data
@@ -28,7 +29,11 @@ if ops.mode == 'create' then
     -- A rewrite after a loss, but the session is here (another path rewrote it first).
     return {2, tonumber(redis.call('HGET', KEYS[1], {{F.SEQ}}) or '0'), redis.call('HGET', KEYS[1], {{F.EPOCH}}) or ''}
   end
-  -- A whole snapshot (first publish, or a rewrite under a new epoch): start clean.
+  -- A whole snapshot (first publish, or a rewrite under a new epoch): start clean. What it
+  -- waited for before and the snapshot no longer holds leaves the attention index.
+  for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if not (ops.set and ops.set[name]) then attention_unset(12, 13, ops.sid, name) end
+  end
   redis.call('DEL', KEYS[1], KEYS[2])
   redis.call('HSET', KEYS[1], {{F.OWNER}}, inc)
   redis.call('SADD', KEYS[3], ops.sid)
@@ -41,10 +46,16 @@ elseif owner ~= inc then
 end
 if ops.set then
   local args = {}
-  for k, v in pairs(ops.set) do args[#args + 1] = k; args[#args + 1] = v end
+  for k, v in pairs(ops.set) do
+    args[#args + 1] = k; args[#args + 1] = v
+    attention_set(12, 13, ops.sid, k, inc, v, ops.verttl)
+  end
   if #args > 0 then redis.call('HSET', KEYS[1], unpack(args)) end
 end
-if ops.del and #ops.del > 0 then redis.call('HDEL', KEYS[1], unpack(ops.del)) end
+if ops.del and #ops.del > 0 then
+  redis.call('HDEL', KEYS[1], unpack(ops.del))
+  for _, k in ipairs(ops.del) do attention_unset(12, 13, ops.sid, k) end
+end
 if ops.incr then
   for k, n in pairs(ops.incr) do redis.call('HINCRBY', KEYS[1], k, n) end
 end
@@ -52,12 +63,12 @@ changed(9, 8, ops.sid, ops.verttl)
 local seq = tonumber(redis.call('HGET', KEYS[1], {{F.SEQ}}) or '0')
 local epoch = redis.call('HGET', KEYS[1], {{F.EPOCH}}) or ''
 local bodies = ops.events or {}
+local fields = ops.mode == 'delete' and redis.call('HKEYS', KEYS[1]) or {}
 if ops.mode == 'delete' and ops.orphan then
   -- Prompts admitted (field p:<promptId>) that the transition does not end itself: the
   -- owner never saw them (a close raced them) or is dead. Each gets its one terminal
   -- before the session's own last event.
   local orphans = {}
-  local fields = redis.call('HKEYS', KEYS[1])
   for _, name in ipairs(fields) do
     if string.sub(name, 1, #{{F.PROMPT}}) == {{F.PROMPT}} then
       local pid = string.sub(name, #{{F.PROMPT}} + 1)
@@ -119,6 +130,7 @@ if ops.mode == 'delete' then
   -- A session whose creator was never told of it (its answer not taken: the field is still
   -- there) leaves no catalog row when its worker is swept.
   local untold = ops.uncatalog_untold and redis.call('HEXISTS', KEYS[1], {{F.REQUEST}}) == 1
+  for _, name in ipairs(fields) do attention_unset(12, 13, ops.sid, name) end
   redis.call('DEL', KEYS[1])
   redis.call('SREM', KEYS[3], ops.sid)
   if redis.call('GET', KEYS[6]) == ops.sid then redis.call('DEL', KEYS[6]) end

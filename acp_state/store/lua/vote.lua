@@ -5,12 +5,13 @@
 -- The status changed without an event of its own, so readers' caches are told on the
 -- workspace's change channel.
 --   KEYS: 1 session hash, 2 inbox stream, 3 the workspace's change channel,
---         4 the workspace's catalog version, 5 idempotency key (optional)
+--         4 the workspace's catalog version, 5 the workspace's attention index, 6 its
+--         details, 7 idempotency key (optional)
 --   ARGV: 1 incarnation, 2 requestId, 3 'selected'|'cancelled', 4 optionId, 5 clientId or '',
 --         6 command JSON, 7 inbox TTL ms, 8 inbox max length, 9 cancel sentinel,
 --         10 sessionId, 11 idempotency TTL ms, 12 the catalog version's TTL ms
 --   -> 'ok' | 'gone' | 'unknown' | 'client' | 'option'
-if KEYS[5] and redis.call('GET', KEYS[5]) then return 'ok' end
+if KEYS[7] and redis.call('GET', KEYS[7]) then return 'ok' end
 if redis.call('HGET', KEYS[1], {{F.OWNER}}) ~= ARGV[1] then return 'gone' end
 local votable = redis.call('HGET', KEYS[1], {{F.VOTABLE}} .. ARGV[2])
 if not votable then return 'unknown' end
@@ -24,8 +25,9 @@ if ARGV[3] == 'selected' then
   if not offered then return 'option' end
 end
 redis.call('HDEL', KEYS[1], {{F.INTERACTION}} .. ARGV[2], {{F.VOTABLE}} .. ARGV[2])
+attention_unset(5, 6, ARGV[10], {{F.INTERACTION}} .. ARGV[2])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'c', ARGV[6])
 redis.call('PEXPIRE', KEYS[2], ARGV[7])
 changed(4, 3, ARGV[10], ARGV[12])
-if KEYS[5] then redis.call('SET', KEYS[5], ARGV[2], 'PX', ARGV[11]) end
+if KEYS[7] then redis.call('SET', KEYS[7], ARGV[2], 'PX', ARGV[11]) end
 return 'ok'

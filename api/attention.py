@@ -1,0 +1,303 @@
+"""The attention inbox: every live session, across the workspaces a token may see, that
+waits for a human (`GET /attention`), and its changes pushed (`GET /attention/events`).
+
+An item is a pending permission, a pending question, or a turn error:
+`{sessionId, workspaceId, workspaceCwd, kind, since, requestId?, title?}`, oldest wait
+first. The index behind it is kept by the worker's transitions and the votes themselves,
+in the same script as the change (acp_state/store/lua/attention.lua); a page is one
+script per workspace, pipelined: one round trip per shard. Items whose owner's lease
+lapsed are left out at once, and leave the index when the sweeper removes their sessions.
+
+The stream starts with `attention_snapshot` (`{items}`, every visible item, oldest first),
+then sends `attention_added` (an item) and `attention_removed` (`{sessionId, workspaceId,
+kind, requestId?}`). It has no ids: a client that reconnects gets a fresh snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from typing import Any, Callable
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from acp_state.interactions import USER_QUESTION
+from acp_state.registry import WorkerRegistry
+from acp_state.store import AttentionCursor, AttentionEntry, Fanout, ReaderStore
+from acp_state.tasks import survive
+
+from .auth import principal_of
+from .event_stream import frame
+from .push import OWNER_CHECK_S, Hub, Listener, frames, run_every, stream_response
+from .responses import ApiError, OrjsonResponse, parse_decimal, unavailable
+from .state import app_state
+
+DEFAULT_SIZE = 50
+MAX_SIZE = 500
+# What the stream's hub reads per page when it loads the whole inbox, and at most in all.
+LOAD_PAGE = 1000
+MAX_FOLLOWED = 100_000
+RETRY_AFTER_FAILURE_S = 0.5
+
+Key = tuple[str, str, str | None]  # workspace, session, request (None: the turn error)
+
+
+def item(entry: AttentionEntry, cwd: str) -> dict[str, Any]:
+    """The wire item of one index entry."""
+    detail = entry.detail
+    if entry.request_id is None:
+        kind, title = "turn_error", detail.get("message")
+    elif detail.get("kind") == USER_QUESTION:
+        questions = detail.get("questions") or [{}]
+        first = questions[0] if isinstance(questions[0], dict) else {}
+        kind, title = USER_QUESTION, detail.get("title") or first.get("question") or first.get("header")
+    else:
+        action = detail.get("action") if isinstance(detail.get("action"), dict) else {}
+        kind, title = "permission", action.get("title")
+    body: dict[str, Any] = {
+        "sessionId": entry.sid, "workspaceId": entry.ws, "workspaceCwd": cwd, "kind": kind, "since": entry.since_ms,
+    }
+    if entry.request_id is not None:
+        body["requestId"] = entry.request_id
+    if isinstance(title, str) and title:
+        body["title"] = title
+    return body
+
+
+def _removed(key: Key, kind: str) -> dict[str, Any]:
+    ws, sid, rid = key
+    body: dict[str, Any] = {"sessionId": sid, "workspaceId": ws, "kind": kind}
+    if rid is not None:
+        body["requestId"] = rid
+    return body
+
+
+# ---- GET /attention ---------------------------------------------------------------------
+
+
+def _encode_cursor(cursor: AttentionCursor) -> str:
+    packed = orjson.dumps([cursor.since_ms, cursor.ws, cursor.sid, cursor.request_id])
+    return base64.urlsafe_b64encode(packed).decode().rstrip("=")
+
+
+def _decode_cursor(text: str) -> AttentionCursor:
+    try:
+        since, ws, sid, rid = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        if not (isinstance(since, int) and isinstance(ws, str) and isinstance(sid, str) and (rid is None or isinstance(rid, str))):
+            raise ValueError(text)
+    except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
+        raise ApiError(400, "cursor must be a nextCursor this route returned", "invalid_cursor") from None
+    return AttentionCursor(since, ws, sid, rid)
+
+
+async def attention_page(request: Request) -> Response:
+    """`GET /attention?size=&cursor=` -> `{items, nextCursor}`."""
+    state = app_state(request)
+    size_text = request.query_params.get("size")
+    size = DEFAULT_SIZE if size_text is None else parse_decimal(size_text, MAX_SIZE)
+    if size is None or size < 1:
+        raise ApiError(400, f"size must be an integer from 1 to {MAX_SIZE}", "invalid_size")
+    cursor_text = request.query_params.get("cursor")
+    after = _decode_cursor(cursor_text) if cursor_text else None
+    principal = principal_of(request)
+    workspaces = sorted(ws for ws in state.workspaces if principal.may(ws))
+    limit = size + 1
+    entries = await state.store.attention_page(workspaces, after, limit) if workspaces else []
+    horizon = _horizon(entries, limit)
+    taken: list[AttentionEntry] = []
+    last: AttentionEntry | None = None
+    more = horizon is not None
+    for entry in entries:
+        if horizon is not None and entry.cursor.order > horizon.order:
+            break
+        if len(taken) == size:
+            more = True
+            break
+        last = entry
+        if await state.registry.is_live(entry.owner):
+            taken.append(entry)
+    items = [item(entry, state.workspaces[entry.ws]) for entry in taken]
+    next_cursor = _encode_cursor(last.cursor) if more and last is not None else None
+    return OrjsonResponse({"items": items, "nextCursor": next_cursor})
+
+
+def _horizon(entries: list[AttentionEntry], limit: int) -> AttentionCursor | None:
+    """A workspace that filled its share of a read (`limit`) may hold more past its last
+    entry: nothing beyond the earliest such last entry can be told in order from the read."""
+    last: dict[str, AttentionEntry] = {}
+    counts: dict[str, int] = {}
+    for entry in entries:
+        last[entry.ws] = entry
+        counts[entry.ws] = counts.get(entry.ws, 0) + 1
+    full = [last[ws].cursor for ws, count in counts.items() if count >= limit]
+    return min(full, key=lambda cursor: cursor.order) if full else None
+
+
+# ---- GET /attention/events --------------------------------------------------------------
+
+
+class AttentionFeed(Hub):
+    """Every visible item of the process's workspaces, followed through their change
+    channels, and the streams that show them."""
+
+    def __init__(self, store: ReaderStore, registry: WorkerRegistry, fanout: Fanout, workspaces: dict[str, str], forget: Callable[[], None]) -> None:
+        super().__init__()
+        self._store, self._registry, self._fanout, self._forget = store, registry, fanout, forget
+        self._workspaces = workspaces
+        self.items: dict[Key, tuple[dict[str, Any], str]] = {}  # -> (wire item, owner)
+        self._inbox: list[tuple[str, str] | None] = []
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        try:
+            for ws in sorted(self._workspaces):
+                await self._fanout.watch(ws)
+        except asyncio.TimeoutError as error:
+            raise unavailable("cannot follow the workspaces' changes now; retry", "store_unavailable") from error
+        await self._reload()
+        self._tasks = [
+            asyncio.ensure_future(self._run()),
+            asyncio.ensure_future(run_every("attention owners", OWNER_CHECK_S, self._check_owners)),
+        ]
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._forget()
+
+    def changed(self, ws: str, sid: str) -> None:
+        if ws in self._workspaces:
+            self._inbox.append((ws, sid))
+            self._wake.set()
+
+    def reset(self) -> None:
+        self._inbox.append(None)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._inbox = self._inbox, []
+            if not await survive("attention feed", lambda: self._take(batch)):
+                await asyncio.sleep(RETRY_AFTER_FAILURE_S)
+                self.reset()
+
+    async def _take(self, batch: list[tuple[str, str] | None]) -> None:
+        if None in batch:
+            return await self._reload()
+        sessions = list(dict.fromkeys(item for item in batch if item is not None))
+        found = await asyncio.gather(*(self._store.attention_of(ws, sid) for ws, sid in sessions))
+        for (ws, sid), entries in zip(sessions, found, strict=True):
+            current = {key: value for key, value in (await self._visible(entries)).items()}
+            before = {key for key in self.items if key[0] == ws and key[1] == sid}
+            self._replace(before, current)
+
+    async def _visible(self, entries: list[AttentionEntry]) -> dict[Key, tuple[dict[str, Any], str]]:
+        return {
+            (e.ws, e.sid, e.request_id): (item(e, self._workspaces[e.ws]), e.owner)
+            for e in entries
+            if e.ws in self._workspaces and await self._registry.is_live(e.owner)
+        }
+
+    def _replace(self, before: set[Key], current: dict[Key, tuple[dict[str, Any], str]]) -> None:
+        """Items `before` are replaced by `current`: push what left and what came."""
+        for key in sorted(before - current.keys()):
+            self._remove(key)
+        for key, value in current.items():
+            if self.items.get(key, (None,))[0] != value[0]:
+                self.items[key] = value
+                added = frame("attention_added", orjson.dumps(value[0]).decode())
+                self.broadcast(lambda listener, ws=key[0], f=added: f if listener.accepts(ws) else None)
+
+    def _remove(self, key: Key) -> None:
+        wire, _ = self.items.pop(key)
+        removed = frame("attention_removed", orjson.dumps(_removed(key, wire["kind"])).decode())
+        self.broadcast(lambda listener: removed if listener.accepts(key[0]) else None)
+
+    async def _reload(self) -> None:
+        """Read the whole inbox again and push the difference."""
+        current: dict[Key, tuple[dict[str, Any], str]] = {}
+        after: AttentionCursor | None = None
+        workspaces = sorted(self._workspaces)
+        while len(current) < MAX_FOLLOWED:
+            entries = await self._store.attention_page(workspaces, after, LOAD_PAGE)
+            current.update(await self._visible(entries))
+            after = _horizon(entries, LOAD_PAGE)
+            if after is None:
+                break  # every workspace answered all it holds past the cursor
+        self._replace(set(self.items), current)
+
+    async def _check_owners(self) -> None:
+        lapsed = {owner for _, owner in self.items.values() if not await self._registry.is_live(owner)}
+        for key in sorted(key for key, (_, owner) in self.items.items() if owner in lapsed):
+            self._remove(key)
+
+    def snapshot(self, accepts: Callable[[str], bool]) -> bytes:
+        visible = sorted((wire for (ws, _, _), (wire, _) in self.items.items() if accepts(ws)), key=_order)
+        return frame("attention_snapshot", orjson.dumps({"items": visible}).decode())
+
+
+def _order(wire: dict[str, Any]) -> tuple[int, str, str, str]:
+    return wire["since"], wire["workspaceId"], wire["sessionId"], wire.get("requestId") or "!"
+
+
+class AttentionFeeds:
+    """The process's one attention hub, started by its first stream."""
+
+    def __init__(self, store: ReaderStore, registry: WorkerRegistry, fanout: Fanout, workspaces: dict[str, str]) -> None:
+        self._args = (store, registry, fanout, workspaces)
+        self._feed: AttentionFeed | None = None
+        self._starting: asyncio.Task[AttentionFeed] | None = None
+        self._ending = False
+
+    async def feed(self) -> AttentionFeed:
+        if self._feed is not None:
+            return self._feed
+        if self._starting is None or self._starting.done():
+            self._starting = asyncio.ensure_future(self._start())
+        return await asyncio.shield(self._starting)
+
+    async def _start(self) -> AttentionFeed:
+        feed = AttentionFeed(*self._args, forget=self._forget)
+        await feed.start()
+        self._feed = feed
+        if self._ending:
+            feed.end()
+        return feed
+
+    def _forget(self) -> None:
+        self._feed = None
+
+    def changed(self, ws: str, sid: str) -> None:
+        if self._feed is not None:
+            self._feed.changed(ws, sid)
+
+    def reset(self) -> None:
+        if self._feed is not None:
+            self._feed.reset()
+
+    def end(self) -> None:
+        self._ending = True
+        if self._feed is not None:
+            self._feed.end()
+
+    def stop(self) -> None:
+        if self._feed is not None:
+            self._feed.stop()
+
+
+async def attention_events(request: Request) -> Response:
+    """`GET /attention/events`: the inbox's snapshot, then its additions and removals."""
+    state = app_state(request)
+    feed = await state.attention.feed()
+    principal = principal_of(request)
+    listener = Listener(accepts=principal.may)
+    feed.add(listener)  # nothing is awaited from here to the snapshot: no change falls between
+    first = feed.snapshot(principal.may)
+    body = frames(listener, first, lambda: feed.snapshot(principal.may), lambda: feed.remove(listener))
+    return stream_response(body, state.settings.sse_send_timeout_s)

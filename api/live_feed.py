@@ -1,0 +1,280 @@
+"""`GET /workspaces/:workspace/sessions/live-state/events`: a workspace's live state, pushed.
+
+The stream starts with `live_state_snapshot` (the live-state body: `v`, `catalogVersion`,
+`sessions`), then sends one `live_state_changed` per change of a row: `{catalogVersion,
+sessions: [changed rows], removed: [session ids]}`, with `id:` the catalog revision. A
+session whose owner's lease lapsed is removed at once, before any sweeper ran (same id: its
+revision did not move).
+
+One `WorkspaceFeed` per workspace and process follows the workspace's change channel, where
+every change is announced with the revision it moved the workspace to, reads the changed
+session once and pushes one frame to every listener. A revision skipped (pub/sub lost a
+message) or one that falls (a new generation: Redis lost the workspace) makes it read the
+whole live state again and push the difference, or a new snapshot.
+
+Resume: `Last-Event-ID` (or `?lastEventId=`) with the stream's `generation` (the
+`X-Acp-Catalog-Generation` response header; sent back as `?generation=` or that header)
+gets what changed since that revision, from the feed's memory; a generation that differs,
+or a revision older than the feed remembers, gets a fresh snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from acp_state.registry import WorkerRegistry
+from acp_state.store import Fanout, ReaderStore, SessionView
+from acp_state.summary import live_state_row
+from acp_state.tasks import survive
+
+from . import workspace_ref
+from .event_stream import MAX_SAFE_INTEGER, frame
+from .push import OWNER_CHECK_S, Hub, Listener, frames, run_every, stream_response
+from .responses import parse_decimal, unavailable
+from .state import app_state
+
+log = logging.getLogger("api.live_feed")
+
+GENERATION_HEADER = "X-Acp-Catalog-Generation"
+# Changes remembered for resumes beyond the live rows' own (removals, mostly).
+REMEMBERED_CHANGES = 10_000
+RETRY_AFTER_FAILURE_S = 0.5
+
+
+class WorkspaceFeed(Hub):
+    """One workspace's live rows as this process follows them, and their listeners."""
+
+    def __init__(self, store: ReaderStore, registry: WorkerRegistry, fanout: Fanout, ws: str, forget: Any) -> None:
+        super().__init__()
+        self.ws = ws
+        self._store, self._registry, self._fanout, self._forget = store, registry, fanout, forget
+        self.generation = ""
+        self.revision = 0
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.owners: dict[str, str] = {}
+        # sid -> the revision of its row's last change, oldest first; a removal for a lapsed
+        # lease counts half a revision later than the revision it was seen at.
+        self.changed_at: OrderedDict[str, float] = OrderedDict()
+        self.since = 0  # the oldest revision a resume can be answered from
+        self._inbox: list[tuple[str, int] | None] = []
+        self._wake = asyncio.Event()
+        self._fresh = True  # announcements that queued during the last whole read are in it
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        try:
+            await self._fanout.watch(self.ws)
+        except asyncio.TimeoutError as error:
+            raise unavailable("cannot follow the workspace's changes now; retry", "store_unavailable") from error
+        await self._resync()
+        self._tasks = [
+            asyncio.ensure_future(self._run()),
+            asyncio.ensure_future(run_every("live feed owners", OWNER_CHECK_S, self._check_owners)),
+        ]
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._forget(self)
+
+    # ---- what the process hears ---------------------------------------------------------
+
+    def changed(self, sid: str, revision: int) -> None:
+        self._inbox.append((sid, revision))
+        self._wake.set()
+
+    def reset(self) -> None:
+        """Announcements may have been lost: read the whole state again."""
+        self._inbox.append(None)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._inbox = self._inbox, []
+            if not await survive("live feed", lambda: self._take(batch)):
+                await asyncio.sleep(RETRY_AFTER_FAILURE_S)  # Redis away: try a whole read later
+                self.reset()
+
+    async def _take(self, batch: list[tuple[str, int] | None]) -> None:
+        todo: list[tuple[str, int]] = []
+        expected = self.revision
+        for item in batch:
+            if item is None:
+                return await self._resync()
+            sid, revision = item
+            if revision <= expected and self._fresh:
+                continue  # announced before the whole read that holds it
+            if revision != expected + 1:
+                return await self._resync()  # one was missed, or a new generation began
+            todo.append(item)
+            expected = revision
+        if not todo:
+            return
+        self._fresh = False
+        sids = list(dict.fromkeys(sid for sid, _ in todo))
+        found = dict(zip(sids, await asyncio.gather(*(self._visible(sid) for sid in sids)), strict=True))
+        for sid, revision in todo:
+            self.revision = revision
+            if self._set(sid, found[sid], revision):
+                row = self.rows.get(sid)
+                self.broadcast(lambda _, f=self._changed([row] if row else [], [] if row else [sid]): f)
+
+    async def _visible(self, sid: str) -> tuple[dict[str, Any], str] | None:
+        view = await self._store.session(self.ws, sid)
+        return await self._row(view) if view is not None else None
+
+    async def _row(self, view: SessionView) -> tuple[dict[str, Any], str] | None:
+        """The session's row and owner, if readers see it (told, and its lease holds)."""
+        if view.told and await self._registry.is_live(view.owner):
+            return live_state_row(view), view.owner
+        return None
+
+    def _set(self, sid: str, found: tuple[dict[str, Any], str] | None, at: float) -> bool:
+        """Take the session's current row (None: not live); True if its row changed."""
+        if found is None:
+            if sid not in self.rows:
+                return False
+            del self.rows[sid], self.owners[sid]
+        else:
+            row, self.owners[sid] = found
+            if self.rows.get(sid) == row:
+                return False
+            self.rows[sid] = row
+        self.changed_at[sid] = at
+        self.changed_at.move_to_end(sid)
+        while len(self.changed_at) > len(self.rows) + REMEMBERED_CHANGES:
+            _, oldest = self.changed_at.popitem(last=False)
+            self.since = max(self.since, int(oldest))  # resumes from before it: a snapshot
+        return True
+
+    async def _resync(self) -> None:
+        """Read the whole live state; push the difference, or a snapshot for a new generation."""
+        version, views = (await self._store.live_states([self.ws]))[self.ws]
+        current = {view.meta["sessionId"]: await self._row(view) for view in views}
+        self._fresh = True
+        if version.generation != self.generation:
+            self.generation, self.revision, self.since = version.generation, version.revision, version.revision
+            self.rows = {sid: found[0] for sid, found in current.items() if found is not None}
+            self.owners = {sid: found[1] for sid, found in current.items() if found is not None}
+            self.changed_at.clear()
+            snapshot = self.snapshot()
+            self.broadcast(lambda _: snapshot)
+            return
+        self.revision = max(self.revision, version.revision)
+        changed = [sid for sid in sorted({*self.rows, *current}) if self._set(sid, current.get(sid), self.revision)]
+        if changed:
+            sessions = [self.rows[sid] for sid in changed if sid in self.rows]
+            update = self._changed(sessions, [sid for sid in changed if sid not in self.rows])
+            self.broadcast(lambda _: update)
+
+    async def _check_owners(self) -> None:
+        """Remove, at once, the sessions of owners whose lease lapsed."""
+        lapsed = {owner for owner in set(self.owners.values()) if not await self._registry.is_live(owner)}
+        gone = sorted(sid for sid, owner in self.owners.items() if owner in lapsed)
+        if gone:
+            for sid in gone:
+                self._set(sid, None, self.revision + 0.5)
+            update = self._changed([], gone)
+            self.broadcast(lambda _: update)
+
+    # ---- frames -------------------------------------------------------------------------
+
+    def _version(self) -> dict[str, Any]:
+        return {"generation": self.generation, "revision": self.revision}
+
+    def snapshot(self) -> bytes:
+        body = {"v": 1, "catalogVersion": self._version(), "sessions": [self.rows[sid] for sid in sorted(self.rows)]}
+        return frame("live_state_snapshot", orjson.dumps(body).decode(), self.revision)
+
+    def _changed(self, sessions: list[dict[str, Any]], removed: list[str]) -> bytes:
+        body = {"catalogVersion": self._version(), "sessions": sessions, "removed": removed}
+        return frame("live_state_changed", orjson.dumps(body).decode(), self.revision)
+
+    def resume(self, last_id: int, generation: str | None) -> bytes:
+        """What a client that saw revision `last_id` of `generation` missed (b"" if nothing),
+        or a snapshot when that cannot be told from memory."""
+        if generation != self.generation or not self.since <= last_id <= self.revision:
+            return self.snapshot()
+        missed = [sid for sid, at in self.changed_at.items() if at > last_id]
+        if not missed:
+            return b""
+        return self._changed([self.rows[s] for s in missed if s in self.rows], [s for s in missed if s not in self.rows])
+
+
+class LiveFeeds:
+    """The workspace feeds of one API process."""
+
+    def __init__(self, store: ReaderStore, registry: WorkerRegistry, fanout: Fanout) -> None:
+        self._store, self._registry, self._fanout = store, registry, fanout
+        self._feeds: dict[str, WorkspaceFeed] = {}
+        self._starting: dict[str, asyncio.Task[WorkspaceFeed]] = {}
+        self._ending = False
+
+    async def feed(self, ws: str) -> WorkspaceFeed:
+        """The workspace's feed, started (once, whoever asks meanwhile) if it was not."""
+        feed = self._feeds.get(ws)
+        if feed is not None:
+            return feed
+        if ws not in self._starting:
+            self._starting[ws] = asyncio.ensure_future(self._start(ws))
+        try:
+            return await asyncio.shield(self._starting[ws])
+        finally:
+            if self._starting.get(ws) is not None and self._starting[ws].done():
+                del self._starting[ws]
+
+    async def _start(self, ws: str) -> WorkspaceFeed:
+        feed = WorkspaceFeed(self._store, self._registry, self._fanout, ws, self._forget)
+        await feed.start()
+        self._feeds[ws] = feed
+        if self._ending:
+            feed.end()
+        return feed
+
+    def _forget(self, feed: WorkspaceFeed) -> None:
+        if self._feeds.get(feed.ws) is feed:
+            del self._feeds[feed.ws]
+
+    def changed(self, ws: str, sid: str, revision: int) -> None:
+        feed = self._feeds.get(ws)
+        if feed is not None:
+            feed.changed(sid, revision)
+
+    def reset(self) -> None:
+        for feed in self._feeds.values():
+            feed.reset()
+
+    def end(self) -> None:
+        self._ending = True
+        for feed in self._feeds.values():
+            feed.end()
+
+    def stop(self) -> None:
+        for feed in list(self._feeds.values()):
+            feed.stop()
+
+    @property
+    def listeners(self) -> int:
+        return sum(len(feed.listeners) for feed in self._feeds.values())
+
+
+async def live_state_events(request: Request) -> Response:
+    state = app_state(request)
+    ws = workspace_ref.resolve(request, "workspace")
+    last_id = parse_decimal(request.headers.get("last-event-id") or request.query_params.get("lastEventId"), MAX_SAFE_INTEGER)
+    generation = request.query_params.get("generation") or request.headers.get(GENERATION_HEADER)
+    feed = await state.feeds.feed(ws)
+    listener = Listener()
+    feed.add(listener)  # nothing is awaited from here to the first frame: no change falls between
+    first = feed.snapshot() if last_id is None else feed.resume(last_id, generation)
+    body = frames(listener, first, feed.snapshot, lambda: feed.remove(listener))
+    return stream_response(body, state.settings.sse_send_timeout_s, {GENERATION_HEADER: feed.generation})

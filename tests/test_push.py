@@ -1,0 +1,318 @@
+"""Push, not poll: the live workspace feed and the attention inbox, through real worker and
+API processes on a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from acp_state.ids import workspace_id
+from tests.harness import ApiProcess, Harness, SseClient
+from tests.helpers import create, prompt
+from tests.redis_server import RedisServer, free_port
+
+PROCEED_ONCE = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
+LEASE_MS = 1500
+
+
+def feed_path(workspace: str) -> str:
+    return f"/workspaces/{workspace_id(workspace)}/sessions/live-state/events"
+
+
+async def feed(api: ApiProcess, workspace: str, **kwargs: Any) -> SseClient:
+    client = await SseClient(api, path=feed_path(workspace), **kwargs).start()
+    assert client.status == 200
+    return client
+
+
+def row_of(sid: str, after: int = -1, **fields: Any) -> Callable[[dict[str, Any]], bool]:
+    """A `live_state_changed` frame (with an id past `after`) that carries `sid`'s row with
+    these fields."""
+
+    def match(frame: dict[str, Any]) -> bool:
+        if frame["event"] != "live_state_changed" or frame["id"] <= after:
+            return False
+        return any(r["sessionId"] == sid and all(r.get(k) == v for k, v in fields.items()) for r in frame["data"]["sessions"])
+
+    return match
+
+
+def rows_shown(frames: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The rows a client of the feed shows after these frames."""
+    rows: dict[str, dict[str, Any]] = {}
+    for f in frames:
+        if f["event"] == "live_state_snapshot":
+            rows = {r["sessionId"]: r for r in f["data"]["sessions"]}
+        elif f["event"] == "live_state_changed":
+            rows.update({r["sessionId"]: r for r in f["data"]["sessions"]})
+            for removed in f["data"]["removed"]:
+                rows.pop(removed, None)
+    return rows
+
+
+def removal_of(sid: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda f: f["event"] == "live_state_changed" and sid in f["data"]["removed"]
+
+
+async def test_the_feed_starts_with_the_live_state_and_pushes_each_change(harness: Harness, workspace: str) -> None:
+    await harness.worker()
+    api1, api2 = await harness.api(), await harness.api()
+    before = (await create(api1, workspace))["sessionId"]
+    stream = await feed(api2, workspace)
+    snapshot = await stream.wait_for(lambda f: f["event"] == "live_state_snapshot")
+    polled = (await api1.client.get(f"/workspaces/{workspace_id(workspace)}/sessions/live-state")).json()
+    assert snapshot["data"] == polled and snapshot["id"] == polled["catalogVersion"]["revision"]
+    assert stream.response_headers["content-type"] == "text/event-stream"
+    assert stream.response_headers["x-acp-catalog-generation"] == polled["catalogVersion"]["generation"]
+
+    sid = (await create(api1, workspace))["sessionId"]  # created through the other API process
+    came = await stream.wait_for(row_of(sid, hasActivePrompt=False))
+    assert came["data"]["removed"] == [] and came["id"] == came["data"]["catalogVersion"]["revision"]
+    asked = await prompt(api1, sid, "#permission")
+    waiting = await stream.wait_for(row_of(sid, isWaitingForPermission=True))
+    assert waiting["id"] > came["id"]
+    status = (await api1.client.get(f"/session/{sid}/status")).json()
+    rid = status["pendingInteractions"][0]["requestId"]
+    assert (await api1.client.post(f"/session/{sid}/permission/{rid}", json=PROCEED_ONCE)).status_code == 200
+    await stream.wait_for(row_of(sid, waiting["id"], isWaitingForPermission=False, hasActivePrompt=False))
+    assert (await api1.client.delete(f"/session/{before}")).status_code == 204
+    gone = await stream.wait_for(removal_of(before))
+    assert gone["data"]["sessions"] == []
+    ids = [f["id"] for f in stream.frames]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)  # one frame per revision, in order
+    # What the stream showed adds up to what a poll answers now.
+    rows = rows_shown(stream.frames)
+    now = (await api2.client.get(f"/workspaces/{workspace_id(workspace)}/sessions/live-state")).json()
+    assert sorted(rows.values(), key=lambda r: r["sessionId"]) == now["sessions"]
+    assert asked["promptId"]
+    await stream.close()
+
+
+async def test_a_dead_workers_sessions_leave_the_feed_when_its_lease_lapses(harness: Harness, workspace: str) -> None:
+    victim = await harness.worker("--lease-ms", str(LEASE_MS))
+    api = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+    stream = await feed(api, workspace)
+    snapshot = await stream.wait_for(lambda f: f["event"] == "live_state_snapshot")
+    assert [r["sessionId"] for r in snapshot["data"]["sessions"]] == [sid]
+    await victim.kill9()
+    killed = time.monotonic()
+    gone = await stream.wait_for(removal_of(sid), timeout=LEASE_MS / 1000 + 10)
+    elapsed_ms = round((time.monotonic() - killed) * 1000)
+    print(f"\nworker killed: its session left the live feed {elapsed_ms} ms later (lease {LEASE_MS} ms)")
+    assert gone["data"]["sessions"] == [] and gone["id"] >= snapshot["id"]
+    now = (await api.client.get(f"/workspaces/{workspace_id(workspace)}/sessions/live-state")).json()
+    assert now["sessions"] == []
+    await stream.close()
+
+
+async def test_a_client_resumes_with_what_it_missed(harness: Harness, workspace: str) -> None:
+    await harness.worker()
+    api1, api2 = await harness.api(), await harness.api()
+    kept = (await create(api1, workspace))["sessionId"]
+    closed = (await create(api1, workspace))["sessionId"]
+    first = await feed(api1, workspace)
+    # The other API process follows the workspace too, so it remembers what a resume needs.
+    witness = await feed(api2, workspace)
+    snapshot = await first.wait_for(lambda f: f["event"] == "live_state_snapshot")
+    generation = first.response_headers["x-acp-catalog-generation"]
+    await first.close()
+
+    assert (await api1.client.delete(f"/session/{closed}")).status_code == 204
+    busy = await prompt(api1, kept, "#permission")
+    await witness.wait_for(row_of(kept, isWaitingForPermission=True))
+    await witness.wait_for(removal_of(closed))
+
+    for api in (api1, api2):  # on the process it left, and on the other one
+        resumed = await feed(api, workspace, last_event_id=snapshot["id"], query=f"?generation={generation}")
+        missed = await resumed.wait_for(lambda f: f["event"] is not None)
+        assert missed["event"] == "live_state_changed", missed
+        assert missed["data"]["removed"] == [closed]
+        assert [r["sessionId"] for r in missed["data"]["sessions"]] == [kept]
+        assert missed["data"]["sessions"][0]["isWaitingForPermission"] is True
+        await resumed.close()
+
+    # Another generation's revision cannot be resumed: a fresh snapshot instead.
+    stale = await feed(api2, workspace, last_event_id=snapshot["id"], query="?generation=1")
+    fresh = await stale.wait_for(lambda f: f["event"] is not None)
+    assert fresh["event"] == "live_state_snapshot"
+    assert [r["sessionId"] for r in fresh["data"]["sessions"]] == [kept]
+    assert busy["promptId"]
+    await stale.close()
+    await witness.close()
+
+
+async def test_a_redis_restart_starts_a_new_generation_on_the_feed(own_redis: RedisServer, workspace: str) -> None:
+    harness = Harness(own_redis.url, workspace, free_port)
+    try:
+        await harness.worker("--lease-ms", str(LEASE_MS))
+        # A session whose worker cannot yet vouch that its creator was told (the create's
+        # answer could still be taken back, waitMs + 5 s) is rewritten hidden after a loss,
+        # until that time passes: a short create timeout keeps it short here.
+        api = await harness.api("--create-timeout-s", "1")
+        sid = (await create(api, workspace))["sessionId"]
+        stream = await feed(api, workspace)
+        before = await stream.wait_for(lambda f: f["event"] == "live_state_snapshot")
+        own_redis.process.kill()  # no persistence: the workspace's version is gone with the rest
+        own_redis.process.wait()
+        restarted = RedisServer(port=own_redis.port, folder=own_redis.dir).start()
+        own_redis.process = restarted.process
+
+        old = before["data"]["catalogVersion"]["generation"]
+        renewed = await stream.wait_for(
+            lambda f: f["event"] == "live_state_snapshot" and f["data"]["catalogVersion"]["generation"] != old, timeout=30
+        )
+        # The worker rewrites its session into the new generation; the feed shows it again.
+        await stream.wait_for(lambda f: f["id"] is not None and f["id"] >= renewed["id"] and sid in rows_shown(stream.frames))
+        polled = (await api.client.get(f"/workspaces/{workspace_id(workspace)}/sessions/live-state")).json()
+        assert renewed["data"]["catalogVersion"]["generation"] == polled["catalogVersion"]["generation"]
+        assert list(rows_shown(stream.frames)) == [sid] == [r["sessionId"] for r in polled["sessions"]]
+        await stream.close()
+    finally:
+        await harness.stop_all()
+
+
+# ---- the attention inbox ----------------------------------------------------------------
+
+
+async def inbox(api: ApiProcess, **params: Any) -> dict[str, Any]:
+    answer = await api.client.get("/attention", params=params)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+async def wait_inbox(api: ApiProcess, done: Callable[[list[dict]], bool]) -> list[dict]:
+    """The inbox once `done` holds (each read is a real request; the index changes in the
+    same step as the transition, so this waits only for the worker to run it)."""
+    for _ in range(400):
+        items = (await inbox(api))["items"]
+        if done(items):
+            return items
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the inbox never got there: {items}")
+
+
+async def test_the_inbox_lists_every_wait_oldest_first_and_pages(harness: Harness, workspace: str, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    await harness.worker()
+    api = await harness.api(workspaces=[workspace, str(other)])
+    asking = (await create(api, workspace))["sessionId"]
+    questioning = (await create(api, str(other)))["sessionId"]
+    failing = (await create(api, workspace))["sessionId"]
+    await create(api, workspace)  # an idle session waits for nobody
+    await prompt(api, asking, "#permission")
+    await wait_inbox(api, lambda items: len(items) == 1)
+    await prompt(api, questioning, "#question")
+    await wait_inbox(api, lambda items: len(items) == 2)
+    await prompt(api, failing, "#error rate_limited")
+    items = await wait_inbox(api, lambda items: len(items) == 3)
+
+    assert [(i["sessionId"], i["kind"]) for i in items] == [
+        (asking, "permission"), (questioning, "user_question"), (failing, "turn_error")
+    ]
+    assert [i["since"] for i in items] == sorted(i["since"] for i in items)
+    permission, question, error = items
+    status = (await api.client.get(f"/session/{asking}/status")).json()
+    assert permission["requestId"] == status["pendingInteractions"][0]["requestId"]
+    assert permission["workspaceId"] == workspace_id(workspace) and permission["workspaceCwd"] == workspace
+    assert question["workspaceCwd"] == str(other) and question["title"]
+    assert "requestId" not in error and error["title"]
+
+    pages, cursor = [], None
+    while True:
+        page = await inbox(api, size=1, **({"cursor": cursor} if cursor else {}))
+        pages += page["items"]
+        cursor = page["nextCursor"]
+        if cursor is None:
+            break
+    assert pages == items
+    bad = await api.client.get("/attention", params={"cursor": "not-a-cursor"})
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_cursor"
+    assert (await api.client.get("/attention", params={"size": "0"})).json()["code"] == "invalid_size"
+
+
+async def test_the_inbox_stream_follows_votes_and_a_token_sees_its_workspaces(harness: Harness, workspace: str, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    scoped = "scoped-token-0123456789"
+    await harness.worker()
+    api = await harness.api(
+        "--token", "admin-token-0123456789,role=admin", "--token", f"{scoped},workspace={workspace}",
+        workspaces=[workspace, str(other)],
+    )
+    admin = {"Authorization": "Bearer admin-token-0123456789"}
+    mine = {"Authorization": f"Bearer {scoped}"}
+    api.client.headers.update(admin)
+    everything = await SseClient(api, path="/attention/events").start()
+    limited = await SseClient(api, path="/attention/events", headers=mine).start()
+    assert (await everything.wait_for(lambda f: f["event"] == "attention_snapshot"))["data"] == {"items": []}
+    await limited.wait_for(lambda f: f["event"] == "attention_snapshot")
+
+    theirs = (await create(api, str(other)))["sessionId"]
+    ours = (await create(api, workspace))["sessionId"]
+    await prompt(api, theirs, "#permission")
+    await prompt(api, ours, "#permission")
+    added = await everything.wait_for(lambda f: f["event"] == "attention_added" and f["data"]["sessionId"] == ours)
+    await everything.wait_for(lambda f: f["event"] == "attention_added" and f["data"]["sessionId"] == theirs)
+    rid = added["data"]["requestId"]
+    await limited.wait_for(lambda f: f["event"] == "attention_added" and f["data"]["sessionId"] == ours)
+    scoped_page = (await api.client.get("/attention", headers=mine)).json()["items"]
+    assert [i["sessionId"] for i in scoped_page] == [ours]
+
+    assert (await api.client.post(f"/session/{ours}/permission/{rid}", json=PROCEED_ONCE)).status_code == 200
+    removed = await limited.wait_for(lambda f: f["event"] == "attention_removed")
+    assert removed["data"] == {"sessionId": ours, "workspaceId": workspace_id(workspace), "kind": "permission", "requestId": rid}
+    await everything.wait_for(lambda f: f["event"] == "attention_removed" and f["data"]["sessionId"] == ours)
+    assert [i["sessionId"] for i in (await inbox(api))["items"]] == [theirs]
+    # The scoped stream never heard of the other workspace.
+    assert all(f["data"].get("sessionId") != theirs for f in limited.frames if f["event"] != "attention_snapshot")
+    await everything.close()
+    await limited.close()
+
+
+async def test_a_dead_workers_waits_leave_the_inbox_with_its_lease(harness: Harness, workspace: str) -> None:
+    victim = await harness.worker("--lease-ms", str(LEASE_MS))
+    api = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+    await prompt(api, sid, "#question")
+    await wait_inbox(api, lambda items: len(items) == 1)
+    stream = await SseClient(api, path="/attention/events").start()
+    snapshot = await stream.wait_for(lambda f: f["event"] == "attention_snapshot")
+    assert [i["kind"] for i in snapshot["data"]["items"]] == ["user_question"]
+    await victim.kill9()
+    gone = await stream.wait_for(lambda f: f["event"] == "attention_removed", timeout=LEASE_MS / 1000 + 10)
+    assert gone["data"]["sessionId"] == sid and gone["data"]["kind"] == "user_question"
+    assert (await inbox(api))["items"] == []
+    await stream.close()
+
+
+async def test_workers_lists_the_live_workers_with_their_load(harness: Harness, workspace: str) -> None:
+    first = await harness.worker("--max-sessions", "4")
+    await harness.worker()
+    api = await harness.api("--token", "admin-token-0123456789,role=admin", "--token", f"scoped-token-0123456789,workspace={workspace}")
+    admin = {"Authorization": "Bearer admin-token-0123456789"}
+    for _ in range(2):
+        made = await api.client.post("/session", json={"cwd": workspace, "sessionScope": "thread"}, headers=admin)
+        assert made.status_code == 200
+    # Each worker reports its load with its next heartbeat.
+    listed = await workers_once(api, admin, lambda listed: sum(w["sessions"] for w in listed) == 2)
+    assert len(listed) == 2
+    mine = next(w for w in listed if w["incarnation"] == first.incarnation)
+    assert mine["maxSessions"] == 4 and mine["load"] == mine["sessions"] / 4
+    assert 0 <= mine["leaseAgeMs"] <= mine["leaseMs"] and mine["expiresInMs"] > 0
+    scoped = await api.client.get("/workers", headers={"Authorization": "Bearer scoped-token-0123456789"})
+    assert scoped.status_code == 403 and scoped.json()["code"] == "deployment_scope_required"
+    await first.kill9()  # it leaves the list once its lease lapses
+    await workers_once(api, admin, lambda listed: all(w["incarnation"] != first.incarnation for w in listed))
+
+
+async def workers_once(api: ApiProcess, headers: dict[str, str], done: Callable[[list[dict]], bool]) -> list[dict]:
+    for _ in range(600):
+        listed = (await api.client.get("/workers", headers=headers)).json()["workers"]
+        if done(listed):
+            return listed
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the workers never got there: {listed}")
