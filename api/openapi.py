@@ -261,6 +261,24 @@ def components() -> Schema:
         "LiveState": obj(
             {"v": {"const": 1}, "catalogVersion": ref("CatalogVersion"), "sessions": array(ref("LiveStateRow"))}
         ),
+        "AttentionItem": obj(
+            {"sessionId": string(), "workspaceId": string(), "workspaceCwd": string(),
+             "kind": string(enum=["permission", "user_question", "turn_error"]), "since": integer()},
+            {"requestId": string(), "title": string()},
+        ),
+        "AttentionPage": obj(
+            {"items": array(ref("AttentionItem")), "nextCursor": {"type": ["string", "null"]}}
+        ),
+        "Workers": obj(
+            {"workers": array(obj(
+                {"incarnation": string(), "sessions": integer(), "maxSessions": integer(), "expiresInMs": integer(),
+                 "states": {"type": "object"}},
+                {"host": {"type": ["string", "null"]}, "pid": {"type": ["integer", "null"]},
+                 "startedAt": {"type": ["string", "null"]}, "leaseMs": {"type": ["integer", "null"]},
+                 "leaseAgeMs": {"type": ["integer", "null"]}, "load": {"type": ["number", "null"]},
+                 "agents": {}},
+            )), "serverTime": integer()}
+        ),
         "MemberError": obj(
             {"workspace": string(), "error": obj({"code": string(), "message": string(), "status": integer()})},
             {"workspaceId": string(), "cwd": string()},
@@ -584,6 +602,64 @@ def paths() -> Schema:
                 },
                 parameters=[WORKSPACE, {"name": "If-None-Match", "in": "header", "required": False,
                                         "description": "An ETag of an earlier answer.", "schema": string()}],
+            )
+        },
+        "/workspaces/{workspace}/sessions/live-state/events": {
+            "get": operation(
+                "streamWorkspaceLiveState", "Sessions", "The workspace's live state, pushed as Server-Sent Events",
+                {
+                    "200": {
+                        "description": "An endless `text/event-stream`: `retry:`, then `live_state_snapshot` (the "
+                        "live-state body) and one `live_state_changed` `{catalogVersion, sessions, removed}` per "
+                        "change, `id:` the catalog revision; a resume gets what changed since its revision, or a "
+                        "snapshot. The `X-Acp-Catalog-Generation` header names the generation.",
+                        "content": {"text/event-stream": {"schema": string()}},
+                    },
+                    "400": error(BAD_WORKSPACE),
+                    "404": not_found("The caller's token is scoped to another workspace (`workspace_not_found`)."),
+                },
+                parameters=[
+                    WORKSPACE,
+                    LAST_EVENT_ID,
+                    query_param("lastEventId", "The revision to resume after (for clients that cannot send "
+                                "`Last-Event-ID`).", string(pattern="^[0-9]+$")),
+                    query_param("generation", "The generation the resumed revision belongs to.", string()),
+                ],
+            )
+        },
+        "/attention": {
+            "get": operation(
+                "getAttention", "Sessions", "Every live session the token may see that waits for a human, oldest first",
+                {
+                    "200": json_response("One page of the inbox.", ref("AttentionPage")),
+                    "400": error("Bad `size` (`invalid_size`) or `cursor` (`invalid_cursor`)."),
+                },
+                parameters=[
+                    query_param("size", "Items per page (1-500, default 50).", string(pattern="^[0-9]+$")),
+                    query_param("cursor", "The `nextCursor` of the previous page.", string()),
+                ],
+            )
+        },
+        "/attention/events": {
+            "get": operation(
+                "streamAttention", "Sessions", "The attention inbox, pushed as Server-Sent Events",
+                {
+                    "200": {
+                        "description": "An endless `text/event-stream`: `retry:`, then `attention_snapshot` `{items}`, "
+                        "then `attention_added` (an item) and `attention_removed` `{sessionId, workspaceId, kind, "
+                        "requestId?}`. No ids: a reconnect gets a fresh snapshot.",
+                        "content": {"text/event-stream": {"schema": string()}},
+                    },
+                },
+            )
+        },
+        "/workers": {
+            "get": operation(
+                "getWorkers", "Discovery", "The deployment's live workers: lease age, sessions, load",
+                {
+                    "200": json_response("Every worker whose lease holds.", ref("Workers")),
+                    "403": error("A workspace-scoped token (`deployment_scope_required`)."),
+                },
             )
         },
         "/sessions/live-state": {

@@ -233,7 +233,7 @@ class Fuzzer:
         label = case.operation.label
         streamed = False
         try:
-            if case.operation.path == "/session/{id}/events":
+            if case.operation.path.endswith("/events"):
                 response, streamed = self._open_stream(case)
             else:
                 response = case.call(base_url=self.base_url, session=self.http, timeout=REQUEST_TIMEOUT_S)

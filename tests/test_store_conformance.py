@@ -289,3 +289,37 @@ async def test_a_session_is_told_once_an_api_took_its_answer_and_untold_rows_lea
     await untold.create(store, untold_request="req-2")
     assert (await store.apply(untold.ws, untold.sid, untold.inc, swept)).applied is ApplyOutcome.APPLIED
     assert await store.catalog_row(untold.ws, untold.sid) is None  # nobody was told: no row
+
+
+async def test_the_attention_index_follows_transitions_and_votes(store: RedisStore) -> None:
+    """Across workspaces (shards, on a cluster): a page in the attention order, a cursor
+    that resumes it, one session's entries, and entries leaving with a vote or a delete."""
+    asking, failing = Session(), Session()
+    question = {"requestId": "q1", "kind": "user_question", "title": "Which one?"}
+    await asking.create(store, interactions_added=[
+        PendingInteraction("r1", {"requestId": "r1", "kind": "permission", "action": {"title": "rm -rf"}}, 1, ["allow"]),
+    ])
+    await store.apply(asking.ws, asking.sid, asking.inc, Transition(interactions_added=[PendingInteraction("q1", question, 2, ["a"])]))
+    await failing.create(store, turn_error={"code": "rate_limited", "message": "slow down"})
+    workspaces = sorted({asking.ws, failing.ws})
+    entries = await store.attention_page(workspaces, None, 10)
+    assert {(e.sid, e.request_id) for e in entries} == {(asking.sid, "r1"), (asking.sid, "q1"), (failing.sid, None)}
+    assert [e.cursor.order for e in entries] == sorted(e.cursor.order for e in entries)
+    by_request = {e.request_id: e for e in entries}
+    assert by_request["q1"].detail == question and by_request[None].detail["message"] == "slow down"
+    assert {e.owner for e in entries} == {asking.inc, failing.inc}
+    walked, after = [], None
+    while True:  # one at a time, each page resuming after the last
+        page = await store.attention_page(workspaces, after, 1)
+        if not page:
+            break
+        walked.append(page[0])
+        after = page[0].cursor
+    assert walked == entries
+    assert {e.request_id for e in await store.attention_of(asking.ws, asking.sid)} == {"r1", "q1"}
+
+    vote = commands.Vote(sid=asking.sid, rid="r1", selected=True, option_id="allow")
+    assert await store.vote(asking.ws, asking.inc, vote) is VoteOutcome.OK
+    assert [e.request_id for e in await store.attention_of(asking.ws, asking.sid)] == ["q1"]
+    await store.apply(failing.ws, failing.sid, failing.inc, Transition(mode=Mode.DELETE))
+    assert [(e.sid, e.request_id) for e in await store.attention_page(workspaces, None, 10)] == [(asking.sid, "q1")]
