@@ -82,6 +82,22 @@ MUTATIONS = [
         "",
         LUA_TESTS,
     ),
+    Mutation(
+        "attention-stays",
+        "a won vote leaves its request in the attention inbox",
+        "acp_state/store/lua/vote.lua",
+        "attention_unset(5, 6, ARGV[10], {{F.INTERACTION}} .. ARGV[2])\n",
+        "",
+        LUA_TESTS,
+    ),
+    Mutation(
+        "feed-skips-gaps",
+        "the live feed takes a skipped revision as the next one instead of reading the state again",
+        "api/live_feed.py",
+        "            if revision != expected + 1:\n                return await self._resync()  # one was missed, or a new generation began\n",
+        "",
+        ("tests/test_live_feed_gaps.py",),
+    ),
 ]
 
 

@@ -1,0 +1,54 @@
+"""The live feed's own logic on the embedded store (a pure unit test: no processes): what it
+does when the change channel skips a revision, which real pub/sub does too rarely to force."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Any
+
+import orjson
+
+from acp_state.ids import new_id
+from acp_state.registry import WorkerRegistry
+from acp_state.store import CatalogRow, Mode, RedisStore, Transition
+from acp_state.api.live_feed import WorkspaceFeed
+from acp_state.api.push import Listener
+
+
+class Channel:
+    """Stands for the fan-out: the test delivers the change messages itself."""
+
+    async def watch(self, ws: str) -> bool:
+        return True
+
+
+def parse(raw: bytes | None) -> tuple[str, dict[str, Any]]:
+    assert raw is not None
+    fields = dict(line.split(": ", 1) for line in raw.decode().strip().splitlines())
+    return fields["event"], orjson.loads(fields["data"])
+
+
+async def test_a_skipped_revision_makes_the_feed_read_the_whole_state_again() -> None:
+    store = RedisStore.from_url(f"memory://feed-{secrets.token_hex(4)}")
+    ws, inc = secrets.token_hex(8), f"w-{secrets.token_hex(4)}"
+    await store.heartbeat(inc, {}, 60_000)
+    first, second = new_id(), new_id()
+    for sid in (first, second):
+        meta = {"sessionId": sid, "workspaceCwd": "/w", "createdAt": "2020-01-01T00:00:00Z"}
+        await store.apply(ws, sid, inc, Transition(mode=Mode.CREATE, meta=meta, epoch="e", catalog=CatalogRow(meta["createdAt"], meta["createdAt"], 1)))
+    feed = WorkspaceFeed(store, WorkerRegistry(store), Channel(), ws, forget=lambda feed: None)  # type: ignore[arg-type]
+    await feed.start()
+    listener = Listener()
+    feed.add(listener)
+    start = feed.revision
+
+    await store.apply(ws, second, inc, Transition(active=True))  # announced as start + 1: lost
+    await store.apply(ws, first, inc, Transition(active=True))  # start + 2
+    feed.changed(first, start + 2)
+    event, body = parse(await asyncio.wait_for(listener.queue.get(), 10))  # the feed's task runs on this loop
+    assert listener.queue.empty() and feed.revision == start + 2
+    assert event == "live_state_changed" and body["removed"] == []
+    assert {row["sessionId"]: row["hasActivePrompt"] for row in body["sessions"]} == {first: True, second: True}
+    feed.stop()
+    await store.close()
