@@ -11,7 +11,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 
 from acp_state.registry import WorkerRegistry
-from acp_state.store import STORE_ERRORS, RedisStore
+from acp_state.store import STORE_ERRORS, Change, RedisStore
 from acp_state.sweeper import run_sweeper
 
 from . import (
@@ -101,10 +101,10 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette
         feeds = live_feed.LiveFeeds(own_store, registry, fanout)
         inbox = attention.AttentionFeeds(own_store, registry, fanout, cwds)
 
-        def changed(ws: str, sid: str, revision: int) -> None:
-            cache.changed(ws, sid)  # first: nothing this process serves after may be older
-            feeds.changed(ws, sid, revision)
-            inbox.changed(ws, sid)
+        def changed(change: Change) -> None:
+            cache.changed(change.ws, change.sid)  # first: nothing this process serves after may be older
+            feeds.changed(change)
+            inbox.changed(change.ws, change.sid)
 
         def reset() -> None:
             cache.clear()

@@ -68,7 +68,7 @@ class StateCache:
 
     # ---- the change feed ----------------------------------------------------------------
 
-    def changed(self, ws: str, sid: str, revision: int = 0) -> None:
+    def changed(self, ws: str, sid: str) -> None:
         """A session changed (announced on its workspace's channel, or done by this process:
         a close it was told of is not served from the cache even before the news arrives)."""
         self._sessions.pop(sid, None)

@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from acp_state.registry import WorkerRegistry
-from acp_state.store import Fanout, ReaderStore, SessionView
+from acp_state.store import Change, Fanout, ReaderStore, SessionView
 from acp_state.summary import live_state_row
 from acp_state.tasks import survive
 
@@ -63,7 +63,7 @@ class WorkspaceFeed(Hub):
         # lease counts half a revision later than the revision it was seen at.
         self.changed_at: OrderedDict[str, float] = OrderedDict()
         self.since = 0  # the oldest revision a resume can be answered from
-        self._inbox: list[tuple[str, int] | None] = []
+        self._inbox: list[Change | None] = []
         self._wake = asyncio.Event()
         self._fresh = True  # announcements that queued during the last whole read are in it
         self._tasks: list[asyncio.Task[None]] = []
@@ -86,8 +86,8 @@ class WorkspaceFeed(Hub):
 
     # ---- what the process hears ---------------------------------------------------------
 
-    def changed(self, sid: str, revision: int) -> None:
-        self._inbox.append((sid, revision))
+    def changed(self, change: Change) -> None:
+        self._inbox.append(change)
         self._wake.set()
 
     def reset(self) -> None:
@@ -104,19 +104,18 @@ class WorkspaceFeed(Hub):
                 await asyncio.sleep(RETRY_AFTER_FAILURE_S)  # Redis away: try a whole read later
                 self.reset()
 
-    async def _take(self, batch: list[tuple[str, int] | None]) -> None:
+    async def _take(self, batch: list[Change | None]) -> None:
         todo: list[tuple[str, int]] = []
         expected = self.revision
-        for item in batch:
-            if item is None:
-                return await self._resync()
-            sid, revision = item
-            if revision <= expected and self._fresh:
+        for change in batch:
+            if change is None or change.generation != self.generation:
+                return await self._resync()  # messages lost, or a new generation began
+            if change.revision <= expected and self._fresh:
                 continue  # announced before the whole read that holds it
-            if revision != expected + 1:
-                return await self._resync()  # one was missed, or a new generation began
-            todo.append(item)
-            expected = revision
+            if change.revision != expected + 1:
+                return await self._resync()  # one was missed
+            todo.append((change.sid, change.revision))
+            expected = change.revision
         if not todo:
             return
         self._fresh = False
@@ -244,10 +243,10 @@ class LiveFeeds:
         if self._feeds.get(feed.ws) is feed:
             del self._feeds[feed.ws]
 
-    def changed(self, ws: str, sid: str, revision: int) -> None:
-        feed = self._feeds.get(ws)
+    def changed(self, change: Change) -> None:
+        feed = self._feeds.get(change.ws)
         if feed is not None:
-            feed.changed(sid, revision)
+            feed.changed(change)
 
     def reset(self) -> None:
         for feed in self._feeds.values():

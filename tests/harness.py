@@ -100,7 +100,7 @@ class EventWatcher:
 
     def __init__(self, redis_url: str, workspaces: list[str]) -> None:
         self.redis = connect(redis_url)
-        self.fanout = Fanout(self.redis, on_change=self._session_changed)
+        self.fanout = Fanout(self.redis, on_change=lambda change: self._session_changed(change.ws, change.sid))
         self.workspaces = [workspace_id(w) for w in workspaces]
         self.events: list[dict[str, Any]] = []
         self._changed = asyncio.Condition()
@@ -112,7 +112,7 @@ class EventWatcher:
             async for key in self.redis.scan_iter(match=keys.session_prefix(ws) + "*"):
                 self._session_changed(ws, key.rsplit(":", 1)[1])
 
-    def _session_changed(self, ws: str, sid: str, revision: int = 0) -> None:
+    def _session_changed(self, ws: str, sid: str) -> None:
         if sid not in self._followers:
             self._followers[sid] = asyncio.ensure_future(self._follow(ws, sid))
 

@@ -47,18 +47,18 @@ async def test_changes_reach_the_cache_before_the_events_they_announce(
     fanout: Fanout, redis_server: RedisServer
 ) -> None:
     seen: list[str] = []
-    fanout.on_change = lambda ws, sid, revision: seen.append(f"change {sid} at {revision}")
+    fanout.on_change = lambda change: seen.append(f"change {change.sid} at {change.revision} of {change.generation}")
     publisher = connect(redis_server.url)
     assert await fanout.watch("fanout-test2")
     listener = await fanout.subscribe("acp:{fanout-test2}:ev:s1")
     # What the APPLY script does: announce on the change channel, then publish the event.
     await publisher.eval(
-        "redis.call('SPUBLISH', KEYS[1], 's1 7') return redis.call('SPUBLISH', KEYS[2], ARGV[1])",
+        "redis.call('SPUBLISH', KEYS[1], 's1 7 g1') return redis.call('SPUBLISH', KEYS[2], ARGV[1])",
         2, "acp:{fanout-test2}:inv", "acp:{fanout-test2}:ev:s1", orjson.dumps({"id": 1, "type": "ping"}),
     )
     delivery = await asyncio.wait_for(listener.queue.get(), 10)
     seen.append(f"event {delivery.event_id}")
-    assert seen == ["change s1 at 7", "event 1"]
+    assert seen == ["change s1 at 7 of g1", "event 1"]
     await publisher.aclose()
 
 

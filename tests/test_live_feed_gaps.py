@@ -11,7 +11,7 @@ import orjson
 
 from acp_state.ids import new_id
 from acp_state.registry import WorkerRegistry
-from acp_state.store import CatalogRow, Mode, RedisStore, Transition
+from acp_state.store import CatalogRow, Change, Mode, RedisStore, Transition, keys
 from acp_state.api.live_feed import WorkspaceFeed
 from acp_state.api.push import Listener
 
@@ -45,10 +45,39 @@ async def test_a_skipped_revision_makes_the_feed_read_the_whole_state_again() ->
 
     await store.apply(ws, second, inc, Transition(active=True))  # announced as start + 1: lost
     await store.apply(ws, first, inc, Transition(active=True))  # start + 2
-    feed.changed(first, start + 2)
+    feed.changed(Change(ws, first, start + 2, feed.generation))
     event, body = parse(await asyncio.wait_for(listener.queue.get(), 10))  # the feed's task runs on this loop
     assert listener.queue.empty() and feed.revision == start + 2
     assert event == "live_state_changed" and body["removed"] == []
     assert {row["sessionId"]: row["hasActivePrompt"] for row in body["sessions"]} == {first: True, second: True}
+    feed.stop()
+    await store.close()
+
+
+async def test_a_change_of_another_generation_gets_a_new_snapshot() -> None:
+    """Redis lost the workspace's version (restarted empty, or it sat idle past its TTL)
+    while the feed's subscription held: the next change names a new generation, whose
+    revisions start again, and the feed starts over from a whole read."""
+    store = RedisStore.from_url(f"memory://feed-{secrets.token_hex(4)}")
+    ws, inc, sid = secrets.token_hex(8), f"w-{secrets.token_hex(4)}", new_id()
+    await store.heartbeat(inc, {}, 60_000)
+    meta = {"sessionId": sid, "workspaceCwd": "/w", "createdAt": "2020-01-01T00:00:00Z"}
+    await store.apply(ws, sid, inc, Transition(mode=Mode.CREATE, meta=meta, epoch="e", catalog=CatalogRow(meta["createdAt"], meta["createdAt"], 1)))
+    for _ in range(3):
+        await store.apply(ws, sid, inc, Transition(active=True))
+    feed = WorkspaceFeed(store, WorkerRegistry(store), Channel(), ws, forget=lambda feed: None)  # type: ignore[arg-type]
+    await feed.start()
+    listener = Listener()
+    feed.add(listener)
+    old = feed.generation
+
+    await store.redis.delete(keys.catalog_version(ws))
+    await store.apply(ws, sid, inc, Transition(active=False))  # revision 1 of a new generation
+    now = await store.catalog_version(ws)
+    assert now.generation != old and now.revision == 1
+    feed.changed(Change(ws, sid, 1, now.generation))
+    event, body = parse(await asyncio.wait_for(listener.queue.get(), 10))
+    assert event == "live_state_snapshot" and body["catalogVersion"] == {"generation": now.generation, "revision": 1}
+    assert [row["hasActivePrompt"] for row in body["sessions"]] == [False]
     feed.stop()
     await store.close()

@@ -283,7 +283,8 @@ async def test_a_won_vote_is_kept_for_its_retry_and_announced(r: aioredis.Redis)
     assert await vote(r, idem="k") == "ok"  # the retry, not a 404
     assert await r.xlen(keys.inbox(WS, INC)) == 1
     message = await pubsub.get_message(timeout=5)
-    assert (message["channel"], message["data"]) == (CHANNEL, f"{SID} {await r.hget(VERSION, VER.REVISION)}")
+    version = await r.hmget(VERSION, [VER.REVISION, VER.GENERATION])
+    assert (message["channel"], message["data"]) == (CHANNEL, f"{SID} {version[0]} {version[1]}")
     await pubsub.aclose()
 
 
@@ -514,7 +515,7 @@ async def test_told_shows_an_untold_session_once_and_announces_it(r: aioredis.Re
     assert await run(r, "TOLD", [SESSION, CHANNEL, VERSION], [SID, TTL]) == 1
     assert not await r.hexists(SESSION, F.REQUEST)
     message = await pubsub.get_message(timeout=5)
-    assert message["data"] == f"{SID} {revision + 1}"  # listings and live state now show it
+    assert message["data"] == f"{SID} {revision + 1} {await r.hget(VERSION, VER.GENERATION)}"  # now shown
     assert await run(r, "TOLD", [SESSION, CHANNEL, VERSION], [SID, TTL]) == 0  # told already: no news
     assert int(await r.hget(VERSION, VER.REVISION)) == revision + 1
     await pubsub.aclose()

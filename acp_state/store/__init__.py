@@ -25,6 +25,7 @@ from .types import (
     AttentionEntry,
     CatalogRow,
     CatalogVersion,
+    Change,
     CreateRecord,
     EndAdmitted,
     LeaseView,
@@ -40,7 +41,7 @@ from .types import (
 )
 
 __all__ = [
-    "ABANDONED", "Admission", "AdmissionStatus", "Applied", "ApplyOutcome", "AttentionCursor", "AttentionEntry", "CatalogRow", "CatalogVersion",
+    "ABANDONED", "Admission", "AdmissionStatus", "Applied", "ApplyOutcome", "AttentionCursor", "AttentionEntry", "CatalogRow", "CatalogVersion", "Change",
     "CreateRecord", "Delivery", "EndAdmitted", "Fanout", "LeaseReader", "LeaseView",
     "ListedSession", "LoadSnapshot", "MEMORY", "Mode", "PendingInteraction", "ReaderStore",
     "RedisStore", "Retention", "STORE_ERRORS", "SessionView", "Standing", "Store",

@@ -23,6 +23,7 @@ from redis.asyncio.client import PubSub
 
 from . import keys
 from .connection import Client, is_cluster, node_client
+from .types import Change
 from ..tasks import BACKGROUND_ERRORS, survive
 
 log = logging.getLogger("acp_state.fanout")
@@ -116,14 +117,13 @@ class _Link:
 class Fanout:
     """Also the change feed of the process's caches. `watch(ws)` follows a workspace's change
     channel, where every status change of its sessions is announced before the change's
-    events: `on_change(workspaceId, sessionId, revision)` therefore runs before any listener
-    of this process gets such an event; `revision` is the workspace's catalog revision the
-    change moved it to. `on_reset()` runs when messages may have been lost."""
+    events: `on_change(Change)` therefore runs before any listener of this process gets such
+    an event. `on_reset()` runs when messages may have been lost."""
 
     def __init__(
         self,
         redis: Client,
-        on_change: Callable[[str, str, int], None] | None = None,
+        on_change: Callable[[Change], None] | None = None,
         on_reset: Callable[[], None] | None = None,
     ) -> None:
         self._redis = redis
@@ -305,8 +305,8 @@ class Fanout:
         if kind == "smessage":
             if channel.endswith(":inv"):
                 if self.on_change is not None:
-                    sid, _, revision = message["data"].partition(" ")
-                    self.on_change(keys.workspace_of_channel(channel), sid, int(revision or 0))
+                    sid, revision, generation = (message["data"].split(" ") + ["0", ""])[:3]
+                    self.on_change(Change(keys.workspace_of_channel(channel), sid, int(revision), generation))
                 return
             try:
                 envelope = orjson.loads(message["data"])

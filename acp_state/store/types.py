@@ -227,6 +227,17 @@ class SessionView:
 
 
 @dataclass(frozen=True)
+class Change:
+    """A session of a workspace changed, moving the workspace's catalog version to
+    (`generation`, `revision`): what the change channel announces (Fanout.on_change)."""
+
+    ws: str
+    sid: str
+    revision: int
+    generation: str
+
+
+@dataclass(frozen=True)
 class AttentionCursor:
     """A place in the attention order: oldest wait first, then by workspace, then by the
     session and request (a turn error sorts as request `!`)."""

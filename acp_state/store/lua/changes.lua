@@ -9,11 +9,16 @@ local function new_generation()
   return t[1] .. string.format('%06d', tonumber(t[2]))
 end
 -- `version` and `channel` are indexes in KEYS: a script touches only the keys it declares.
--- The message is `<sessionId> <revision>`: a follower that sees a revision skipped knows it
--- missed a change, and one that sees the revision fall knows a new generation began.
+-- The message is `<sessionId> <revision> <generation>`: a follower that sees a revision
+-- skipped knows it missed a change, and one that sees another generation knows that the
+-- revisions it holds no longer count.
 local function changed(version, channel, sid, ttl_ms)
-  redis.call('HSETNX', KEYS[version], {{VER.GENERATION}}, new_generation())
+  local generation = redis.call('HGET', KEYS[version], {{VER.GENERATION}})
+  if not generation then
+    generation = new_generation()
+    redis.call('HSET', KEYS[version], {{VER.GENERATION}}, generation)
+  end
   local revision = redis.call('HINCRBY', KEYS[version], {{VER.REVISION}}, 1)
   redis.call('PEXPIRE', KEYS[version], ttl_ms)
-  redis.call('SPUBLISH', KEYS[channel], sid .. ' ' .. revision)
+  redis.call('SPUBLISH', KEYS[channel], sid .. ' ' .. revision .. ' ' .. generation)
 end
