@@ -546,3 +546,55 @@ async def test_deployment_view_in_chinese_and_english(harness: Harness, workspac
         await expect(page.locator(".workers-table .worker-sessions")).to_contain_text("3")
         await shoot(page, f"deployment-{lang}.png")
     assert page.errors == []  # type: ignore[attr-defined]
+
+
+async def test_feed_rows_over_the_listing_and_the_inbox_order(harness: Harness, open_page: OpenPage) -> None:
+    """The page's own merge of the listing and the feed, and the inbox's order and keys."""
+    api = await harness.api()  # serves the page; no worker needed
+    page = await open_page(api)
+    result = await page.evaluate(
+        """async () => {
+        const { mergeRows, applyChange } = await import("/static/js/live-rows.js");
+        const { sessionStatus } = await import("/static/js/status.js");
+        const { compareItems, itemKey } = await import("/static/js/attention-inbox.js");
+        const flags = { clientCount: 0, hasActivePrompt: false, activeWorkState: "idle",
+                        isWaitingForPermission: false, isWaitingForUserQuestion: false };
+        const listed = [
+          { sessionId: "named", displayName: "fix the build", createdAt: "2026-01-01T00:00:00Z",
+            updatedAt: "2026-01-02T00:00:00Z", pendingInteractionCount: 2, hasTurnError: false, ...flags,
+            isWaitingForPermission: true },
+          { sessionId: "gone", displayName: "old", createdAt: "2026-01-01T00:00:00Z", pendingInteractionCount: 0,
+            hasTurnError: true, ...flags },
+          { sessionId: "failed", createdAt: "2026-01-01T00:00:00Z", pendingInteractionCount: 0, hasTurnError: true, ...flags },
+        ];
+        const live = new Map([
+          ["named", { sessionId: "named", ...flags, isWaitingForPermission: true, updatedAt: "2026-01-03T00:00:00Z" }],
+          ["failed", { sessionId: "failed", ...flags }],
+        ]);
+        applyChange(live, { sessions: [{ sessionId: "new", ...flags, hasActivePrompt: true }], removed: [] });
+        const rows = mergeRows(listed, live);
+        const byId = Object.fromEntries(rows.map((row) => [row.sessionId, row]));
+        const answered = mergeRows(listed, new Map([["named", { sessionId: "named", ...flags }]]));
+        applyChange(live, { sessions: [], removed: ["named"] });
+        const items = [
+          { workspaceId: "w2", sessionId: "b", kind: "turn_error", since: 30 },
+          { workspaceId: "w1", sessionId: "a", kind: "permission", requestId: "r1", since: 10 },
+          { workspaceId: "w1", sessionId: "a", kind: "user_question", requestId: "r2", since: 20 },
+        ];
+        return {
+          statuses: Object.fromEntries(rows.map((row) => [row.sessionId, sessionStatus(row)])),
+          named: [byId.named.displayName, byId.named.pendingInteractionCount, byId.named.updatedAt],
+          answeredPending: answered.find((row) => row.sessionId === "named").pendingInteractionCount,
+          notFollowed: mergeRows(listed, null) === listed,
+          removed: !live.has("named"),
+          order: [...items].sort(compareItems).map(itemKey),
+        };
+    }"""
+    )
+    assert result["statuses"] == {
+        "named": "needsApproval", "gone": "ended", "failed": "failed", "new": "running",
+    }
+    # The listing's title and higher count stay; the feed's later updatedAt wins.
+    assert result["named"] == ["fix the build", 2, "2026-01-03T00:00:00Z"]
+    assert result["answeredPending"] == 0 and result["notFollowed"] and result["removed"]
+    assert result["order"] == ["w1|a|r1", "w1|a|r2", "w2|b|turn_error"]
