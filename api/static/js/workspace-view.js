@@ -162,9 +162,9 @@ class WorkspaceView {
     const turnEnded = Boolean(before && row.updatedAt && row.updatedAt !== before.updatedAt);
     const ranTurn = before && !before.hasActivePrompt && row.hasActivePrompt;
     if (this.listed && !listedRow) this.readListingOnce("unlisted", sid);
-    else if (listedRow && !listedRow.displayName && (ranTurn || turnEnded)) {
-      this.readListingOnce("titled", sid); // the title is the first prompt's text
-    }
+    // The title is the first prompt's text. Asked for even while a read that started before
+    // the prompt is on its way (the session not listed yet): one more read follows it.
+    if (!listedRow?.displayName && (ranTurn || turnEnded)) this.readListingOnce("titled", sid);
     if (turnEnded || (before?.hasActivePrompt && !row.hasActivePrompt)) this.readStatus(sid);
   }
 
@@ -215,8 +215,10 @@ class WorkspaceView {
     } catch {
       return; // gone meanwhile: the feed says so
     }
+    if (this.destroyed || ws !== this.workspaceId) return;
     const listedRow = this.listed?.find((r) => r.sessionId === sid);
-    if (this.destroyed || ws !== this.workspaceId || !listedRow) return;
+    // Not listed yet (its read started before this turn ended): a read from now has it all.
+    if (!listedRow) return void this.readListingOnce("ended", sid);
     listedRow.hasTurnError = summary.hasTurnError;
     listedRow.pendingInteractionCount = summary.pendingInteractionCount;
     this.refresh();
