@@ -598,3 +598,43 @@ async def test_feed_rows_over_the_listing_and_the_inbox_order(harness: Harness, 
     assert result["named"] == ["fix the build", 2, "2026-01-03T00:00:00Z"]
     assert result["answeredPending"] == 0 and result["notFollowed"] and result["removed"]
     assert result["order"] == ["w1|a|r1", "w1|a|r2", "w2|b|turn_error"]
+
+
+async def test_a_workspace_token_follows_its_feed_and_inbox_but_not_the_workers(
+    harness: Harness, workspace: str, open_page: OpenPage, tmp_path: Path
+) -> None:
+    """EventSource sends no headers: both streams carry the token in `access_token`."""
+    other = tmp_path / "other"
+    other.mkdir()
+    scoped = "scoped-token-0123456789"
+    await harness.worker()
+    api = await harness.api(
+        "--token", "admin-token-0123456789,role=admin", "--token", f"{scoped},workspace={workspace}",
+        workspaces=[workspace, str(other)],
+    )
+    api.client.headers["Authorization"] = "Bearer admin-token-0123456789"
+
+    async def sign_in(page: Page) -> None:
+        await page.add_init_script(f"localStorage.setItem('acp-shell.token', {scoped!r})")
+
+    page = await open_page(api, "en-US", "/#/deployment", prepare=sign_in)
+    await expect(page.locator(".panel-workers")).to_contain_text("This token sees only its own workspaces")
+    inbox = page.locator(".panel-inbox")
+    await expect(inbox.locator(".ws-live")).to_have_attribute("data-feed", "live")
+    theirs = (await create(api, str(other)))["sessionId"]
+    ours = (await create(api, workspace))["sessionId"]
+    await prompt(api, theirs, "#permission")
+    await prompt(api, ours, "#permission")
+    item = page.locator(f'.inbox-item[data-session-id="{ours}"]')
+    await item.get_by_role("button", name="Allow").click()
+    await expect(item).to_have_count(0)
+    await expect(inbox.locator(".empty")).to_contain_text("Nobody is waiting")  # never saw the other one
+    assert (await api.client.get("/attention")).json()["items"][0]["sessionId"] == theirs
+
+    await page.get_by_role("link", name="Sessions", exact=True).click()
+    await expect(page.locator(".ws-live")).to_have_attribute("data-feed", "live")
+    row = page.locator(f'.session-row[data-session-id="{ours}"]')
+    await expect(row).to_have_attribute("data-status", "idle")
+    await prompt(api, ours, "#question")
+    await expect(row).to_have_attribute("data-status", "needsAnswer")
+    assert page.errors == []  # type: ignore[attr-defined]
