@@ -638,3 +638,31 @@ async def test_a_workspace_token_follows_its_feed_and_inbox_but_not_the_workers(
     await prompt(api, ours, "#question")
     await expect(row).to_have_attribute("data-status", "needsAnswer")
     assert page.errors == []  # type: ignore[attr-defined]
+
+
+async def test_the_inbox_reads_the_attention_route_while_its_stream_is_down(
+    harness: Harness, workspace: str, open_page: OpenPage
+) -> None:
+    await harness.worker()
+    api = await harness.api()
+    stream = "**/attention/events*"
+
+    async def refuse_stream(page: Page) -> None:
+        await page.route(stream, lambda route: route.abort())
+
+    page = await open_page(api, "en-US", "/#/deployment", prepare=refuse_stream)
+    live = page.locator(".panel-inbox .ws-live")
+    await expect(live).to_have_attribute("data-feed", "down")
+    await expect(live).to_contain_text("refreshing every 2 s")
+    sid = (await create(api, workspace))["sessionId"]
+    await prompt(api, sid, "#question")
+    await expect(page.locator(f'.inbox-item[data-session-id="{sid}"]')).to_contain_text("Which color?")
+
+    await page.unroute(stream)  # back: the stream's snapshot takes over and the reads stop
+    await expect(live).to_have_attribute("data-feed", "live")
+    urls: list[str] = []
+    page.on("request", lambda request: urls.append(request.url))
+    await prompt(api, (await create(api, workspace))["sessionId"], "#permission")
+    await expect(page.locator(".inbox-item")).to_have_count(2)
+    assert not [u for u in urls if re.search(r"/attention(\?|$)", u)], urls
+    assert page.errors == []  # type: ignore[attr-defined]

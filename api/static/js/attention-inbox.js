@@ -16,7 +16,7 @@ import { statusBadge } from "./status.js";
 import { FollowedStream } from "./stream.js";
 
 const POLL_MS = 2000;
-const PAGE_SIZE = 200;
+const PAGE_SIZE = 200; // while the stream is down: the oldest waits, the ones to see first
 const CLOCK_MS = 30_000;
 const KIND_STATUS = { permission: "needsApproval", user_question: "needsAnswer", turn_error: "failed" };
 
