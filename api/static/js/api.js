@@ -57,8 +57,8 @@ export function clientId() {
   return id;
 }
 
-async function request(method, path, body, retried = false) {
-  const headers = { "X-Qwen-Client-Id": clientId() };
+async function request(method, path, body, retried = false, { asClient = true } = {}) {
+  const headers = asClient ? { "X-Qwen-Client-Id": clientId() } : {};
   if (token()) headers.Authorization = `Bearer ${token()}`;
   const init = { method, headers };
   if (body !== undefined) {
@@ -78,7 +78,7 @@ async function request(method, path, body, retried = false) {
   } catch {
     data = null;
   }
-  if (response.status === 401 && !retried && askForToken()) return request(method, path, body, true);
+  if (response.status === 401 && !retried && askForToken()) return request(method, path, body, true, { asClient });
   if (!response.ok) throw new ApiError(response.status, data, text.slice(0, 200));
   return data;
 }
@@ -96,14 +96,33 @@ export const api = {
   prompt: (sid, text) => request("POST", `session/${seg(sid)}/prompt`, { prompt: [{ type: "text", text }] }),
   cancel: (sid) => request("POST", `session/${seg(sid)}/cancel`, {}),
   vote: (sid, requestId, body) => request("POST", `session/${seg(sid)}/permission/${seg(requestId)}`, body),
+  // The deployment view answers from outside the session: this browser is not one of its
+  // clients (a client id the session never registered is refused), so the vote carries none.
+  voteFromOutside: (sid, requestId, body) =>
+    request("POST", `session/${seg(sid)}/permission/${seg(requestId)}`, body, false, { asClient: false }),
   /** The SSE URL; `eventEpoch` lets the server say when a resumed id is from an older epoch. */
-  // EventSource cannot send headers: the token rides in `access_token`, which only this
-  // route accepts.
-  eventsUrl: (sid, eventEpoch) => {
-    const query = new URLSearchParams();
-    if (eventEpoch) query.set("eventEpoch", eventEpoch);
-    if (token()) query.set("access_token", token());
-    const text = query.toString();
-    return `session/${seg(sid)}/events` + (text ? `?${text}` : "");
-  },
+  eventsUrl: (sid, eventEpoch) => streamUrl(`session/${seg(sid)}/events`, { eventEpoch }),
+  /** The workspace's live feed; `resume` ({lastEventId, generation}) asks for what was missed. */
+  liveFeedUrl: (workspaceId, resume) =>
+    streamUrl(`workspaces/${seg(workspaceId)}/sessions/live-state/events`, {
+      lastEventId: resume?.lastEventId,
+      generation: resume?.generation,
+    }),
+  attention: (size = 200) => request("GET", `attention?size=${size}`),
+  attentionEventsUrl: () => streamUrl("attention/events"),
+  workers: () => request("GET", "workers"),
 };
+
+/**
+ * An event stream's URL with `params` (empty ones left out). EventSource cannot send
+ * headers: the token rides in `access_token`, which only the `/events` routes accept.
+ */
+function streamUrl(path, params = {}) {
+  const query = new URLSearchParams();
+  for (const [name, value] of Object.entries(params)) {
+    if (value !== undefined && value !== null && value !== "") query.set(name, String(value));
+  }
+  if (token()) query.set("access_token", token());
+  const text = query.toString();
+  return path + (text ? `?${text}` : "");
+}

@@ -1,10 +1,12 @@
-// Entry point: the top bar (language switch) and a hash router between the two views.
+// Entry point: the top bar (views, language switch) and a hash router between the views.
 //   #/                 the workspace view
 //   #/session/<id>     one session
+//   #/deployment       the deployment view: attention inbox and workers
 
 import { api } from "./api.js";
 import { h } from "./dom.js";
 import { LANGUAGES, detectLanguage, language, onLanguageChange, setLanguage, t } from "./i18n.js";
+import { mountDeploymentView } from "./deployment-view.js";
 import { mountSessionView } from "./session-view.js";
 import { mountWorkspaceView } from "./workspace-view.js";
 
@@ -32,12 +34,31 @@ function route({ initial = false } = {}) {
   const match = /^#\/session\/([^/?#]+)/.exec(location.hash);
   if (match) {
     view = mountSessionView(main, { sessionId: decodeURIComponent(match[1]) });
+  } else if (isDeployment()) {
+    view = mountDeploymentView(main);
   } else {
     document.title = t("app.title");
     view = mountWorkspaceView(main, { capabilities: getCapabilities(), navigate });
   }
   if (!initial) main.querySelector("h1")?.focus({ preventScroll: true }); // announce the new page
   window.scrollTo({ top: 0 });
+  renderNav();
+}
+
+function isDeployment() {
+  return /^#\/deployment\/?$/.test(location.hash);
+}
+
+/** The views' links; the current one is marked for assistive technology too. */
+function renderNav() {
+  const nav = document.getElementById("topnav");
+  nav.setAttribute("aria-label", t("nav.label"));
+  const link = (href, key, current) =>
+    h("a", { class: "topnav-link", href, "aria-current": current ? "page" : null }, t(key));
+  nav.replaceChildren(
+    link("#/", "nav.sessions", !isDeployment() && !/^#\/session\//.test(location.hash)),
+    link("#/deployment", "nav.deployment", isDeployment()),
+  );
 }
 
 function buildTopBar() {
@@ -58,13 +79,14 @@ function buildTopBar() {
   };
   select.addEventListener("change", () => setLanguage(select.value, { persist: true }));
   onLanguageChange(render);
+  onLanguageChange(renderNav);
   render();
 }
 
 setLanguage(detectLanguage());
 buildTopBar();
 onLanguageChange(() => {
-  if (!/^#\/session\//.test(location.hash)) document.title = t("app.title");
+  if (!/^#\/session\//.test(location.hash) && !isDeployment()) document.title = t("app.title");
 });
 window.addEventListener("hashchange", () => route());
 route({ initial: true });

@@ -10,6 +10,7 @@
 import { api } from "./api.js";
 import { h, pretty, replaceChildren, uid } from "./dom.js";
 import { hasMessage, language, onLanguageChange, t } from "./i18n.js";
+import { optionButton, selectedOutcome } from "./options.js";
 import { sessionStatus, statusBadge } from "./status.js";
 import { Transcript, toolOutput } from "./transcript.js";
 
@@ -626,16 +627,7 @@ class SessionView {
 
   /** One button per offered option: selecting it votes for that option. */
   optionButton(card, interaction, option) {
-    return h(
-      "button",
-      {
-        type: "button",
-        class: `btn ${optionClass(option)}`,
-        dataset: { optionId: option.optionId },
-        onClick: () => this.vote(card, interaction.requestId, { outcome: { outcome: "selected", optionId: option.optionId } }),
-      },
-      option.label || option.optionId,
-    );
+    return optionButton(option, () => this.vote(card, interaction.requestId, selectedOutcome(option)));
   }
 
   renderPermission(interaction) {
@@ -770,13 +762,6 @@ class SessionView {
       },
     };
   }
-}
-
-function optionClass(option) {
-  const kind = String(option.kind || "");
-  if (kind.startsWith("allow")) return "btn-primary";
-  if (kind.startsWith("reject")) return "btn-danger";
-  return "btn-secondary";
 }
 
 function scrollToEnd() {

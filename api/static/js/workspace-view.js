@@ -1,13 +1,22 @@
-// The workspace view: every session of a workspace, most urgent first, kept live by polling
-// `GET /workspace/:id/sessions` every DEFAULT_INTERVAL_MS.
+// The workspace view: every session of a workspace, most urgent first, kept live by the
+// workspace's live feed (`GET /workspaces/:id/sessions/live-state/events`).
+//
+// The listing (`GET /workspace/:id/sessions`) is read once, and again only when the feed
+// names a session it lacks or a session gets its title (at its first prompt); the feed's
+// rows are laid over it (live-rows.js). While the feed is down the listing is polled every
+// POLL_INTERVAL_MS, as before there was a feed; once it reopens the polling stops and the
+// feed resumes from the last revision seen (lastEventId + generation).
 
 import { api } from "./api.js";
 import { h, replaceChildren } from "./dom.js";
 import { absoluteTime, onLanguageChange, relativeTime, t } from "./i18n.js";
+import { applyChange, mergeRows } from "./live-rows.js";
 import { sessionStatus, sortSessions, statusBadge } from "./status.js";
+import { FollowedStream } from "./stream.js";
 
 const WORKSPACE_KEY = "acp-shell.workspace";
-const DEFAULT_INTERVAL_MS = 1000;
+const POLL_INTERVAL_MS = 1000;
+const CLOCK_INTERVAL_MS = 30_000;
 
 export function mountWorkspaceView(root, { capabilities, navigate }) {
   const view = new WorkspaceView(root, capabilities, navigate);
@@ -22,14 +31,24 @@ class WorkspaceView {
     this.navigate = navigate;
     this.workspaces = [];
     this.workspaceId = null;
-    this.rows = null; // null until the first listing arrives
+    this.listed = null; // the listing's rows; null until the first listing arrives
+    this.live = null; // the feed's rows by session id; null until its first snapshot
+    this.rows = null; // what is shown: the two merged, most urgent first
     this.listError = null;
-    this.intervalMs = DEFAULT_INTERVAL_MS;
+    this.feed = "connecting"; // "connecting" | "live" | "down"
+    this.stream = null;
+    this.resume = null; // {lastEventId, generation} of the last feed frame
+    this.listing = null; // the listing read in flight (a promise)
+    this.listingAgain = false;
+    this.asked = new Set(); // "reason:sessionId": the listing is re-read once per reason
+    this.polling = false;
     this.rowElements = new Map(); // sessionId -> {li, sig}
     this.timer = null;
     this.destroyed = false;
     this.build();
     this.unsubscribe = onLanguageChange(() => this.renderAll());
+    // Nothing is polled while the feed is up, so "updated 2 minutes ago" is redrawn here.
+    this.clock = setInterval(() => this.renderList(), CLOCK_INTERVAL_MS);
   }
 
   build() {
@@ -71,12 +90,13 @@ class WorkspaceView {
     const known = this.workspaces.map((w) => w.id);
     this.workspaceId = known.includes(stored) ? stored : known[0] ?? null;
     this.renderAll();
-    if (this.workspaceId) this.poll();
+    if (this.workspaceId) this.follow();
   }
 
   destroy() {
     this.destroyed = true;
-    clearTimeout(this.timer);
+    clearInterval(this.clock);
+    this.unfollow();
     this.unsubscribe();
     this.el.remove();
   }
@@ -85,21 +105,149 @@ class WorkspaceView {
     return this.workspaces.find((w) => w.id === this.workspaceId) ?? null;
   }
 
-  async poll() {
-    clearTimeout(this.timer);
-    const polled = this.workspaceId;
-    try {
-      const page = await api.listSessions(polled);
-      if (this.destroyed || polled !== this.workspaceId) return;
-      this.rows = sortSessions(Array.isArray(page.sessions) ? page.sessions : []);
-      this.listError = null;
-    } catch (error) {
-      if (this.destroyed || polled !== this.workspaceId) return;
-      this.listError = error.message;
+  // ---- the feed, and the listing under it --------------------------------------------------
+
+  /** Read the listing and follow the workspace's feed (polling only while it is down). */
+  follow() {
+    const ws = this.workspaceId;
+    this.readListing();
+    this.stream = new FollowedStream({
+      url: () => api.liveFeedUrl(ws, this.resume),
+      events: {
+        live_state_snapshot: (data, event) => this.onFeed(data, event, { snapshot: true }),
+        live_state_changed: (data, event) => this.onFeed(data, event, { snapshot: false }),
+      },
+      onUp: () => {
+        this.feed = "live";
+        this.stopPolling();
+        this.refresh();
+      },
+      onDown: () => {
+        this.feed = "down";
+        this.startPolling();
+        this.refresh();
+      },
+    }).start();
+  }
+
+  unfollow() {
+    this.stream?.stop();
+    this.stream = null;
+    this.stopPolling();
+  }
+
+  onFeed(data, event, { snapshot }) {
+    const previous = this.live ?? new Map();
+    let next;
+    if (snapshot) {
+      next = new Map((data.sessions ?? []).map((row) => [row.sessionId, row]));
+    } else {
+      next = new Map(previous);
+      applyChange(next, data);
     }
+    this.live = next;
+    const version = data.catalogVersion ?? {};
+    this.resume = { lastEventId: event.lastEventId || version.revision, generation: version.generation };
+    const changed = snapshot ? [...next.values()] : data.sessions ?? [];
+    for (const row of changed) this.noticed(previous.get(row.sessionId), row);
+    this.refresh();
+  }
+
+  /** What the feed cannot say: a new session's title, a finished turn's error. */
+  noticed(before, row) {
+    const sid = row.sessionId;
+    const listedRow = this.listed?.find((r) => r.sessionId === sid);
+    // The feed reads a row once per batch of changes, so a quick turn may show only its end:
+    // a turn ended when `updatedAt` moved, whether or not it was seen running.
+    const turnEnded = Boolean(before && row.updatedAt && row.updatedAt !== before.updatedAt);
+    const ranTurn = before && !before.hasActivePrompt && row.hasActivePrompt;
+    if (this.listed && !listedRow) this.readListingOnce("unlisted", sid);
+    // The title is the first prompt's text. Asked for even while a read that started before
+    // the prompt is on its way (the session not listed yet): one more read follows it.
+    if (!listedRow?.displayName && (ranTurn || turnEnded)) this.readListingOnce("titled", sid);
+    if (turnEnded || (before?.hasActivePrompt && !row.hasActivePrompt)) this.readStatus(sid);
+  }
+
+  readListingOnce(reason, sid) {
+    const key = `${reason}:${sid}`;
+    if (this.asked.has(key)) return; // a session past the listing's page is not asked for forever
+    this.asked.add(key);
+    this.readListing();
+  }
+
+  /** Read the listing; one read at a time, and one more if asked for meanwhile. */
+  readListing() {
+    if (this.listing) {
+      this.listingAgain = true;
+      return this.listing;
+    }
+    const ws = this.workspaceId;
+    this.listing = (async () => {
+      try {
+        const page = await api.listSessions(ws);
+        if (this.destroyed || ws !== this.workspaceId) return;
+        this.listed = Array.isArray(page.sessions) ? page.sessions : [];
+        this.listError = null;
+        // A session the feed announced while this read was on its way: read once more.
+        const listedIds = new Set(this.listed.map((row) => row.sessionId));
+        for (const sid of this.live?.keys() ?? []) if (!listedIds.has(sid)) this.readListingOnce("unlisted", sid);
+      } catch (error) {
+        if (this.destroyed || ws !== this.workspaceId) return;
+        this.listError = error.message;
+      } finally {
+        this.listing = null;
+      }
+      this.refresh();
+      if (this.listingAgain) {
+        this.listingAgain = false;
+        await this.readListing();
+      }
+    })();
+    return this.listing;
+  }
+
+  /** A turn ended: whether it failed (and what is pending) is the status's to say. */
+  async readStatus(sid) {
+    const ws = this.workspaceId;
+    let summary;
+    try {
+      summary = await api.status(sid);
+    } catch {
+      return; // gone meanwhile: the feed says so
+    }
+    if (this.destroyed || ws !== this.workspaceId) return;
+    const listedRow = this.listed?.find((r) => r.sessionId === sid);
+    // Not listed yet (its read started before this turn ended): a read from now has it all.
+    if (!listedRow) return void this.readListingOnce("ended", sid);
+    listedRow.hasTurnError = summary.hasTurnError;
+    listedRow.pendingInteractionCount = summary.pendingInteractionCount;
+    this.refresh();
+  }
+
+  startPolling() {
+    if (this.polling) return;
+    this.polling = true;
+    this.pollOnce();
+  }
+
+  stopPolling() {
+    this.polling = false;
+    clearTimeout(this.timer);
+  }
+
+  async pollOnce() {
+    clearTimeout(this.timer);
+    await this.readListing();
+    if (this.polling && !this.destroyed) this.timer = setTimeout(() => this.pollOnce(), POLL_INTERVAL_MS);
+  }
+
+  /** Merge what is known and draw it. */
+  refresh() {
+    if (this.destroyed) return;
+    // While the feed is down the polled listing is newer than the feed's last rows.
+    this.rows = this.listed === null ? null : sortSessions(mergeRows(this.listed, this.feed === "live" ? this.live : null));
     this.renderList();
     this.renderMeta();
-    this.timer = setTimeout(() => this.poll(), this.intervalMs);
   }
 
   async createSession() {
@@ -164,11 +312,13 @@ class WorkspaceView {
     } catch {
       /* not remembered */
     }
-    this.rows = null;
+    this.unfollow();
+    Object.assign(this, { listed: null, live: null, rows: null, resume: null, feed: "connecting", listError: null });
+    this.asked.clear();
     this.listEl.replaceChildren();
     this.rowElements.clear();
     this.renderAll();
-    this.poll();
+    this.follow();
   }
 
   renderMeta() {
@@ -178,13 +328,18 @@ class WorkspaceView {
     if (this.rows !== null) parts.push(t("ws.count", { count: rows.length }));
     if (attention) parts.push(t("ws.attention", { count: attention }));
     this.metaEl.textContent = parts.join(" · ");
+    this.liveEl.dataset.feed = this.feed;
     if (this.listError) {
       this.liveEl.textContent = t("ws.stale", { message: this.listError });
       this.liveEl.className = "ws-live ws-live-stale";
-    } else {
-      const seconds = Math.round(this.intervalMs / 100) / 10;
-      this.liveEl.textContent = this.workspace ? t("ws.liveEvery", { seconds }) : "";
+    } else if (this.feed === "live") {
+      this.liveEl.textContent = this.workspace ? t("ws.livePushed") : "";
       this.liveEl.className = "ws-live";
+    } else {
+      const seconds = POLL_INTERVAL_MS / 1000;
+      const text = this.feed === "down" ? t("ws.polling", { seconds }) : t("ws.connecting");
+      this.liveEl.textContent = this.workspace ? text : "";
+      this.liveEl.className = `ws-live ws-live-${this.feed}`;
     }
   }
 
@@ -249,7 +404,9 @@ class WorkspaceView {
         { class: `row-pending${count ? " row-pending-some" : ""}`, title: t("ws.pendingTitle"), dataset: { count: String(count) } },
         t("ws.pending", { count }),
       ),
-      h("time", { class: "row-updated", datetime: updated, title: absoluteTime(updated) }, t("ws.updated", { time: when })),
+      updated
+        ? h("time", { class: "row-updated", datetime: updated, title: absoluteTime(updated) }, t("ws.updated", { time: when }))
+        : h("span", { class: "row-updated" }), // a session the listing has not caught up with yet
     );
   }
 }

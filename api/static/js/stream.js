@@ -1,0 +1,78 @@
+// A followed event stream (EventSource) that says when it is up and when it is down, so a
+// view can fall back to polling exactly while it is down.
+//
+// The browser's own reconnect is not used: it would reopen the same URL, while a resume
+// needs query parameters learnt from the stream itself (the live feed's generation). On an
+// error the stream is closed and reopened after a growing delay, with a fresh `url()`.
+
+const REOPEN_DELAYS_MS = [1000, 2000, 5000, 10000];
+
+export class FollowedStream {
+  /**
+   * url():             the URL to open, asked again at every (re)open
+   * events:            {eventName: (data, messageEvent) => void}, data parsed from JSON
+   * onUp(), onDown():  the stream opened; it broke (called once per outage)
+   */
+  constructor({ url, events, onUp = () => {}, onDown = () => {} }) {
+    this.url = url;
+    this.events = events;
+    this.onUp = onUp;
+    this.onDown = onDown;
+    this.es = null;
+    this.attempt = 0;
+    this.timer = null;
+    this.up = false;
+    this.stopped = false;
+  }
+
+  start() {
+    this.open();
+    return this;
+  }
+
+  stop() {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    this.close();
+  }
+
+  open() {
+    if (this.stopped) return;
+    this.close();
+    const es = new EventSource(this.url());
+    this.es = es;
+    for (const [name, handler] of Object.entries(this.events)) {
+      es.addEventListener(name, (event) => {
+        if (es !== this.es) return; // a frame of a stream already replaced
+        let data;
+        try {
+          data = JSON.parse(event.data);
+        } catch {
+          return;
+        }
+        handler(data, event);
+      });
+    }
+    es.addEventListener("open", () => {
+      if (es !== this.es) return;
+      this.attempt = 0;
+      this.up = true;
+      this.onUp();
+    });
+    es.addEventListener("error", () => {
+      if (es !== this.es) return;
+      this.close();
+      if (this.up || this.attempt === 0) this.onDown(); // once per outage
+      this.up = false;
+      const delay = REOPEN_DELAYS_MS[Math.min(this.attempt, REOPEN_DELAYS_MS.length - 1)];
+      this.attempt += 1;
+      clearTimeout(this.timer);
+      this.timer = setTimeout(() => this.open(), delay);
+    });
+  }
+
+  close() {
+    if (this.es) this.es.close();
+    this.es = null;
+  }
+}
