@@ -112,12 +112,15 @@ class EventStreamResponse(StreamingResponse):
 
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        # `asyncio.timeout`, not `wait_for`: no task per frame (a fan-out to a thousand
+        # streams sends a thousand frames per change).
         try:
             async for chunk in self.body_iterator:
-                message = {"type": "http.response.body", "body": chunk, "more_body": True}
-                await asyncio.wait_for(send(message), self.send_timeout)
-            await asyncio.wait_for(send({"type": "http.response.body", "body": b"", "more_body": False}), self.send_timeout)
-        except asyncio.TimeoutError:
+                async with asyncio.timeout(self.send_timeout):
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            async with asyncio.timeout(self.send_timeout):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except TimeoutError:
             log.info("dropping an SSE client that stopped reading")
         finally:
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
@@ -169,10 +172,14 @@ async def _generate(
                 return
         while True:
             try:
-                delivery = await asyncio.wait_for(subscription.queue.get(), KEEPALIVE_S)
-            except asyncio.TimeoutError:
-                yield b": keepalive\n\n"
-                continue
+                delivery = subscription.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                try:
+                    async with asyncio.timeout(KEEPALIVE_S):  # no task per event, unlike wait_for
+                        delivery = await subscription.queue.get()
+                except TimeoutError:
+                    yield b": keepalive\n\n"
+                    continue
             if delivery is None and subscription.closed:
                 return  # this process is shutting down: the client resumes elsewhere (Last-Event-ID)
             if delivery is None or delivery.event_type == RESTORED:

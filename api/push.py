@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -32,32 +33,39 @@ STREAM_HEADERS = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering"
 
 @dataclass(eq=False)
 class Listener:
-    """One stream's bounded buffer of frames. `None` wakes it: to end (`closed`), or to be
-    sent a fresh snapshot (`behind`)."""
+    """One stream's bounded buffer of frames, and what it should do next: send them, end
+    (`closed`), or send a fresh snapshot instead (`behind`: it fell behind)."""
 
     accepts: Callable[[str], bool] = lambda ws: True  # which workspaces its token may see
-    queue: asyncio.Queue[bytes | None] = field(default_factory=lambda: asyncio.Queue(LISTENER_BUFFER))
+    frames: deque[bytes] = field(default_factory=deque)
     behind: bool = False
     closed: bool = False
+    _ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     def push(self, frame: bytes) -> None:
         if self.behind or self.closed:
             return  # the snapshot it is owed includes this
-        try:
-            self.queue.put_nowait(frame)
-        except asyncio.QueueFull:
+        if len(self.frames) >= LISTENER_BUFFER:
             self.behind = True
-            while not self.queue.empty():
-                self.queue.get_nowait()
-            self.queue.put_nowait(None)
+            self.frames.clear()
+        else:
+            self.frames.append(frame)
+        self._ready.set()
 
     def close(self) -> None:
         self.closed = True
-        try:
-            self.queue.put_nowait(None)
-        except asyncio.QueueFull:
-            self.queue.get_nowait()
-            self.queue.put_nowait(None)
+        self._ready.set()
+
+    async def wait(self) -> None:
+        """Until there is something to do."""
+        await self._ready.wait()
+
+    def drain(self) -> bytes:
+        """Every frame queued, in order, as one chunk: a burst costs one write, not one each."""
+        chunk = b"".join(self.frames)
+        self.frames.clear()
+        self._ready.clear()
+        return chunk
 
 
 class Hub:
@@ -114,15 +122,17 @@ async def frames(listener: Listener, first: bytes, snapshot: Callable[[], bytes]
             yield first
         while True:
             try:
-                item = await asyncio.wait_for(listener.queue.get(), KEEPALIVE_S)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(KEEPALIVE_S):  # no task per frame, unlike wait_for
+                    await listener.wait()
+            except TimeoutError:
                 yield b": keepalive\n\n"
                 continue
-            if item is not None:
-                yield item
-            elif listener.closed:
+            batch = listener.drain()
+            if batch:
+                yield batch
+            if listener.closed:
                 return
-            elif listener.behind:
+            if listener.behind:
                 listener.behind = False
                 yield snapshot()
     finally:

@@ -23,8 +23,11 @@ class Channel:
         return True
 
 
-def parse(raw: bytes | None) -> tuple[str, dict[str, Any]]:
-    assert raw is not None
+async def next_frame(listener: Listener) -> tuple[str, dict[str, Any]]:
+    """The one frame the listener gets next."""
+    await asyncio.wait_for(listener.wait(), 10)  # the feed's task runs on this loop
+    raw = listener.drain()
+    assert raw.count(b"\n\n") == 1, raw
     fields = dict(line.split(": ", 1) for line in raw.decode().strip().splitlines())
     return fields["event"], orjson.loads(fields["data"])
 
@@ -46,8 +49,8 @@ async def test_a_skipped_revision_makes_the_feed_read_the_whole_state_again() ->
     await store.apply(ws, second, inc, Transition(active=True))  # announced as start + 1: lost
     await store.apply(ws, first, inc, Transition(active=True))  # start + 2
     feed.changed(Change(ws, first, start + 2, feed.generation))
-    event, body = parse(await asyncio.wait_for(listener.queue.get(), 10))  # the feed's task runs on this loop
-    assert listener.queue.empty() and feed.revision == start + 2
+    event, body = await next_frame(listener)
+    assert feed.revision == start + 2
     assert event == "live_state_changed" and body["removed"] == []
     assert {row["sessionId"]: row["hasActivePrompt"] for row in body["sessions"]} == {first: True, second: True}
     feed.stop()
@@ -76,7 +79,7 @@ async def test_a_change_of_another_generation_gets_a_new_snapshot() -> None:
     now = await store.catalog_version(ws)
     assert now.generation != old and now.revision == 1
     feed.changed(Change(ws, sid, 1, now.generation))
-    event, body = parse(await asyncio.wait_for(listener.queue.get(), 10))
+    event, body = await next_frame(listener)
     assert event == "live_state_snapshot" and body["catalogVersion"] == {"generation": now.generation, "revision": 1}
     assert [row["hasActivePrompt"] for row in body["sessions"]] == [False]
     feed.stop()
