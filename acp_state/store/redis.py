@@ -749,7 +749,7 @@ class RedisStore:
         if failed is not None:
             raise failed
         entries = [entry for ws, flat in zip(workspaces, replies, strict=True) for entry in _attention_entries(ws, flat)]
-        entries.sort(key=lambda e: e.cursor.order)
+        entries.sort(key=lambda e: e.order)
         return entries
 
     async def attention_of(self, ws: str, sid: str) -> list[AttentionEntry]:
@@ -964,7 +964,7 @@ def _unpack_record(value: str) -> CreateRecord:
 
 def _attention_entries(ws: str, flat: list[Any]) -> list[AttentionEntry]:
     """ATTENTION_PAGE / ATTENTION_OF replies -> entries (`<sid>/<requestId>` members, `!`
-    for a turn error; one without readable details is skipped, never fails a page)."""
+    for a turn error; one without details is skipped, never fails a page)."""
     entries = []
     for i in range(0, len(flat), 3):
         member, since, details = flat[i], flat[i + 1], flat[i + 2]
@@ -972,10 +972,5 @@ def _attention_entries(ws: str, flat: list[Any]) -> list[AttentionEntry]:
             continue
         sid, _, rid = member.partition("/")
         owner, _, value = details.partition("\n")
-        try:
-            detail = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            continue
-        request_id = None if rid == "!" else rid
-        entries.append(AttentionEntry(ws, sid, request_id, int(float(since)), owner, detail if isinstance(detail, dict) else {}))
+        entries.append(AttentionEntry(ws, sid, None if rid == "!" else rid, int(since), owner, value))
     return entries

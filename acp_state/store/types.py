@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+import orjson
 
 from ..turns import TurnRecord
 
@@ -257,18 +259,31 @@ class AttentionCursor:
         return self.since_ms, self.ws, self.member
 
 
-@dataclass(frozen=True)
-class AttentionEntry:
+class AttentionEntry(NamedTuple):
     """One thing a live session waits for a human for: a pending interaction (its
     `request_id`, `detail` its wire JSON) or its turn error (`request_id` None, `detail` the
-    turnError), waiting since `since_ms` (epoch ms, Redis's clock)."""
+    turnError), waiting since `since_ms` (epoch ms, Redis's clock).
+
+    A tuple, and `detail` decoded only when read: a page reads many entries to show a few."""
 
     ws: str
     sid: str
     request_id: str | None
     since_ms: int
     owner: str  # the session's owning incarnation: the entry counts while its lease holds
-    detail: dict[str, Any]
+    raw_detail: str
+
+    @property
+    def detail(self) -> dict[str, Any]:
+        try:
+            value = orjson.loads(self.raw_detail)
+        except orjson.JSONDecodeError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def order(self) -> tuple[int, str, str]:
+        return self.since_ms, self.ws, f"{self.sid}/{self.request_id or '!'}"
 
     @property
     def cursor(self) -> AttentionCursor:
