@@ -148,6 +148,7 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette
             Exception: internal_error_handler,
         },
         middleware=[
+            Middleware(event_stream.DirectSend),
             Middleware(metrics.RequestMetrics),
             Middleware(ETagMiddleware),
             Middleware(AuthMiddleware, tokens=settings.tokens),

@@ -30,7 +30,7 @@ from acp_state.store import AttentionCursor, AttentionEntry, Fanout, ReaderStore
 from acp_state.tasks import survive
 
 from .auth import principal_of
-from .event_stream import frame
+from .event_stream import KEEPALIVE_S, frame
 from .push import OWNER_CHECK_S, Hub, Listener, frames, run_every, stream_response
 from .responses import ApiError, OrjsonResponse, parse_decimal, unavailable
 from .state import app_state
@@ -187,6 +187,7 @@ class AttentionFeed(Hub):
         self._tasks = [
             asyncio.ensure_future(self._run()),
             asyncio.ensure_future(run_every("attention owners", OWNER_CHECK_S, self._check_owners)),
+            asyncio.ensure_future(run_every("attention keepalive", KEEPALIVE_S, self._keepalive)),
         ]
 
     def stop(self) -> None:

@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.types import Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from acp_state import ids
 from acp_state.clock import now_ms
@@ -100,30 +100,95 @@ async def stream_events(request: Request) -> Response:
     return EventStreamResponse(body, state.settings.sse_send_timeout_s, headers)
 
 
+DIRECT_SEND = "acp.direct_send"
+
+
+class DirectSend:
+    """The outermost of the app's middlewares: it keeps the send it is given in the scope.
+    An event stream whose start and first frame have passed every middleware (they look at
+    the start only, and let streams through) writes its later frames straight to it: a
+    fan-out to a thousand streams is a thousand sends per change, and each crossed four
+    wrappers for nothing."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[DIRECT_SEND] = send
+        await self.app(scope, receive, send)
+
+
 class EventStreamResponse(StreamingResponse):
     """A streaming response that drops a client whose socket stays full for `send_timeout`:
-    a reader that stopped costs a bounded buffer (the transport's) and never slows others."""
+    a reader that stopped costs a bounded buffer (the transport's) and never slows others.
+    One watch per process times the sends (not a timer per frame)."""
 
     def __init__(self, body: AsyncIterator[bytes], send_timeout: float, headers: dict[str, str]) -> None:
         super().__init__(body, headers=headers)
         # Set here, not as `media_type`: Starlette would add `; charset=utf-8`, the reference does not.
         self.headers["content-type"] = "text/event-stream"
         self.send_timeout = send_timeout
+        self.sending_since: float | None = None  # loop time a send began, while it waits
+        self.timed_out = False
+        self.task: asyncio.Task[Any] | None = None
+        self._direct: Send | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._direct = scope.get(DIRECT_SEND)
+        await super().__call__(scope, receive, send)
 
     async def stream_response(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        # `asyncio.timeout`, not `wait_for`: no task per frame (a fan-out to a thousand
-        # streams sends a thousand frames per change).
+        loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        _SEND_WATCH.add(self)
         try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             async for chunk in self.body_iterator:
-                async with asyncio.timeout(self.send_timeout):
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            async with asyncio.timeout(self.send_timeout):
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except TimeoutError:
+                self.sending_since = loop.time()
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                self.sending_since = None
+                send = self._direct or send  # the middlewares have seen what they look at
+            self.sending_since = loop.time()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not self.timed_out or self.task is None:
+                raise
+            self.task.uncancel()
             log.info("dropping an SSE client that stopped reading")
         finally:
+            _SEND_WATCH.discard(self)
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+class _SendWatch:
+    """Ends the streams whose send has waited longer than their timeout, as
+    `asyncio.timeout` would (it cancels the stream's task), from one loop for the process."""
+
+    def __init__(self) -> None:
+        self._streams: set[EventStreamResponse] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, stream: EventStreamResponse) -> None:
+        self._streams.add(stream)
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._watch())
+
+    def discard(self, stream: EventStreamResponse) -> None:
+        self._streams.discard(stream)
+
+    async def _watch(self) -> None:
+        while self._streams:
+            step = min(1.0, min(stream.send_timeout for stream in self._streams) / 4)
+            await asyncio.sleep(step)
+            now = asyncio.get_running_loop().time()
+            for stream in list(self._streams):
+                since = stream.sending_since
+                if since is not None and now - since > stream.send_timeout and not stream.timed_out and stream.task:
+                    stream.timed_out = True
+                    stream.task.cancel()
+
+
+_SEND_WATCH = _SendWatch()
 
 
 async def _generate(

@@ -35,7 +35,7 @@ from acp_state.summary import live_state_row
 from acp_state.tasks import survive
 
 from . import workspace_ref
-from .event_stream import MAX_SAFE_INTEGER, frame
+from .event_stream import KEEPALIVE_S, MAX_SAFE_INTEGER, frame
 from .push import OWNER_CHECK_S, Hub, Listener, frames, run_every, stream_response
 from .responses import parse_decimal, unavailable
 from .state import app_state
@@ -77,6 +77,7 @@ class WorkspaceFeed(Hub):
         self._tasks = [
             asyncio.ensure_future(self._run()),
             asyncio.ensure_future(run_every("live feed owners", OWNER_CHECK_S, self._check_owners)),
+            asyncio.ensure_future(run_every("live feed keepalive", KEEPALIVE_S, self._keepalive)),
         ]
 
     def stop(self) -> None:

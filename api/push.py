@@ -19,7 +19,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 from acp_state.tasks import survive
 
-from .event_stream import KEEPALIVE_S, RETRY_MS, EventStreamResponse
+from .event_stream import RETRY_MS, EventStreamResponse
 
 log = logging.getLogger("api.push")
 
@@ -28,6 +28,7 @@ LINGER_S = 60.0
 # How often a hub looks for owners whose lease lapsed (their sessions leave at once, before
 # any sweeper removed them): well inside the shortest lease.
 OWNER_CHECK_S = 0.25
+KEEPALIVE = b": keepalive\n\n"
 STREAM_HEADERS = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"}
 
 
@@ -96,6 +97,14 @@ class Hub:
             if frame is not None:
                 listener.push(frame)
 
+    async def _keepalive(self) -> None:
+        self.keepalive()
+
+    def keepalive(self) -> None:
+        """A comment line to every stream, so proxies and clients see the connection live."""
+        for listener in list(self.listeners):
+            listener.push(KEEPALIVE)
+
     def end(self) -> None:
         """Shutdown begins: every stream ends now (its client reconnects elsewhere)."""
         self._ending = True
@@ -114,19 +123,14 @@ async def run_every(name: str, interval_s: float, round_: Callable[[], Awaitable
 
 
 async def frames(listener: Listener, first: bytes, snapshot: Callable[[], bytes], leave: Callable[[], None]) -> AsyncIterator[bytes]:
-    """A push stream's body: `retry:`, its first frame, then what the hub pushes, with a
-    fresh snapshot whenever the listener fell behind, and keepalives while nothing happens."""
+    """A push stream's body: `retry:`, its first frame, then what the hub pushes (its
+    keepalives too), with a fresh snapshot whenever the listener fell behind."""
     try:
         yield f"retry: {RETRY_MS}\n\n".encode()
         if first:
             yield first
         while True:
-            try:
-                async with asyncio.timeout(KEEPALIVE_S):  # no task per frame, unlike wait_for
-                    await listener.wait()
-            except TimeoutError:
-                yield b": keepalive\n\n"
-                continue
+            await listener.wait()  # no timer per frame: the hub pushes the keepalives
             batch = listener.drain()
             if batch:
                 yield batch
