@@ -13,6 +13,7 @@ import sys
 from typing import Any, Awaitable, Callable
 
 from .. import logs
+from ..agents import offered_agents
 from ..store import MEMORY, RedisStore, Retention, UnsuitableRedis, check_redis
 from ..testing import scripted_agent
 from .serving import DEFAULT_SERVER, SERVERS, listen_address, serve_http, started, until_signal, url_host
@@ -55,7 +56,7 @@ def _worker_config(args: argparse.Namespace) -> Any:
 
     return WorkerConfig(
         loop_limits=LoopLimits(identical=args.loop_identical, max_tool_calls=args.loop_max_tool_calls),
-        agent=args.agent or SCRIPTED_AGENT,
+        agents=_agents(args),
         max_sessions=args.max_sessions,
         lease_ms=args.lease_ms,
         child_per=args.child_per,
@@ -65,6 +66,13 @@ def _worker_config(args: argparse.Namespace) -> Any:
         metrics_port=getattr(args, "metrics_port", None),
         metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
     )
+
+
+def _agents(args: argparse.Namespace) -> dict[str, str]:
+    try:
+        return offered_agents(args.agent or [], SCRIPTED_AGENT)
+    except ValueError as error:
+        raise SystemExit(f"acp-state: {error}") from None
 
 
 def _retention(args: argparse.Namespace) -> Retention:
@@ -184,7 +192,10 @@ def _parser() -> argparse.ArgumentParser:
                             "is taken back this long plus 5 s after it was given, and the session undone)")
 
     def worker_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--agent", help="ACP agent command (default: the built-in scripted agent)")
+        p.add_argument("--agent", action="append", metavar="[NAME=]COMMAND",
+                       help="an ACP agent on offer (repeatable): NAME=COMMAND offers it under NAME, a "
+                            "bare COMMAND is the default agent (default: the built-in scripted agent); "
+                            "see docs/agents.md")
         p.add_argument("--max-sessions", type=int, default=1000)
         p.add_argument("--lease-ms", type=int, default=10_000)
         p.add_argument("--child-per", choices=["workspace", "session"], default="workspace")
