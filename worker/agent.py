@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import shlex
 import signal
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
@@ -20,7 +21,7 @@ from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementatio
 from acp_state import __version__
 from acp_state.interactions import CancelSentinelCollision
 
-from .reaper import parent_death_signal, reaper
+from .reaper import TAG_VARIABLE, parent_death_signal, reaper, tagged
 
 if TYPE_CHECKING:
     from .session import LiveSession
@@ -40,6 +41,18 @@ def _signal_group(pgid: int, sig: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def _signal_tagged(tag: str, sig: int) -> bool:
+    """Send `sig` to every process carrying the agent's tag; whether there were any."""
+    found = False
+    for pid in tagged([tag]):
+        try:
+            os.kill(pid, sig)
+            found = True
+        except (ProcessLookupError, PermissionError):
+            pass
+    return found
 
 
 def _dump(model: Any) -> Any:
@@ -75,6 +88,9 @@ class AgentProcess:
         self.supports_close = False
         self._watcher: asyncio.Task[None] | None = None
         self.stopping = False
+        # In the child's environment, inherited by its descendants: finds those that leave
+        # its process group (a daemon, such as Cline's hub) when the agent is stopped.
+        self.tag = secrets.token_hex(8)
 
     @property
     def alive(self) -> bool:
@@ -91,7 +107,7 @@ class AgentProcess:
             stdout=asyncio.subprocess.PIPE,
             stderr=stderr,
             cwd=self.cwd,
-            env=dict(os.environ),
+            env={**os.environ, TAG_VARIABLE: self.tag},
             # Its own process group, so a stop reaches wrappers' grandchildren too (qwen).
             start_new_session=True,
             # Linux kills the child if the worker dies; the reaper also covers grandchildren.
@@ -99,7 +115,7 @@ class AgentProcess:
             limit=STREAM_LIMIT,
         )
         # Should this process die before the group is gone, even by SIGKILL, the reaper ends it.
-        reaper().watch(self.process.pid)
+        reaper().watch(self.process.pid, self.tag)
         if stderr is not asyncio.subprocess.DEVNULL:
             stderr.close()
         self.conn = acp.connect_to_agent(self, self.process.stdin, self.process.stdout)
@@ -137,17 +153,23 @@ class AgentProcess:
             await self._end_group()
 
     async def _end_group(self) -> None:
-        """The child is gone: what it left in its process group (a wrapper's grandchildren)
-        gets SIGTERM, then SIGKILL after a grace period; then the reaper may forget the group.
-        (Cancelled on the way out of the process, the group stays with the reaper.)"""
+        """The child is gone: what it left in its process group (a wrapper's grandchildren),
+        and its descendants that left the group (daemons), get SIGTERM, then SIGKILL after a
+        grace period; then the reaper may forget the group. (Cancelled on the way out of the
+        process, the group stays with the reaper.)"""
         assert self.process is not None
         pgid = self.process.pid
         loop = asyncio.get_running_loop()
+
+        def remaining(sig: int) -> bool:
+            in_group = _signal_group(pgid, sig)
+            return _signal_tagged(self.tag, sig) or in_group
+
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not _signal_group(pgid, sig):
+            if not remaining(sig):
                 break
             deadline = loop.time() + GROUP_GRACE_S
-            while _signal_group(pgid, 0) and loop.time() < deadline:
+            while remaining(0) and loop.time() < deadline:
                 await asyncio.sleep(0.05)  # a group's end is not an event we can await
         reaper().forget(pgid)
 
