@@ -1,0 +1,251 @@
+"""The agent matrix: every real ACP coding agent of tests/agent_recipes.py, one row each,
+through two API processes and a worker, against the scripted model endpoint, offline.
+
+Each row: create (naming the agent); a prompt whose text reaches the transcript and the
+event stream; a permission request in `pendingInteractions` with the agent's own options; a
+vote that reaches the agent, after which the tool has run (the file exists); a cancel
+mid-turn (a slow reply); a scripted loop that the bridge's loop guard stops with
+`LOOP_DETECTED`, unless the agent stops itself (which one is recorded); a kill -9 of the
+worker that leaves none of the agent's processes behind.
+
+A row skips only when its agent is not installed (`npm install --prefix tests/node`).
+Select rows with `-k`, e.g. `-k "qwen or opencode"`. With ACP_MATRIX_RESULTS set, each row
+writes what it saw there as JSON (scripts/agent-matrix prints the table).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.agent_recipes import RECIPES, Recipe
+from tests.harness import ApiProcess, EventWatcher, Harness, SseClient
+from tests.model_endpoint import HELLO, LOOP_FILE, ModelEndpoint
+
+pytestmark = pytest.mark.agents
+
+CREATE_TIMEOUT_S = 90  # a cold agent start (node, bun) on a busy CI machine
+TURN_TIMEOUT_S = 60
+LOOP_TIMEOUT_S = 90
+GONE_TIMEOUT_S = 15  # the reaper's grace is 2 s; daemons get SIGTERM, then SIGKILL
+LOOP_IDENTICAL = 4
+LOOP_MAX_TOOL_CALLS = 12
+ROW_MARK = "ACP_MATRIX_ROW"  # in the worker's environment, inherited by all its agent's processes
+
+
+@pytest.fixture
+def model() -> Iterator[ModelEndpoint]:
+    with ModelEndpoint() as endpoint:
+        yield endpoint
+
+
+def recipe_or_skip(name: str) -> Recipe:
+    recipe = RECIPES[name]
+    if not recipe.installed:
+        pytest.skip(f"{recipe.package} is not installed: npm install --prefix tests/node (see docs/agents.md)")
+    return recipe
+
+
+def processes_marked(mark: str) -> list[int]:
+    """Live processes whose environment carries `ROW_MARK=mark` (zombies carry none)."""
+    wanted = f"{ROW_MARK}={mark}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if wanted in environ.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+async def prompt(api: ApiProcess, sid: str, text: str) -> str:
+    response = await api.client.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": text}]})
+    assert response.status_code == 202, response.text
+    return response.json()["promptId"]
+
+
+async def turn_end(events: EventWatcher, sid: str, prompt_id: str, timeout: float = TURN_TIMEOUT_S) -> dict[str, Any]:
+    return await events.wait_for(
+        lambda e: e["type"] in ("turn_complete", "turn_error") and e.get("promptId") == prompt_id
+        and e["_channel"].endswith(sid),
+        timeout,
+    )
+
+
+def chunk_text(event: dict[str, Any]) -> str:
+    update = (event.get("data") or {}).get("update") or {}
+    if update.get("sessionUpdate") != "agent_message_chunk":
+        return ""
+    content = update.get("content") or {}
+    return content.get("text", "") if isinstance(content, dict) else ""
+
+
+class Row:
+    """What one agent did, step by step, with the time each step took."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.record: dict[str, Any] = {"agent": recipe.name, "package": recipe.package, "steps": {}, "notes": []}
+        self._started = time.monotonic()
+
+    def step(self, name: str, ok: bool, since: float, **detail: Any) -> None:
+        self.record["steps"][name] = {"ok": ok, "seconds": round(time.monotonic() - since, 2), **detail}
+
+    def write(self) -> None:
+        folder = os.environ.get("ACP_MATRIX_RESULTS")
+        if folder:
+            self.record["seconds"] = round(time.monotonic() - self._started, 1)
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            (Path(folder) / f"{self.record['agent']}.json").write_text(json.dumps(self.record, indent=2))
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+async def test_agent_row(
+    name: str, model: ModelEndpoint, own_harness: Harness, workspace: str, tmp_path: Path
+) -> None:
+    # `model` comes before `own_harness`: it outlives the worker and its agent.
+    recipe = recipe_or_skip(name)
+    row = Row(recipe)
+    try:
+        await _row(recipe, row, model, own_harness, workspace, tmp_path)
+    finally:
+        row.write()
+
+
+async def _row(
+    recipe: Recipe, row: Row, model: ModelEndpoint, harness: Harness, workspace: str, tmp_path: Path
+) -> None:
+    (Path(workspace) / LOOP_FILE).write_text("the loop reads this\n")
+    model.script.cwd = workspace
+    launch = recipe.prepare(tmp_path / "home", model.url, workspace)
+    mark = uuid.uuid4().hex
+    args = [
+        "--agent", f"{recipe.name}={launch.command}",
+        "--agent-stderr", str(tmp_path / f"{recipe.name}-stderr.log"),
+        "--loop-identical", str(LOOP_IDENTICAL), "--loop-max-tool-calls", str(LOOP_MAX_TOOL_CALLS),
+    ]
+    if launch.session_mode:
+        args += ["--session-mode", launch.session_mode]
+    events = await harness.events()
+    worker = await harness.worker(*args, env={**launch.env, ROW_MARK: mark})
+    first, second = await harness.api(), await harness.api()
+
+    # 1. Create, naming the agent; one API creates, the other streams and reads.
+    since = time.monotonic()
+    created = await first.client.post(
+        "/session", json={"cwd": workspace, "sessionScope": "thread", "agent": recipe.name}, timeout=CREATE_TIMEOUT_S
+    )
+    assert created.status_code == 200, created.text
+    sid = created.json()["sessionId"]
+    row.step("create", True, since)
+    stream = await SseClient(second, sid).start()
+
+    # 2. A prompt: the agent's text in the event stream and the transcript.
+    since = time.monotonic()
+    said = await prompt(first, sid, "say hello")
+    end = await turn_end(events, sid, said)
+    assert end["type"] == "turn_complete", end
+    # (an SSE frame's data is the event's envelope)
+    await stream.wait_for(lambda f: HELLO in chunk_text(f["data"] or {}) and f["data"].get("promptId") == said,
+                          TURN_TIMEOUT_S)
+    transcript = (await second.client.get(f"/session/{sid}/transcript")).json()
+    assert any(HELLO in chunk_text(e) for e in transcript["events"]), transcript
+    row.step("prompt", True, since)
+
+    # 3. A shell command: the agent's own permission request, pending; a vote runs the tool.
+    since = time.monotonic()
+    ran = await prompt(second, sid, "PERM create the file")
+    request = await events.wait_type(sid, "permission_request", TURN_TIMEOUT_S, promptId=ran)
+    status = (await first.client.get(f"/session/{sid}/status")).json()
+    [pending] = status["pendingInteractions"]
+    assert pending["requestId"] == request["data"]["requestId"]
+    assert status["isWaitingForPermission"] is True
+    offered = request["data"].get("options") or pending["options"]
+    kinds = {o.get("kind") for o in offered}
+    assert "allow_once" in kinds, offered
+    assert [o["optionId"] for o in pending["options"]] == [o["optionId"] for o in offered]
+    allow = next(o for o in pending["options"] if o.get("kind") == "allow_once")
+    row.step("permission", True, since, options=[o["optionId"] for o in pending["options"]])
+    since = time.monotonic()
+    vote = await first.client.post(
+        f"/session/{sid}/permission/{pending['requestId']}",
+        json={"outcome": {"outcome": "selected", "optionId": allow["optionId"]}},
+    )
+    assert vote.status_code == 200, vote.text
+    end = await turn_end(events, sid, ran)
+    assert end["type"] == "turn_complete", end
+    assert (Path(workspace) / "perm_check.txt").exists(), "the tool did not run after the vote"
+    row.step("vote", True, since)
+
+    # 4. A cancel mid-turn: the slow reply is streaming when the cancel arrives.
+    since = time.monotonic()
+    slow = await prompt(first, sid, "SLOW take your time")
+    await events.wait_for(lambda e: e.get("promptId") == slow and "slow" in chunk_text(e), TURN_TIMEOUT_S)
+    cancelled = await second.client.post(f"/session/{sid}/cancel")
+    assert cancelled.status_code == 204, cancelled.text
+    end = await turn_end(events, sid, slow)
+    stop = end["data"].get("stopReason") if end["type"] == "turn_complete" else end["data"].get("code")
+    row.step("cancel", stop == "cancelled", since, ended=end["type"], stopReason=stop)
+    assert stop == "cancelled", end
+
+    # 5. A loop: the same tool call for ever. The bridge's guard stops it, unless the agent
+    # does first. Permission requests on the way are allowed, so only a guard can stop it.
+    since = time.monotonic()
+    looped = await prompt(second, sid, "LOOP read the file again")
+    voted: set[str] = set()
+
+    async def approve_loop_requests() -> None:
+        while True:
+            asked = await events.wait_for(
+                lambda e: e["type"] == "permission_request" and e.get("promptId") == looped
+                and e["data"]["requestId"] not in voted, LOOP_TIMEOUT_S,
+            )
+            rid = asked["data"]["requestId"]
+            voted.add(rid)
+            option = next(o for o in asked["data"]["options"] if o.get("kind") == "allow_once")
+            await first.client.post(f"/session/{sid}/permission/{rid}",
+                                    json={"outcome": {"outcome": "selected", "optionId": option["optionId"]}})
+
+    approver = asyncio.ensure_future(approve_loop_requests())
+    try:
+        end = await turn_end(events, sid, looped, LOOP_TIMEOUT_S)
+    finally:
+        approver.cancel()
+    code = (end["data"].get("code") or end["data"].get("error", {}).get("code")) if end["type"] == "turn_error" else None
+    loop_calls = sum(1 for e in events.of(sid) if e.get("promptId") == looped
+                     and ((e.get("data") or {}).get("update") or {}).get("sessionUpdate") == "tool_call")
+    stopper = "bridge" if code == "LOOP_DETECTED" else "agent"
+    row.step("loop", True, since, stoppedBy=stopper, ended=end["type"], code=code,
+             stopReason=end["data"].get("stopReason"), toolCalls=loop_calls, votes=len(voted), end=end["data"])
+    # Either way the turn ended on its own (no cancel was sent), after a bounded number of calls.
+    assert loop_calls <= LOOP_MAX_TOOL_CALLS + 2, loop_calls
+    assert end["type"] == "turn_error" or end["data"].get("stopReason") != "cancelled", end
+
+    # 6. kill -9 of the worker: none of the agent's processes is left, daemons included.
+    since = time.monotonic()
+    assert processes_marked(mark), "the agent's processes should carry the row's mark"
+    await worker.kill9()
+    deadline = time.monotonic() + GONE_TIMEOUT_S
+    while (left := processes_marked(mark)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)  # a process's exit elsewhere is not an event we can await
+    row.step("kill9", not left, since, left=[_describe(pid) for pid in left])
+    assert not left, [_describe(pid) for pid in left]
+    await stream.close()
+
+
+def _describe(pid: int) -> str:
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return str(pid)
+    return f"{pid}: {command[:200]}"
