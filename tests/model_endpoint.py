@@ -15,6 +15,7 @@ story whatever API it speaks. The last user text picks it (see `Script.reply`):
 
 ``PERM``   one shell tool call ``touch perm_check.txt`` (the agent asks permission), then "done";
 ``LOOP``   the same read-only tool call, identical every time, for ever;
+``WRITE``  one write of a new file ``written.txt`` (the agent may ask permission), then "done";
 ``SLOW``   text, one short piece every 100 ms for up to a minute (cancel it mid-turn);
 otherwise  the text ``hello from the scripted model``.
 
@@ -44,6 +45,8 @@ SLOW_PIECE_S = 0.1
 SHELL_TOOLS = ("run_shell_command", "shell", "Bash", "bash", "execute_command", "shell_command", "exec_command",
                "run_commands")
 READ_TOOLS = ("read_file", "Read", "read", "view", "read_text_file", "read_files")
+WRITE_TOOLS = ("write_file", "Write", "write", "create")
+WRITE_FILE = "written.txt"  # a file that does not exist before the write (gemini reads it first)
 
 
 # ---- what a request asks --------------------------------------------------------------
@@ -131,6 +134,15 @@ def read_arguments(schema: dict[str, Any], cwd: str | None) -> dict[str, Any]:
     return {key: path}
 
 
+def write_arguments(schema: dict[str, Any], cwd: str | None) -> dict[str, Any]:
+    """Arguments that fit a write tool's schema: a new file, by absolute path."""
+    props = _props(schema)
+    path = f"{cwd}/{WRITE_FILE}" if cwd else WRITE_FILE
+    key = next((k for k in ("file_path", "absolute_path", "filePath", "path") if k in props), "path")
+    text = next((k for k in ("content", "contents", "file_text", "text") if k in props), "content")
+    return {key: path, text: "written by the scripted model\n"}
+
+
 class Script:
     """The default story (see the module docstring); a test may subclass it."""
 
@@ -155,6 +167,10 @@ class Script:
             tool = turn.tool(SHELL_TOOLS)
             if tool is not None:
                 return Reply(tool=tool.name, arguments=shell_arguments(tool.schema))
+        if "WRITE" in text:
+            tool = turn.tool(WRITE_TOOLS)
+            if tool is not None:
+                return Reply(tool=tool.name, arguments=write_arguments(tool.schema, self.cwd))
         if "SLOW" in text:
             return Reply(text="slow ", slow=True)
         return Reply(text=HELLO)

@@ -224,12 +224,17 @@ async def _row(
     code = (end["data"].get("code") or end["data"].get("error", {}).get("code")) if end["type"] == "turn_error" else None
     loop_calls = sum(1 for e in events.of(sid) if e.get("promptId") == looped
                      and ((e.get("data") or {}).get("update") or {}).get("sessionUpdate") == "tool_call")
-    stopper = "bridge" if code == "LOOP_DETECTED" else "agent"
-    row.step("loop", True, since, stoppedBy=stopper, ended=end["type"], code=code,
-             stopReason=end["data"].get("stopReason"), toolCalls=loop_calls, votes=len(voted), end=end["data"])
-    # Either way the turn ended on its own (no cancel was sent), after a bounded number of calls.
+    # The bridge's stop names the guard that tripped (`loopType`); an agent's own does not.
+    loop_type = end["data"].get("loopType")
+    stopper = "bridge" if code == "LOOP_DETECTED" and loop_type else "agent"
+    row.step("loop", True, since, stoppedBy=stopper, ended=end["type"], code=code, loopType=loop_type,
+             stopReason=end["data"].get("stopReason"), toolCalls=loop_calls, votes=len(voted))
+    # Either way the turn ended on its own (no cancel was sent), after a bounded number of calls;
+    # the bridge catches the loop as one of identical calls, whatever the agent puts in them.
     assert loop_calls <= LOOP_MAX_TOOL_CALLS + 2, loop_calls
     assert end["type"] == "turn_error" or end["data"].get("stopReason") != "cancelled", end
+    if stopper == "bridge":
+        assert loop_type == "consecutive_identical_tool_calls" and loop_calls <= LOOP_IDENTICAL + 1, end
 
     # 6. kill -9 of the worker: none of the agent's processes is left, daemons included.
     since = time.monotonic()
