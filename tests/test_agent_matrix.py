@@ -27,14 +27,15 @@ import pytest
 
 from tests.agent_recipes import RECIPES, Recipe
 from tests.harness import ApiProcess, EventWatcher, Harness, SseClient
-from tests.model_endpoint import HELLO, LOOP_FILE, ModelEndpoint
+from tests.model_endpoint import HELLO, LOOP_FILE, WRITE_FILE, WRITE_TOOLS, ModelEndpoint
 
 pytestmark = pytest.mark.agents
 
 CREATE_TIMEOUT_S = 90  # a cold agent start (node, bun) on a busy CI machine
 TURN_TIMEOUT_S = 60
 LOOP_TIMEOUT_S = 90
-GONE_TIMEOUT_S = 15  # the reaper's grace is 2 s; daemons get SIGTERM, then SIGKILL
+GONE_TIMEOUT_S = 15
+MORE_SESSIONS = 4  # created at once right after the first: none may turn into a ghost  # the reaper's grace is 2 s; daemons get SIGTERM, then SIGKILL
 LOOP_IDENTICAL = 4
 LOOP_MAX_TOOL_CALLS = 12
 ROW_MARK = "ACP_MATRIX_ROW"  # in the worker's environment, inherited by all its agent's processes
@@ -187,7 +188,19 @@ async def _row(
     assert (Path(workspace) / "perm_check.txt").exists(), "the tool did not run after the vote"
     row.step("vote", True, since)
 
-    # 4. A cancel mid-turn: the slow reply is streaming when the cancel arrives.
+    # 4. A new file written by the agent's own write tool, if it has one (gemini reads the
+    # file through the client first when the client offers fs; acp-state offers none).
+    since = time.monotonic()
+    wrote = await prompt(second, sid, "WRITE a new file")
+    voted_write = await _allow_until_end(events, first, sid, wrote)
+    end = await turn_end(events, sid, wrote)
+    has_write_tool = any(t.name in WRITE_TOOLS for turn in model.turns[-2:] for t in turn.tools)
+    written = (Path(workspace) / WRITE_FILE).exists()
+    row.step("write", written or not has_write_tool, since, tool=has_write_tool, votes=voted_write, ended=end["type"])
+    assert end["type"] == "turn_complete", end
+    assert written or not has_write_tool, "the agent's write tool did not write the file"
+
+    # 5. A cancel mid-turn: the slow reply is streaming when the cancel arrives.
     since = time.monotonic()
     slow = await prompt(first, sid, "SLOW take your time")
     await events.wait_for(lambda e: e.get("promptId") == slow and "slow" in chunk_text(e), TURN_TIMEOUT_S)
@@ -198,7 +211,7 @@ async def _row(
     row.step("cancel", stop == "cancelled", since, ended=end["type"], stopReason=stop)
     assert stop == "cancelled", end
 
-    # 5. A loop: the same tool call for ever. The bridge's guard stops it, unless the agent
+    # 6. A loop: the same tool call for ever. The bridge's guard stops it, unless the agent
     # does first. Permission requests on the way are allowed, so only a guard can stop it.
     since = time.monotonic()
     looped = await prompt(second, sid, "LOOP read the file again")
@@ -236,7 +249,26 @@ async def _row(
     if stopper == "bridge":
         assert loop_type == "consecutive_identical_tool_calls" and loop_calls <= LOOP_IDENTICAL + 1, end
 
-    # 6. kill -9 of the worker: none of the agent's processes is left, daemons included.
+    # 7. More sessions at once: each is live and answers (an agent that sends an update right
+    # after, or even before, its `session/new` answer must not turn a session into a ghost).
+    since = time.monotonic()
+    body = {"cwd": workspace, "sessionScope": "thread", "agent": recipe.name}
+    made = await asyncio.gather(*(api.client.post("/session", json=body, timeout=CREATE_TIMEOUT_S)
+                                  for api in [first, second] * (MORE_SESSIONS // 2)))
+    assert all(m.status_code == 200 for m in made), [m.text for m in made]
+    sids = [m.json()["sessionId"] for m in made]
+    prompts = [await prompt(first, other, "say hello") for other in sids]
+    ends = await asyncio.gather(*(turn_end(events, other, p) for other, p in zip(sids, prompts)))
+    ghosts = [e for e in events.events if e["type"] in ("session_died", "session_closed")
+              and any(e["_channel"].endswith(other) for other in sids)]
+    # The ghost's path began with a refused write: a session update that reached the store
+    # before the session (the fence says "not ours"); the worker now holds updates until then.
+    refused = worker.log_path.read_text().count("the store refused a write")
+    ok = not ghosts and not refused and all(e["type"] == "turn_complete" for e in ends)
+    row.step("sessions", ok, since, ghosts=len(ghosts), refusedWrites=refused)
+    assert ok, (ghosts, refused, ends)
+
+    # 8. kill -9 of the worker: none of the agent's processes is left, daemons included.
     since = time.monotonic()
     assert processes_marked(mark), "the agent's processes should carry the row's mark"
     await worker.kill9()
@@ -246,6 +278,25 @@ async def _row(
     row.step("kill9", not left, since, left=[_describe(pid) for pid in left])
     assert not left, [_describe(pid) for pid in left]
     await stream.close()
+
+
+async def _allow_until_end(events: EventWatcher, api: ApiProcess, sid: str, prompt_id: str) -> int:
+    """Allow (once) every permission request of a turn until it ends; how many there were."""
+    voted: set[str] = set()
+    while True:
+        event = await events.wait_for(
+            lambda e: e.get("promptId") == prompt_id and e["_channel"].endswith(sid) and (
+                e["type"] in ("turn_complete", "turn_error")
+                or e["type"] == "permission_request" and e["data"]["requestId"] not in voted),
+            TURN_TIMEOUT_S,
+        )
+        if event["type"] != "permission_request":
+            return len(voted)
+        rid = event["data"]["requestId"]
+        voted.add(rid)
+        option = next(o for o in event["data"]["options"] if o.get("kind") == "allow_once")
+        await api.client.post(f"/session/{sid}/permission/{rid}",
+                              json={"outcome": {"outcome": "selected", "optionId": option["optionId"]}})
 
 
 def _describe(pid: int) -> str:
