@@ -32,6 +32,11 @@ PROTOCOL_VERSION = 1
 STREAM_LIMIT = 50 * 1024 * 1024
 INITIALIZE_TIMEOUT_S = 60.0
 GROUP_GRACE_S = 2.0
+# Updates for a session id not (yet) hosted here are kept, this many per id and for this many
+# ids at most (the oldest id's go first): an agent may announce a new session's commands
+# before its `session/new` answer names it (Copilot does), and they belong to the session.
+EARLY_UPDATES_PER_SESSION = 50
+EARLY_SESSIONS = 20
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -83,6 +88,8 @@ class AgentProcess:
         self.stderr_path = stderr_path
         self._on_exit = on_exit
         self.sessions: dict[str, LiveSession] = {}
+        self._early: dict[str, list[dict[str, Any]]] = {}  # updates for sessions not adopted yet
+        self._replaying: dict[str, list[dict[str, Any]]] = {}  # early updates still on their way
         self.process: asyncio.subprocess.Process | None = None
         self.conn: Any = None
         self.supports_close = False
@@ -191,6 +198,7 @@ class AgentProcess:
         """A session left this child: stop its work there; a child with no session left the
         worker may stop (see Worker)."""
         self.sessions.pop(agent_sid, None)
+        self._early.pop(agent_sid, None)  # (updates sent after it left)
         if not self.alive:
             return
         try:
@@ -226,9 +234,39 @@ class AgentProcess:
 
     # ---- ACP client callbacks (called by the SDK) ---------------------------------------
 
+    def adopt(self, agent_sid: str, session: LiveSession) -> None:
+        """Host `session` under the agent's id; the updates the agent sent for it before it
+        was adopted are relayed first, in order (they wait for its first snapshot)."""
+        self.sessions[agent_sid] = session
+        early = self._early.pop(agent_sid, None)
+        if early:
+            self._replaying[agent_sid] = early
+            asyncio.ensure_future(self._replay(agent_sid, session))
+
+    async def _replay(self, agent_sid: str, session: LiveSession) -> None:
+        queue = self._replaying[agent_sid]
+        try:
+            while queue:
+                await session.on_update(queue.pop(0))
+        except Exception:
+            log.exception("relaying a session's early updates failed", extra={"sessionId": session.sid})
+        finally:
+            del self._replaying[agent_sid]
+
+    def _keep_early(self, agent_sid: str, update: dict[str, Any]) -> None:
+        kept = self._early.setdefault(agent_sid, [])
+        if len(kept) < EARLY_UPDATES_PER_SESSION:
+            kept.append(update)
+        while len(self._early) > EARLY_SESSIONS:
+            del self._early[next(iter(self._early))]
+
     async def session_update(self, session_id: str, update: Any, **_: Any) -> None:
         session = self.sessions.get(session_id)
-        if session is not None:
+        if session is None:
+            self._keep_early(session_id, _dump(update))
+        elif session_id in self._replaying:  # behind the early ones
+            self._replaying[session_id].append(_dump(update))
+        else:
             await session.on_update(_dump(update))
 
     async def request_permission(self, session_id: str, tool_call: Any, options: Any, **_: Any) -> dict[str, Any]:

@@ -480,7 +480,7 @@ class Worker:
             on_state=self._count_state,
         )
         session.untold_request = command.request_id
-        agent.sessions[agent_sid] = session
+        agent.adopt(agent_sid, session)
         self.sessions[sid] = session
         self._creating -= 1  # the reservation is now a session: count it once
         self._workspace_load[ws] = self._workspace_load.get(ws, 0) + 1
