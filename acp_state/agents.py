@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_AGENT = "default"
 # Short, and safe in a JSON report, a log line and a URL alike.
@@ -50,3 +51,9 @@ def offered_agents(options: list[str], fallback: str) -> dict[str, str]:
             raise ValueError(f"--agent: the name {spec.name!r} is given twice")
         agents[spec.name] = spec.command
     return agents
+
+
+def offers(report: dict[str, Any], agent: str) -> bool:
+    """Whether a worker's load report offers agent `agent` (a report without names, from a
+    worker older than agent names, offers its one agent as the default)."""
+    return agent in (report.get("agentNames") or [DEFAULT_AGENT])

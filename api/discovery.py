@@ -8,10 +8,12 @@ import logging
 from starlette.requests import Request
 from starlette.responses import Response
 
+from acp_state.agents import offers
+
 from .auth import principal_of
 from .responses import MAX_BODY_BYTES, OrjsonResponse
 from .live_state import MAX_WORKSPACES
-from .sessions import MAX_QUEUED_PROMPTS, offers
+from .sessions import MAX_QUEUED_PROMPTS
 from .workspaces import MAX_SIZE
 from .state import app_state
 

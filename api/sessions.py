@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from acp_state import commands, ids
-from acp_state.agents import DEFAULT_AGENT, is_agent_name
+from acp_state.agents import is_agent_name, offers
 from acp_state.ids import workspace_id
 from acp_state.clock import iso, now_ms
 from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateRecord, is_transient
@@ -57,12 +57,6 @@ async def _live_reports(state: AppState) -> list[dict[str, Any]]:
         if reports or loop.time() >= deadline:
             return list(reports.values())
         await asyncio.sleep(WAIT_STEP_S)
-
-
-def offers(report: dict[str, Any], agent: str) -> bool:
-    """Whether a worker's report offers agent `agent` (a report without names, from a worker
-    older than agent names, offers its one agent as the default)."""
-    return agent in (report.get("agentNames") or [DEFAULT_AGENT])
 
 
 async def _offering(state: AppState, agent: str | None) -> list[dict[str, Any]]:
