@@ -57,3 +57,23 @@ def offers(report: dict[str, Any], agent: str) -> bool:
     """Whether a worker's load report offers agent `agent` (a report without names, from a
     worker older than agent names, offers its one agent as the default)."""
     return agent in (report.get("agentNames") or [DEFAULT_AGENT])
+
+
+def session_modes(options: list[str], agents: dict[str, str]) -> dict[str, str]:
+    """`--session-mode [NAME=]MODE` (repeatable) as agent name -> ACP session mode to set
+    after `session/new`. `NAME=MODE` is one agent's; a bare MODE every other agent's (Qwen
+    needs `default`, codex has no such mode: one worker may offer both). Raises ValueError
+    for a NAME the worker does not offer."""
+    every: str | None = None
+    modes: dict[str, str] = {}
+    for option in options:
+        named = _NAMED.fullmatch(option)
+        if named is None:
+            every = option
+        elif named.group(1) not in agents:
+            raise ValueError(f"--session-mode {option!r}: no agent is named {named.group(1)!r}")
+        else:
+            modes[named.group(1)] = named.group(2)
+    if every is not None:
+        modes = {**dict.fromkeys(agents, every), **modes}
+    return {name: mode for name, mode in modes.items() if mode}

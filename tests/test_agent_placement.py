@@ -4,11 +4,13 @@ several names, so this always runs and is fast)."""
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 import pytest
 
-from acp_state.agents import DEFAULT_AGENT, offered_agents, parse_agent_option
+from acp_state.agents import DEFAULT_AGENT, offered_agents, parse_agent_option, session_modes
 from acp_state.ids import workspace_id
 from acp_state.store import keys
 from tests.harness import Harness
@@ -26,6 +28,31 @@ def test_agent_options_name_agents_and_a_bare_command_is_the_default() -> None:
         offered_agents(["a=x", "a=y"], "f")
     with pytest.raises(ValueError):
         parse_agent_option("a=")
+
+
+def test_session_modes_name_an_agent_or_apply_to_every_other() -> None:
+    agents = {"qwen": "q", "codex": "c", "default": "d"}
+    assert session_modes([], agents) == {}
+    assert session_modes(["default"], agents) == {"qwen": "default", "codex": "default", "default": "default"}
+    assert session_modes(["codex=read-only", "default"], agents) == {"qwen": "default", "codex": "read-only", "default": "default"}
+    assert session_modes(["qwen=default"], agents) == {"qwen": "default"}
+    url = "https://agentclientprotocol.com/protocol/session-modes#agent"  # Copilot's mode ids
+    assert session_modes([url], {"copilot": "c"}) == {"copilot": url}
+    with pytest.raises(ValueError):
+        session_modes(["qwn=default"], agents)
+
+
+async def test_each_agent_gets_its_own_session_mode(own_harness: Harness, workspace: str, tmp_path: Path) -> None:
+    records = {name: tmp_path / f"{name}.jsonl" for name in ("alpha", "beta")}
+    args = [a for name, record in records.items()
+            for a in ("--agent", f"{name}=env ACP_SCRIPTED_RECORD={record} {SCRIPTED}")]
+    await own_harness.worker(*args, "--session-mode", "alpha=plan", "--session-mode", "default")
+    api = await own_harness.api()
+    for name in records:
+        assert (await create(api, workspace, agent=name)).status_code == 200
+    modes = {name: [json.loads(line)["params"]["modeId"] for line in record.read_text().splitlines()
+                    if json.loads(line).get("method") == "session/set_mode"] for name, record in records.items()}
+    assert modes == {"alpha": ["plan"], "beta": ["default"]}
 
 
 async def create(api, workspace: str, **body: object):  # type: ignore[no-untyped-def]

@@ -63,7 +63,7 @@ class WorkerConfig:
     max_sessions: int = 1000
     lease_ms: int = 10_000
     child_per: str = "workspace"  # or "session"
-    session_mode: str | None = None
+    session_modes: dict[str, str] = field(default_factory=dict)  # agent name -> mode after session/new
     agent_stderr: str | None = None
     name: str | None = None
     loop_limits: LoopLimits = field(default_factory=LoopLimits)
@@ -431,7 +431,7 @@ class Worker:
         agent = AgentProcess(
             self.config.agents[name],
             cwd,
-            session_mode=self.config.session_mode,
+            session_mode=self.config.session_modes.get(name),
             stderr_path=self.config.agent_stderr,
             on_exit=lambda a, key=key: self._agent_exited(key, a),
         )

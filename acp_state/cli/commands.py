@@ -13,7 +13,7 @@ import sys
 from typing import Any, Awaitable, Callable
 
 from .. import logs
-from ..agents import offered_agents
+from ..agents import offered_agents, session_modes
 from ..store import MEMORY, RedisStore, Retention, UnsuitableRedis, check_redis
 from ..testing import scripted_agent
 from .serving import DEFAULT_SERVER, SERVERS, listen_address, serve_http, started, until_signal, url_host
@@ -54,13 +54,14 @@ def _worker_config(args: argparse.Namespace) -> Any:
     from acp_state.worker.loop_guard import LoopLimits
     from acp_state.worker.worker import WorkerConfig
 
+    agents = _agents(args)
     return WorkerConfig(
         loop_limits=LoopLimits(identical=args.loop_identical, max_tool_calls=args.loop_max_tool_calls),
-        agents=_agents(args),
+        agents=agents,
+        session_modes=_session_modes(args, agents),
         max_sessions=args.max_sessions,
         lease_ms=args.lease_ms,
         child_per=args.child_per,
-        session_mode=args.session_mode,
         agent_stderr=args.agent_stderr,
         name=args.name,
         metrics_port=getattr(args, "metrics_port", None),
@@ -71,6 +72,13 @@ def _worker_config(args: argparse.Namespace) -> Any:
 def _agents(args: argparse.Namespace) -> dict[str, str]:
     try:
         return offered_agents(args.agent or [], SCRIPTED_AGENT)
+    except ValueError as error:
+        raise SystemExit(f"acp-state: {error}") from None
+
+
+def _session_modes(args: argparse.Namespace, agents: dict[str, str]) -> dict[str, str]:
+    try:
+        return session_modes(args.session_mode or [], agents)
     except ValueError as error:
         raise SystemExit(f"acp-state: {error}") from None
 
@@ -199,7 +207,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--max-sessions", type=int, default=1000)
         p.add_argument("--lease-ms", type=int, default=10_000)
         p.add_argument("--child-per", choices=["workspace", "session"], default="workspace")
-        p.add_argument("--session-mode", help="ACP session mode to set after session/new (e.g. default)")
+        p.add_argument("--session-mode", action="append", metavar="[NAME=]MODE",
+                       help="ACP session mode to set after session/new (e.g. default): NAME=MODE for "
+                            "agent NAME, a bare MODE for every other agent (repeatable)")
         p.add_argument("--agent-stderr", help="append the agents' stderr to this file")
         p.add_argument("--name", help="worker name prefix of the incarnation id")
         defaults = Retention()
