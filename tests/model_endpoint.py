@@ -251,7 +251,7 @@ def _pieces(reply: Reply) -> Iterator[str]:
         yield reply.text
 
 
-def openai_chat_stream(reply: Reply, n: int, model: str) -> Iterator[bytes]:
+def openai_chat_stream(reply: Reply, n: int, model: str, usage: bool = True) -> Iterator[bytes]:
     base = {"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
@@ -265,7 +265,8 @@ def openai_chat_stream(reply: Reply, n: int, model: str) -> Iterator[bytes]:
     for piece in _pieces(reply):
         yield chunk({"content": piece})
     yield chunk({}, "tool_calls" if reply.tool else "stop")
-    yield _sse({**base, "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
+    if usage:  # as OpenAI: a last chunk with the usage, only when the request asks for it
+        yield _sse({**base, "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
     yield b"data: [DONE]\n\n"
 
 
@@ -503,7 +504,8 @@ class ModelEndpoint:
                 if path.endswith("/chat/completions"):
                     reply, n = endpoint._turn(turn := openai_chat_turn(body))
                     if turn.stream:
-                        self._stream(openai_chat_stream(reply, n, model))
+                        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                        self._stream(openai_chat_stream(reply, n, model, usage))
                     else:
                         self._json(200, openai_chat_json(reply, n, model))
                 elif path.endswith("/responses"):
