@@ -148,6 +148,28 @@ async def test_a_daemon_that_left_its_agents_group_dies_with_a_worker_that_stops
     assert not await _all_gone({daemon}), _cmdline(daemon)
 
 
+# An ACP agent that stays when its stdin closes, as codex-acp does (SIGTERM still ends it).
+EOF_IGNORING_AGENT = """
+import signal, subprocess, sys
+subprocess.Popen([sys.executable, "-m", "acp_state.testing.scripted_agent"]).wait()  # ACP on our stdio
+while True:
+    signal.pause()
+"""
+
+
+async def test_an_agent_that_outlives_stdin_eof_is_stopped_by_a_worker_that_stops(
+    harness: Harness, workspace: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "eof_ignoring_agent.py"
+    script.write_text(EOF_IGNORING_AGENT)
+    worker = await harness.worker("--agent", f"{sys.executable} {script}")
+    await _create_session(harness, workspace)
+    (agent,) = _children(worker.pid, str(script))
+    group = _group(agent)
+    assert await worker.terminate() == 0  # stdin closed, then SIGTERM to its group after 2 s
+    assert not await _all_gone(group), [_cmdline(p) for p in group]
+
+
 async def test_the_reaper_leaves_with_a_worker_that_stops(harness: Harness, workspace: str) -> None:
     worker = await harness.worker()
     await _create_session(harness, workspace)
