@@ -81,7 +81,8 @@ def _qwen(home: Path, url: str, _cwd: str) -> Launch:
 
 def _gemini(home: Path, url: str, _cwd: str) -> Launch:
     settings = {
-        "security": {"auth": {"selectedType": "gemini-api-key"}},
+        # folderTrust off: the workspace counts as trusted, so "Allow for this session" works
+        "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
         "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
         "privacy": {"usageStatisticsEnabled": False},
         "telemetry": {"enabled": False},
