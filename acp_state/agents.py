@@ -12,6 +12,31 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_AGENT = "default"
+# Telemetry and update checks off, for every preset (each agent honours some of these).
+_QUIET = "env DO_NOT_TRACK=1 DISABLE_TELEMETRY=1 NO_UPDATE_NOTIFIER=1"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A known agent's ACP command line (its executable on PATH, as a global npm install
+    leaves it) and the session mode it needs, if any. See docs/agents.md."""
+
+    command: str
+    session_mode: str | None = None
+
+
+# `--agent-preset NAME`: the launch lines of docs/agents.md, less the endpoint and key, which
+# are the operator's (in the worker's environment, or `env` in an `--agent` line).
+PRESETS: dict[str, Preset] = {
+    "qwen": Preset(f"{_QUIET} qwen --acp", session_mode="default"),
+    "gemini": Preset(f"{_QUIET} GEMINI_TELEMETRY_ENABLED=false gemini --acp"),
+    "codex": Preset(f"{_QUIET} codex-acp"),
+    "claude": Preset(f"{_QUIET} CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 "
+                     "DISABLE_ERROR_REPORTING=1 claude-agent-acp"),
+    "opencode": Preset(f"{_QUIET} OPENCODE_DISABLE_AUTOUPDATE=1 opencode acp"),
+    "copilot": Preset(f"{_QUIET} copilot --acp"),
+    "cline": Preset(f"{_QUIET} cline --acp"),
+}
 # Short, and safe in a JSON report, a log line and a URL alike.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _NAMED = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})=(.*)", re.DOTALL)
@@ -77,3 +102,17 @@ def session_modes(options: list[str], agents: dict[str, str]) -> dict[str, str]:
     if every is not None:
         modes = {**dict.fromkeys(agents, every), **modes}
     return {name: mode for name, mode in modes.items() if mode}
+
+
+def with_presets(agents: list[str], presets: list[str], modes: list[str]) -> tuple[list[str], list[str]]:
+    """`--agent-preset NAME` as the `--agent NAME=COMMAND` and `--session-mode NAME=MODE` it
+    stands for (a mode given for NAME wins). Raises ValueError for an unknown preset."""
+    agents, modes = list(agents), list(modes)
+    for name in presets:
+        preset = PRESETS.get(name)
+        if preset is None:
+            raise ValueError(f"--agent-preset {name!r}: known presets are {', '.join(PRESETS)}")
+        agents.append(f"{name}={preset.command}")
+        if preset.session_mode and not any(m.startswith(f"{name}=") for m in modes):
+            modes.append(f"{name}={preset.session_mode}")
+    return agents, modes

@@ -311,3 +311,22 @@ def _describe(pid: int) -> str:
     except OSError:
         return str(pid)
     return f"{pid}: {command[:200]}"
+
+
+async def test_a_preset_offers_its_agent(model: ModelEndpoint, own_harness: Harness, workspace: str, tmp_path: Path) -> None:
+    """`--agent-preset codex` runs codex-acp from PATH, as a global npm install leaves it."""
+    recipe = recipe_or_skip("codex")
+    launch = recipe.prepare(tmp_path / "home", model.url, workspace)
+    path = f"{recipe.executable.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    events = await own_harness.events()
+    await own_harness.worker("--agent-preset", "codex", env={**launch.env, "PATH": path})
+    api = await own_harness.api()
+    offered = [a["name"] for a in (await api.client.get("/capabilities")).json()["agents"]]
+    assert offered == ["codex"]
+    created = await api.client.post("/session", json={"cwd": workspace, "agent": "codex"}, timeout=CREATE_TIMEOUT_S)
+    assert created.status_code == 200, created.text
+    sid = created.json()["sessionId"]
+    said = await prompt(api, sid, "say hello")
+    end = await turn_end(events, sid, said)
+    assert end["type"] == "turn_complete", end
+    assert any(HELLO in chunk_text(e) for e in events.of(sid) if e.get("promptId") == said)

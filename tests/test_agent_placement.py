@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from acp_state.agents import DEFAULT_AGENT, offered_agents, parse_agent_option, session_modes
+from acp_state.agents import DEFAULT_AGENT, PRESETS, offered_agents, parse_agent_option, session_modes, with_presets
 from acp_state.ids import workspace_id
 from acp_state.store import keys
 from tests.harness import Harness
@@ -40,6 +40,15 @@ def test_session_modes_name_an_agent_or_apply_to_every_other() -> None:
     assert session_modes([url], {"copilot": "c"}) == {"copilot": url}
     with pytest.raises(ValueError):
         session_modes(["qwn=default"], agents)
+
+
+def test_a_preset_stands_for_an_agent_line_and_its_session_mode() -> None:
+    agents, modes = with_presets(["x=y"], ["codex", "qwen"], [])
+    assert agents == ["x=y", f"codex={PRESETS['codex'].command}", f"qwen={PRESETS['qwen'].command}"]
+    assert modes == ["qwen=default"]  # Qwen's own `auto` mode would approve commands unasked
+    assert with_presets([], ["qwen"], ["qwen=yolo"])[1] == ["qwen=yolo"]  # a given mode wins
+    with pytest.raises(ValueError):
+        with_presets([], ["nobody"], [])
 
 
 async def test_each_agent_gets_its_own_session_mode(own_harness: Harness, workspace: str, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import sys
 from typing import Any, Awaitable, Callable
 
 from .. import logs
-from ..agents import offered_agents, session_modes
+from ..agents import PRESETS, offered_agents, session_modes, with_presets
 from ..store import MEMORY, RedisStore, Retention, UnsuitableRedis, check_redis
 from ..testing import scripted_agent
 from .serving import DEFAULT_SERVER, SERVERS, listen_address, serve_http, started, until_signal, url_host
@@ -54,11 +54,11 @@ def _worker_config(args: argparse.Namespace) -> Any:
     from acp_state.worker.loop_guard import LoopLimits
     from acp_state.worker.worker import WorkerConfig
 
-    agents = _agents(args)
+    agents, modes = _agents(args)
     return WorkerConfig(
         loop_limits=LoopLimits(identical=args.loop_identical, max_tool_calls=args.loop_max_tool_calls),
         agents=agents,
-        session_modes=_session_modes(args, agents),
+        session_modes=modes,
         max_sessions=args.max_sessions,
         lease_ms=args.lease_ms,
         child_per=args.child_per,
@@ -69,16 +69,12 @@ def _worker_config(args: argparse.Namespace) -> Any:
     )
 
 
-def _agents(args: argparse.Namespace) -> dict[str, str]:
+def _agents(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
+    """The agents on offer (`--agent`, `--agent-preset`) and their session modes."""
     try:
-        return offered_agents(args.agent or [], SCRIPTED_AGENT)
-    except ValueError as error:
-        raise SystemExit(f"acp-state: {error}") from None
-
-
-def _session_modes(args: argparse.Namespace, agents: dict[str, str]) -> dict[str, str]:
-    try:
-        return session_modes(args.session_mode or [], agents)
+        agent_options, mode_options = with_presets(args.agent or [], args.agent_preset, args.session_mode or [])
+        agents = offered_agents(agent_options, SCRIPTED_AGENT)
+        return agents, session_modes(mode_options, agents)
     except ValueError as error:
         raise SystemExit(f"acp-state: {error}") from None
 
@@ -204,6 +200,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="an ACP agent on offer (repeatable): NAME=COMMAND offers it under NAME, a "
                             "bare COMMAND is the default agent (default: the built-in scripted agent); "
                             "see docs/agents.md")
+        p.add_argument("--agent-preset", action="append", default=[], choices=list(PRESETS), metavar="NAME",
+                       help=f"offer a known agent under its name, as docs/agents.md launches it "
+                            f"(repeatable; its executable on PATH): {', '.join(PRESETS)}")
         p.add_argument("--max-sessions", type=int, default=1000)
         p.add_argument("--lease-ms", type=int, default=10_000)
         p.add_argument("--child-per", choices=["workspace", "session"], default="workspace")
