@@ -1,5 +1,7 @@
-"""How each real ACP coding agent is installed, launched and pointed at the scripted model
-endpoint (tests/model_endpoint.py), offline. docs/agents.md tells the same for users.
+"""How each real ACP coding agent is installed and pointed at the scripted model endpoint
+(tests/model_endpoint.py), offline: its environment and configuration files. It is launched
+by its `--agent-preset` (acp_state/agents.py), found on PATH in tests/node's `.bin`.
+docs/agents.md tells the same for users.
 
 Every recipe writes its configuration under a home of its own (HOME, XDG dirs), so an
 agent reads nothing of the machine's user and leaves nothing behind.
@@ -15,18 +17,15 @@ from pathlib import Path
 from typing import Callable
 
 NODE_BIN = Path(__file__).resolve().parent / "node" / "node_modules" / ".bin"
-NODE_MODULES = NODE_BIN.parent
 MODEL = "fake-model"
 API_KEY = "sk-scripted"
 
 
 @dataclass
 class Launch:
-    """An agent's `--agent` command line and the environment its worker runs with."""
+    """The environment an agent's worker runs with (its preset's executable on PATH)."""
 
-    command: str
     env: dict[str, str]
-    session_mode: str | None = None
 
 
 @dataclass
@@ -47,10 +46,12 @@ class Recipe:
 
 
 def base_env(home: Path) -> dict[str, str]:
-    """A home of its own, and every telemetry and update check we know of turned off."""
+    """A home of its own, the pinned agents first on PATH, and every telemetry and update
+    check we know of turned off (the presets set some of them too, as users get them)."""
     for sub in ("config", "cache", "data", "state", "tmp"):
         (home / sub).mkdir(parents=True, exist_ok=True)
     return {
+        "PATH": f"{NODE_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "HOME": str(home),
         "XDG_CONFIG_HOME": str(home / "config"),
         "XDG_CACHE_HOME": str(home / "cache"),
@@ -76,7 +77,7 @@ def _qwen(home: Path, url: str, _cwd: str) -> Launch:
     (home / ".qwen").mkdir(parents=True, exist_ok=True)
     (home / ".qwen" / "settings.json").write_text(json.dumps(settings))
     env = {**base_env(home), "OPENAI_API_KEY": API_KEY, "OPENAI_BASE_URL": f"{url}/v1", "OPENAI_MODEL": MODEL}
-    return Launch(f"{NODE_BIN / 'qwen'} --acp", env, session_mode="default")
+    return Launch(env)
 
 
 def _gemini(home: Path, url: str, _cwd: str) -> Launch:
@@ -92,7 +93,7 @@ def _gemini(home: Path, url: str, _cwd: str) -> Launch:
     (home / ".gemini" / "settings.json").write_text(json.dumps(settings))
     env = {**base_env(home), "GEMINI_API_KEY": API_KEY, "GOOGLE_GEMINI_BASE_URL": url,
            "GEMINI_TELEMETRY_ENABLED": "false"}
-    return Launch(f"{NODE_BIN / 'gemini'} --acp", env)
+    return Launch(env)
 
 
 def _codex(home: Path, url: str, _cwd: str) -> Launch:
@@ -112,7 +113,7 @@ def _codex(home: Path, url: str, _cwd: str) -> Launch:
         'stream_max_retries = 0\n'
     )
     env = {**base_env(home), "CODEX_HOME": str(codex_home), "SCRIPTED_API_KEY": API_KEY}
-    return Launch(str(NODE_BIN / "codex-acp"), env)
+    return Launch(env)
 
 
 def _claude(home: Path, url: str, _cwd: str) -> Launch:
@@ -121,8 +122,7 @@ def _claude(home: Path, url: str, _cwd: str) -> Launch:
            "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CONFIG_DIR": str(home / ".claude")}
     if os.geteuid() == 0:
         env["IS_SANDBOX"] = "1"  # Claude Code refuses to skip permissions as root otherwise
-    script = NODE_MODULES / "@agentclientprotocol" / "claude-agent-acp" / "dist" / "index.js"
-    return Launch(f"node {script}", env)
+    return Launch(env)
 
 
 def _opencode(home: Path, url: str, _cwd: str) -> Launch:
@@ -144,13 +144,13 @@ def _opencode(home: Path, url: str, _cwd: str) -> Launch:
     }
     env = {**base_env(home), "OPENCODE_CONFIG_CONTENT": json.dumps(config), "OPENCODE_DISABLE_MODELS_FETCH": "1",
            "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1"}
-    return Launch(f"{NODE_BIN / 'opencode'} acp", env)
+    return Launch(env)
 
 
 def _copilot(home: Path, url: str, _cwd: str) -> Launch:
     env = {**base_env(home), "COPILOT_PROVIDER_BASE_URL": f"{url}/v1", "COPILOT_PROVIDER_API_KEY": API_KEY,
            "COPILOT_MODEL": MODEL}
-    return Launch(f"{NODE_BIN / 'copilot'} --acp", env)
+    return Launch(env)
 
 
 def _cline(home: Path, url: str, _cwd: str) -> Launch:
@@ -163,7 +163,7 @@ def _cline(home: Path, url: str, _cwd: str) -> Launch:
     # Its ACP mode restores only Cline's own sign-ins; a key and provider in the environment
     # let it start a session on the provider `cline auth` configured.
     env.update({"CLINE_API_KEY": API_KEY, "CLINE_PROVIDER": "openai-compatible", "CLINE_MODEL": MODEL})
-    return Launch(f"{NODE_BIN / 'cline'} --acp", env)
+    return Launch(env)
 
 
 RECIPES: dict[str, Recipe] = {
@@ -172,8 +172,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe("qwen", "@qwen-code/qwen-code@0.24.4", NODE_BIN / "qwen", _qwen),
         Recipe("gemini", "@google/gemini-cli@0.61.0", NODE_BIN / "gemini", _gemini),
         Recipe("codex", "@zed-industries/codex-acp@0.16.0", NODE_BIN / "codex-acp", _codex),
-        Recipe("claude", "@agentclientprotocol/claude-agent-acp@0.49.0",
-               NODE_MODULES / "@agentclientprotocol" / "claude-agent-acp" / "dist" / "index.js", _claude),
+        Recipe("claude", "@agentclientprotocol/claude-agent-acp@0.49.0", NODE_BIN / "claude-agent-acp", _claude),
         Recipe("opencode", "opencode-ai@1.18.33", NODE_BIN / "opencode", _opencode),
         Recipe("copilot", "@github/copilot@1.0.102", NODE_BIN / "copilot", _copilot),
         Recipe("cline", "cline@3.0.65", NODE_BIN / "cline", _cline),
