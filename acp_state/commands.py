@@ -52,9 +52,12 @@ def _field(
     types: type | tuple[type, ...] = str,
     default: Any = MISSING,
     default_factory: Any = MISSING,
+    omit_none: bool = False,
 ) -> Any:
-    """A command field: its JSON key (`wire`, else the attribute name) and accepted JSON types."""
-    return field(default=default, default_factory=default_factory, metadata={"wire": wire, "types": types})
+    """A command field: its JSON key (`wire`, else the attribute name) and accepted JSON types;
+    `omit_none`: left off the wire when None (a field added later keeps old commands' bytes)."""
+    metadata = {"wire": wire, "types": types, "omit_none": omit_none}
+    return field(default=default, default_factory=default_factory, metadata=metadata)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +74,8 @@ class Create:
     # session undone, even if the API could not say that it gave up.
     wait_ms: int | None = _field("waitMs", types=(int, _NONE), default=None)
     request_id: str = _field("req")
+    # The agent the session runs (a name the worker offers); None: the worker's default.
+    agent: str | None = _field(types=(str, _NONE), default=None, omit_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,7 +148,10 @@ def encode(command: Command) -> bytes:
     """The JSON a command stream entry carries (field `c`)."""
     wire: dict[str, Any] = {"t": command.TYPE}
     for f in fields(command):
-        wire[f.metadata["wire"] or f.name] = getattr(command, f.name)
+        value = getattr(command, f.name)
+        if value is None and f.metadata["omit_none"]:
+            continue
+        wire[f.metadata["wire"] or f.name] = value
     return orjson.dumps(wire)
 
 

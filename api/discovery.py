@@ -8,6 +8,8 @@ import logging
 from starlette.requests import Request
 from starlette.responses import Response
 
+from acp_state.agents import offers
+
 from .auth import principal_of
 from .responses import MAX_BODY_BYTES, OrjsonResponse
 from .attention import MAX_SIZE as MAX_ATTENTION_PAGE
@@ -52,6 +54,7 @@ FEATURES = [
     "attention_inbox",
     "attention_events",
     "deployment_workers",
+    "named_agents",
 ]
 # The reference's poll interval for live state, and the one version of its protocol.
 LIVE_STATE_POLL_INTERVAL_MS = 5000
@@ -82,9 +85,26 @@ async def ready(request: Request) -> Response:
     return OrjsonResponse({"status": "ready", "redis": True, "workers": len(live)})
 
 
+async def agents_on_offer(request: Request) -> list[dict[str, object]]:
+    """Every agent name a worker offered lately: how many live workers offer it now
+    (`workers`; 0: a create naming it is refused with 503 until one is back), and how many
+    take it as their default (a create that names no agent)."""
+    state = app_state(request)
+    reports = list((await state.store.worker_reports(await state.registry.live())).values())
+    names = sorted(set(await state.store.known_agents()).union(*(r.get("agentNames") or [] for r in reports)))
+    return [
+        {
+            "name": name,
+            "workers": sum(1 for r in reports if offers(r, name)),
+            "defaultOn": sum(1 for r in reports if r.get("defaultAgent") == name),
+        }
+        for name in names
+    ]
+
+
 async def capabilities(request: Request) -> Response:
     """The reference's envelope; `workspaces` lists those this caller's token may see, the
-    first registered one primary."""
+    first registered one primary; `agents` the agents a create may name (acp-state's own)."""
     state = app_state(request)
     principal = principal_of(request)
     primary = state.settings.workspaces[0]
@@ -113,5 +133,6 @@ async def capabilities(request: Request) -> Response:
                 for ws, cwd in state.workspaces.items()
                 if principal.may(ws)
             ],
+            "agents": await agents_on_offer(request),
         }
     )

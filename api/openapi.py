@@ -247,6 +247,13 @@ def components() -> Schema:
                 "workspaces": array(
                     obj({"id": string(), "cwd": string(), "primary": boolean(), "trusted": boolean()})
                 ),
+                "agents": array(
+                    obj(
+                        {"name": string(), "workers": integer(minimum=0), "defaultOn": integer(minimum=0)},
+                        description="An agent a create may name: how many live workers offer it (0: a create "
+                        "naming it is 503 until one is back), and how many run it when a create names none.",
+                    )
+                ),
             }
         ),
         "CatalogVersion": obj({"generation": string(), "revision": integer(minimum=0)}, extra=False),
@@ -330,6 +337,8 @@ def components() -> Schema:
                 "workspaceCwd": string(description="Same as `cwd` (takes precedence)."),
                 "sessionScope": string(enum=["single", "thread"], default="single"),
                 "sessionId": string(pattern=UUID_PATTERN, description="Caller-chosen id (RFC 4122 UUID v1-5)."),
+                "agent": string(description="The agent to run (a name in `/capabilities` `agents`); default: the "
+                                "default agent of the worker that gets the session."),
             }
         ),
         "Session": obj(
@@ -436,8 +445,8 @@ def paths() -> Schema:
         "/capabilities": {
             "get": operation(
                 "getCapabilities", "Discovery", "Features, limits and registered workspaces",
-                {"200": json_response("What this API serves (workspaces: those the caller's token may see).", ref("Capabilities"))},
-                store=False,
+                {"200": json_response("What this API serves (workspaces: those the caller's token may see; "
+                                      "agents: those workers offer).", ref("Capabilities"))},
             )
         },
         "/session": {
@@ -446,11 +455,13 @@ def paths() -> Schema:
                 {
                     "200": json_response("Created (`attached: false`) or attached (`attached: true`).", ref("Session")),
                     **TOO_LARGE,
-                    "400": error("Bad body, header, workspace (`workspace_mismatch`), scope or session id."),
+                    "400": error("Bad body, header, workspace (`workspace_mismatch`), scope, session id, or an "
+                                 "agent no worker offers (`unknown_agent`)."),
                     "404": error("The caller's token is scoped to another workspace (`workspace_not_found`)."),
                     "409": error("A live session already has the requested `sessionId` (`session_exists`)."),
-                    "503": error("No worker has capacity, the shared session is being replaced, or the agent failed to "
-                                 "start.", RETRY_AFTER),
+                    "503": error("No worker has capacity, no live worker offers the agent named "
+                                 "(`no_worker_for_agent`), the shared session is being replaced, or the agent failed "
+                                 "to start.", RETRY_AFTER),
                     "504": error("The worker did not start the session in time (`agent_init_timeout`)."),
                 },
                 parameters=[CLIENT_ID, IDEMPOTENCY_KEY],

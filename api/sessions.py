@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from acp_state import commands, ids
+from acp_state.agents import is_agent_name, offers
 from acp_state.ids import workspace_id
 from acp_state.clock import iso, now_ms
 from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateRecord, is_transient
@@ -58,16 +59,42 @@ async def _live_reports(state: AppState) -> list[dict[str, Any]]:
         await asyncio.sleep(WAIT_STEP_S)
 
 
+async def _offering(state: AppState, agent: str | None) -> list[dict[str, Any]]:
+    """The live workers that can run a session of `agent` (None: any, its default agent).
+    A name no worker offers is 400 `unknown_agent`; a known one no live worker offers now
+    (its workers died or left) is 503 with Retry-After."""
+    if agent is None:
+        candidates = await _live_reports(state)
+        if not candidates:
+            raise unavailable("no worker is registered", "no_worker", retry_after_s=2)
+        return candidates
+    # A known name is judged at once; an unknown one only once some worker is live (right
+    # after a start, the worker offering it may not have registered yet).
+    known = agent in await state.store.known_agents()
+    live = await state.store.worker_reports(await state.registry.live())
+    candidates = list(live.values()) if known or live else await _live_reports(state)
+    offering = [report for report in candidates if offers(report, agent)]
+    if offering:
+        return offering
+    if known:
+        raise unavailable(f"no live worker offers agent {agent!r} now", "no_worker_for_agent", retry_after_s=2, agent=agent)
+    raise unknown_agent(agent)
+
+
+def unknown_agent(agent: Any) -> ApiError:
+    return ApiError(400, f"no worker offers an agent named {agent!r} (see /capabilities)", "unknown_agent", agent=agent)
+
+
 async def _place(
     state: AppState,
     create: Callable[[str], commands.Create],
     before_send: Callable[[str], Awaitable[None]] | None = None,
+    agent: str | None = None,
 ) -> dict[str, Any]:
-    """Send a create (`create(request id)`) to a live worker with spare capacity; try the
-    next one if it is full. `before_send(request id)` runs before each create goes out."""
-    candidates = await _live_reports(state)
-    if not candidates:
-        raise unavailable("no worker is registered", "no_worker", retry_after_s=2)
+    """Send a create (`create(request id)`) to a live worker offering `agent` with spare
+    capacity; try the next one if it is full. `before_send(request id)` runs before each
+    create goes out."""
+    candidates = await _offering(state, agent)
     random.shuffle(candidates)  # equal loads spread instead of piling onto one worker
     # Least loaded first. Reports are as old as the last heartbeat, so a worker that looked
     # full is still asked last: the worker itself is the judge of its capacity.
@@ -94,7 +121,7 @@ async def _place(
         if reply.get("ok"):
             await _told(state, command.ws, command.sid)
             return reply
-        if reply.get("code") != "worker_full":
+        if reply.get("code") not in ("worker_full", "agent_not_offered"):
             raise ApiError(503, reply.get("error") or "the agent could not start", reply.get("code", "agent_unavailable"))
     raise unavailable("no live worker has spare capacity", "no_worker_capacity", retry_after_s=2)
 
@@ -156,12 +183,15 @@ async def create_session(request: Request) -> Response:
     requested = body.get("sessionId")
     if requested is not None and not ids.is_session_id(requested):
         raise ApiError(400, "sessionId must be an RFC 4122 UUID (versions 1-5)", "invalid_session_id")
+    agent = body.get("agent")
+    if agent is not None and not is_agent_name(agent):
+        raise unknown_agent(agent)
     ws = workspace_id(cwd)
     client_id = header_client or ids.new_client_id()
     sid = requested or ids.new_id()
     key = idempotency_key(request)
     if key is None:
-        return OrjsonResponse(await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested))
+        return OrjsonResponse(await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested, agent=agent))
     claim_ms = int(state.settings.create_timeout_s * 1000) + 10_000
     first = await state.store.claim_create(key, sid, client_id, claim_ms)
     if first is not None:
@@ -173,7 +203,7 @@ async def create_session(request: Request) -> Response:
         sent.append(request_id)
 
     try:
-        body = await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested, note)
+        body = await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested, note, agent=agent)
     except BaseException as error:
         if not (isinstance(error, ApiError) and error.body.get("code") == "outcome_unknown"):
             await state.store.forget_create(key, sid)  # it did not happen: the key is free
@@ -206,8 +236,11 @@ async def _create_or_attach(
     client_id: str,
     requested: str | None,
     before_send: Callable[[str], Awaitable[None]] | None = None,
+    *,
+    agent: str | None = None,
 ) -> dict[str, Any]:
-    """Create the session on a worker, or attach to the workspace's shared one."""
+    """Create the session on a worker offering `agent`, or attach to the workspace's shared
+    one (whichever agent it runs)."""
     if requested is not None:
         existing = await state.store.session(ws, sid)
         if existing is not None and await state.registry.is_live(existing.owner):
@@ -236,12 +269,12 @@ async def _create_or_attach(
     def create(request_id: str) -> commands.Create:
         return commands.Create(
             ws=ws, sid=sid, cwd=cwd, scope=scope, client_id=client_id,
-            wait_ms=int(state.settings.create_timeout_s * 1000), request_id=request_id,
+            wait_ms=int(state.settings.create_timeout_s * 1000), request_id=request_id, agent=agent,
         )
 
     try:
         async with effect(state.store.resends):  # a create sent to a worker may have happened
-            reply = await _place(state, create, before_send)
+            reply = await _place(state, create, before_send, agent)
     except BaseException:
         if claimed:
             await state.store.release_single(ws, sid)

@@ -121,7 +121,8 @@ def discover(root: Path) -> dict[str, Module]:
         for path in sorted((root / folder).rglob("*.py")):
             relative = path.relative_to(root)
             room = room_of(relative)
-            if room is None or any(part.startswith(".") for part in relative.parts):
+            # (node_modules: npm packages installed for the tests carry Python of their own)
+            if room is None or any(part.startswith(".") or part == "node_modules" for part in relative.parts):
                 continue
             name = module_name(relative, mapping)
             modules[name] = Module(name, path, room, path.name == "__init__.py")

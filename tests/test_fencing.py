@@ -300,6 +300,21 @@ async def test_sessions_survive_an_update_sent_right_after_session_new(harness: 
         assert done["type"] == "turn_complete"
 
 
+async def test_an_update_sent_before_session_new_answers_reaches_the_session(harness: Harness, workspace: str) -> None:
+    """Copilot announces a new session's commands before its `session/new` answer names the
+    session: the worker keeps the update and relays it once the session is published."""
+    events = await harness.events()
+    await harness.worker(env={"ACP_SCRIPTED_EAGER_UPDATE": "before"})
+    api = await harness.api()
+    sids = [(await create(api, workspace))["sessionId"] for _ in range(4)]
+    for sid in sids:
+        first = await events.wait_type(sid, "session_update")
+        assert first["data"]["update"]["sessionUpdate"] == "available_commands_update"
+        assert "promptId" not in first
+        done = await turn_done(api, events, sid)
+        assert done["type"] == "turn_complete"
+
+
 async def test_a_close_racing_prompts_ends_every_accepted_prompt_once(harness: Harness, workspace: str) -> None:
     events = await harness.events()
     await harness.worker()

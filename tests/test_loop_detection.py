@@ -7,6 +7,7 @@ import os
 import signal
 
 from acp_state.turn_errors import LOOP_DETECTED_MESSAGE
+from acp_state.worker.loop_guard import CONSECUTIVE_IDENTICAL, LoopGuard, LoopLimits
 from tests.harness import ApiProcess, Harness, SseClient
 from tests.helpers import create, prompt, status
 
@@ -204,3 +205,20 @@ async def test_reload_appends_the_turn_error_until_a_newer_prompt_starts(harness
     assert (await api.client.get(f"/session/{sid}/transcript?limit=0")).status_code == 400
     assert (await api.client.get(f"/session/{sid}/transcript?cursor=abc")).status_code == 400
     await sse.close()
+
+
+def test_calls_that_differ_only_in_their_own_ids_are_identical() -> None:
+    """Codex's rawInput names the call (call, turn and process ids, a start time): the same
+    command again is still the same call, so the identical-call limit catches its loops."""
+    guard = LoopGuard(LoopLimits(identical=3, max_tool_calls=0))
+    tripped = None
+    for n in range(3):
+        raw = {"call_id": f"call_{n}", "turn_id": "t", "process_id": str(100 + n), "started_at_ms": 1000 + n,
+               "command": ["/bin/bash", "-lc", "cat loop_target.txt"], "cwd": "/w"}
+        tripped = guard.observe({"sessionUpdate": "tool_call", "toolCallId": f"call_{n}", "kind": "execute",
+                                 "title": "cat loop_target.txt", "status": "in_progress", "rawInput": raw})
+    assert tripped == CONSECUTIVE_IDENTICAL
+    other = LoopGuard(LoopLimits(identical=2, max_tool_calls=0))
+    for command in ("ls", "pwd"):  # what the call does still tells calls apart
+        assert other.observe({"sessionUpdate": "tool_call", "toolCallId": command, "kind": "execute",
+                              "title": command, "rawInput": {"call_id": command, "command": command}}) is None

@@ -390,6 +390,20 @@ async def test_heartbeat_claim_resign_and_release(r: aioredis.Redis) -> None:
     assert await r.zscore(keys.WORKERS, "w-2") is None and await r.hget(keys.REPORTS, "w-2") is None
 
 
+async def test_heartbeat_records_the_agent_names_on_offer(r: aioredis.Redis) -> None:
+    reg = keys.REGISTRY_KEYS
+    await run(r, "HEARTBEAT", reg, ["w-1", 1000, "{}", TTL, '["qwen","default"]'])
+    await run(r, "HEARTBEAT", reg, ["w-2", 1000, "{}", TTL])  # no names: nothing recorded
+    assert await r.zrange(keys.AGENTS, 0, -1) == ["default", "qwen"]
+    assert 0 < await r.pttl(keys.AGENTS) <= TTL
+    # A name nobody offered for a registry TTL is forgotten by the next heartbeat.
+    await r.zadd(keys.AGENTS, {"stale": 1})
+    await run(r, "HEARTBEAT", reg, ["w-1", 1000, "{}", TTL, '["qwen"]'])
+    assert await r.zrange(keys.AGENTS, 0, -1) == ["default", "qwen"]
+    await run(r, "RELEASE", reg, ["w-1"])  # names outlive their workers (a 503, not a 400)
+    assert await r.zrange(keys.AGENTS, 0, -1) == ["default", "qwen"]
+
+
 async def test_claim_dead_tombstones_a_lapsed_worker_once(r: aioredis.Redis) -> None:
     reg = keys.REGISTRY_KEYS
     await run(r, "HEARTBEAT", reg, ["w-1", 1000, "{}", TTL])

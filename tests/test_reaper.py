@@ -109,6 +109,67 @@ async def test_a_killed_workers_stubborn_agent_and_grandchildren_die(
     assert not left, [_cmdline(p) for p in left]
 
 
+# An ACP agent that starts a daemon in a session of its own (as Cline starts its hub): out of
+# the agent's process group, so no group signal reaches it. The daemon writes its pid down.
+DAEMONIZING_AGENT = """
+import os, subprocess, sys
+daemon = "import os, signal, sys\\nopen(sys.argv[1], 'w').write(str(os.getpid()))\\nwhile True: signal.pause()"
+subprocess.Popen([sys.executable, "-c", daemon, sys.argv[1]], start_new_session=True,
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+os.execv(sys.executable, [sys.executable, "-m", "acp_state.testing.scripted_agent"])  # ACP on our stdio
+"""
+
+
+async def _daemon_of(harness: Harness, workspace: str, tmp_path: Path) -> tuple[object, int]:
+    script, pid_file = tmp_path / "daemonizing_agent.py", tmp_path / "daemon.pid"
+    script.write_text(DAEMONIZING_AGENT)
+    worker = await harness.worker("--agent", f"{sys.executable} {script} {pid_file}")
+    await _create_session(harness, workspace)
+    while not pid_file.exists() or not pid_file.read_text():  # written at the daemon's start
+        await asyncio.sleep(0.02)
+    daemon = int(pid_file.read_text())
+    assert _alive(daemon) and os.getsid(daemon) == daemon  # out of the agent's group and session
+    return worker, daemon
+
+
+async def test_a_daemon_that_left_its_agents_group_dies_with_a_killed_worker(
+    own_harness: Harness, workspace: str, tmp_path: Path
+) -> None:
+    worker, daemon = await _daemon_of(own_harness, workspace, tmp_path)
+    await worker.kill9()  # type: ignore[attr-defined]
+    assert not await _all_gone({daemon}), _cmdline(daemon)
+
+
+async def test_a_daemon_that_left_its_agents_group_dies_with_a_worker_that_stops(
+    harness: Harness, workspace: str, tmp_path: Path
+) -> None:
+    worker, daemon = await _daemon_of(harness, workspace, tmp_path)
+    assert await worker.terminate() == 0  # type: ignore[attr-defined]
+    assert not await _all_gone({daemon}), _cmdline(daemon)
+
+
+# An ACP agent that stays when its stdin closes, as codex-acp does (SIGTERM still ends it).
+EOF_IGNORING_AGENT = """
+import signal, subprocess, sys
+subprocess.Popen([sys.executable, "-m", "acp_state.testing.scripted_agent"]).wait()  # ACP on our stdio
+while True:
+    signal.pause()
+"""
+
+
+async def test_an_agent_that_outlives_stdin_eof_is_stopped_by_a_worker_that_stops(
+    harness: Harness, workspace: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "eof_ignoring_agent.py"
+    script.write_text(EOF_IGNORING_AGENT)
+    worker = await harness.worker("--agent", f"{sys.executable} {script}")
+    await _create_session(harness, workspace)
+    (agent,) = _children(worker.pid, str(script))
+    group = _group(agent)
+    assert await worker.terminate() == 0  # stdin closed, then SIGTERM to its group after 2 s
+    assert not await _all_gone(group), [_cmdline(p) for p in group]
+
+
 async def test_the_reaper_leaves_with_a_worker_that_stops(harness: Harness, workspace: str) -> None:
     worker = await harness.worker()
     await _create_session(harness, workspace)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import shlex
 import signal
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
@@ -20,7 +21,7 @@ from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementatio
 from acp_state import __version__
 from acp_state.interactions import CancelSentinelCollision
 
-from .reaper import parent_death_signal, reaper
+from .reaper import TAG_VARIABLE, parent_death_signal, reaper, tagged
 
 if TYPE_CHECKING:
     from .session import LiveSession
@@ -31,6 +32,11 @@ PROTOCOL_VERSION = 1
 STREAM_LIMIT = 50 * 1024 * 1024
 INITIALIZE_TIMEOUT_S = 60.0
 GROUP_GRACE_S = 2.0
+# Updates for a session id not (yet) hosted here are kept, this many per id and for this many
+# ids at most (the oldest id's go first): an agent may announce a new session's commands
+# before its `session/new` answer names it (Copilot does), and they belong to the session.
+EARLY_UPDATES_PER_SESSION = 50
+EARLY_SESSIONS = 20
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -40,6 +46,18 @@ def _signal_group(pgid: int, sig: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def _signal_tagged(tag: str, sig: int) -> bool:
+    """Send `sig` to every process carrying the agent's tag; whether there were any."""
+    found = False
+    for pid in tagged([tag]):
+        try:
+            os.kill(pid, sig)
+            found = True
+        except (ProcessLookupError, PermissionError):
+            pass
+    return found
 
 
 def _dump(model: Any) -> Any:
@@ -70,11 +88,16 @@ class AgentProcess:
         self.stderr_path = stderr_path
         self._on_exit = on_exit
         self.sessions: dict[str, LiveSession] = {}
+        self._early: dict[str, list[dict[str, Any]]] = {}  # updates for sessions not adopted yet
+        self._replaying: dict[str, list[dict[str, Any]]] = {}  # early updates still on their way
         self.process: asyncio.subprocess.Process | None = None
         self.conn: Any = None
         self.supports_close = False
         self._watcher: asyncio.Task[None] | None = None
         self.stopping = False
+        # In the child's environment, inherited by its descendants: finds those that leave
+        # its process group (a daemon, such as Cline's hub) when the agent is stopped.
+        self.tag = secrets.token_hex(8)
 
     @property
     def alive(self) -> bool:
@@ -91,7 +114,7 @@ class AgentProcess:
             stdout=asyncio.subprocess.PIPE,
             stderr=stderr,
             cwd=self.cwd,
-            env=dict(os.environ),
+            env={**os.environ, TAG_VARIABLE: self.tag},
             # Its own process group, so a stop reaches wrappers' grandchildren too (qwen).
             start_new_session=True,
             # Linux kills the child if the worker dies; the reaper also covers grandchildren.
@@ -99,7 +122,7 @@ class AgentProcess:
             limit=STREAM_LIMIT,
         )
         # Should this process die before the group is gone, even by SIGKILL, the reaper ends it.
-        reaper().watch(self.process.pid)
+        reaper().watch(self.process.pid, self.tag)
         if stderr is not asyncio.subprocess.DEVNULL:
             stderr.close()
         self.conn = acp.connect_to_agent(self, self.process.stdin, self.process.stdout)
@@ -137,17 +160,23 @@ class AgentProcess:
             await self._end_group()
 
     async def _end_group(self) -> None:
-        """The child is gone: what it left in its process group (a wrapper's grandchildren)
-        gets SIGTERM, then SIGKILL after a grace period; then the reaper may forget the group.
-        (Cancelled on the way out of the process, the group stays with the reaper.)"""
+        """The child is gone: what it left in its process group (a wrapper's grandchildren),
+        and its descendants that left the group (daemons), get SIGTERM, then SIGKILL after a
+        grace period; then the reaper may forget the group. (Cancelled on the way out of the
+        process, the group stays with the reaper.)"""
         assert self.process is not None
         pgid = self.process.pid
         loop = asyncio.get_running_loop()
+
+        def remaining(sig: int) -> bool:
+            in_group = _signal_group(pgid, sig)
+            return _signal_tagged(self.tag, sig) or in_group
+
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not _signal_group(pgid, sig):
+            if not remaining(sig):
                 break
             deadline = loop.time() + GROUP_GRACE_S
-            while _signal_group(pgid, 0) and loop.time() < deadline:
+            while remaining(0) and loop.time() < deadline:
                 await asyncio.sleep(0.05)  # a group's end is not an event we can await
         reaper().forget(pgid)
 
@@ -169,6 +198,7 @@ class AgentProcess:
         """A session left this child: stop its work there; a child with no session left the
         worker may stop (see Worker)."""
         self.sessions.pop(agent_sid, None)
+        self._early.pop(agent_sid, None)  # (updates sent after it left)
         if not self.alive:
             return
         try:
@@ -204,9 +234,39 @@ class AgentProcess:
 
     # ---- ACP client callbacks (called by the SDK) ---------------------------------------
 
+    def adopt(self, agent_sid: str, session: LiveSession) -> None:
+        """Host `session` under the agent's id; the updates the agent sent for it before it
+        was adopted are relayed first, in order (they wait for its first snapshot)."""
+        self.sessions[agent_sid] = session
+        early = self._early.pop(agent_sid, None)
+        if early:
+            self._replaying[agent_sid] = early
+            asyncio.ensure_future(self._replay(agent_sid, session))
+
+    async def _replay(self, agent_sid: str, session: LiveSession) -> None:
+        queue = self._replaying[agent_sid]
+        try:
+            while queue:
+                await session.on_update(queue.pop(0))
+        except Exception:
+            log.exception("relaying a session's early updates failed", extra={"sessionId": session.sid})
+        finally:
+            del self._replaying[agent_sid]
+
+    def _keep_early(self, agent_sid: str, update: dict[str, Any]) -> None:
+        kept = self._early.setdefault(agent_sid, [])
+        if len(kept) < EARLY_UPDATES_PER_SESSION:
+            kept.append(update)
+        while len(self._early) > EARLY_SESSIONS:
+            del self._early[next(iter(self._early))]
+
     async def session_update(self, session_id: str, update: Any, **_: Any) -> None:
         session = self.sessions.get(session_id)
-        if session is not None:
+        if session is None:
+            self._keep_early(session_id, _dump(update))
+        elif session_id in self._replaying:  # behind the early ones
+            self._replaying[session_id].append(_dump(update))
+        else:
             await session.on_update(_dump(update))
 
     async def request_permission(self, session_id: str, tool_call: Any, options: Any, **_: Any) -> dict[str, Any]:

@@ -14,6 +14,11 @@ import orjson
 
 CONSECUTIVE_IDENTICAL = "consecutive_identical_tool_calls"
 TURN_TOOL_CALL_CAP = "turn_tool_call_cap"
+# Fields of a tool call's rawInput that name the call itself, not what it does (codex puts
+# its call, turn and process ids and a start time there): two calls that differ only in
+# these are the same call again.
+PER_CALL_INPUT_KEYS = frozenset({"call_id", "turn_id", "process_id", "started_at_ms", "completed_at_ms"})
+
 SKIPPED_TEXT = "Skipped because loop detection stopped the current turn before this tool could run."
 
 
@@ -48,8 +53,11 @@ class LoopGuard:
         if status not in ("completed", "failed") and isinstance(call_id, str):
             self._unfinished[call_id] = None
         meta = update.get("_meta") if isinstance(update.get("_meta"), dict) else {}
+        raw_input = update.get("rawInput")
+        if isinstance(raw_input, dict):
+            raw_input = {k: v for k, v in raw_input.items() if k not in PER_CALL_INPUT_KEYS}
         signature = orjson.dumps(
-            [update.get("kind"), update.get("title"), meta.get("toolName"), update.get("rawInput")],
+            [update.get("kind"), update.get("title"), meta.get("toolName"), raw_input],
             option=orjson.OPT_SORT_KEYS,
         )
         self.streak = self.streak + 1 if signature == self._last else 1

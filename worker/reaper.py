@@ -19,7 +19,10 @@ the watchdog leaves at once.
 The watchdog runs in its own session, so signals aimed at the worker's process group or
 terminal (Ctrl-C, ``kill -- -<pgid>``) do not take it down first, and it ignores SIGTERM,
 SIGINT and SIGHUP: its only way out is EOF, which the worker's death always brings. A group
-whose members left it with setsid() themselves is out of anyone's reach.
+whose members left it with setsid() themselves (a daemon, such as Cline's hub) is out of a
+group signal's reach: each agent child is therefore also started with a tag of its own in
+its environment (`TAG_VARIABLE`), which its descendants inherit, and every process that
+still carries the tag when its group is stopped is signalled by pid (`tagged`, from /proc).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from typing import Callable, Iterable
 
 GRACE_S = 2.0
 POLL_S = 0.05
+# Set in each agent child's environment: what finds its descendants that left its group.
+TAG_VARIABLE = "ACP_STATE_AGENT_TAG"
 
 log = logging.getLogger("worker.reaper")
 
@@ -56,33 +61,73 @@ def _signal_groups(groups: Iterable[int], sig: int) -> set[int]:
     return alive
 
 
-def reap(groups: set[int], grace_s: float = GRACE_S) -> None:
-    """SIGTERM every group, then SIGKILL what is left of them after `grace_s`."""
+def tagged(tags: Iterable[str]) -> set[int]:
+    """The live processes whose environment carries one of `tags` (Linux /proc; elsewhere
+    none): an agent's descendants, even those that left its process group."""
+    wanted = {f"{TAG_VARIABLE}={tag}".encode() for tag in tags if tag}
+    found: set[int] = set()
+    if not wanted:
+        return found
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if wanted & set(environ.read().split(b"\0")):
+                    found.add(int(entry))
+        except OSError:  # gone meanwhile, or not ours
+            continue
+    return found
+
+
+def _signal_pids(pids: Iterable[int], sig: int) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            alive.add(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return alive
+
+
+def reap(groups: set[int], grace_s: float = GRACE_S, tags: Iterable[str] = ()) -> None:
+    """SIGTERM every group and every process carrying one of `tags`, then SIGKILL what is
+    left of them after `grace_s`."""
+    tags = list(tags)
     alive = _signal_groups(groups, signal.SIGTERM)
+    strays = _signal_pids(tagged(tags), signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while alive and time.monotonic() < deadline:
+    while (alive or strays) and time.monotonic() < deadline:
         time.sleep(POLL_S)  # a process group's end is not an event we can wait on
         alive = _signal_groups(alive, 0)  # (a zombie still counts: its parent reaps it soon)
+        strays = tagged(tags)
     _signal_groups(alive, signal.SIGKILL)
+    _signal_pids(tagged(tags), signal.SIGKILL)
 
 
 def serve(lines: Iterable[bytes], grace_s: float = GRACE_S) -> int:
-    """Track ``+pgid`` / ``-pgid`` lines until EOF, then reap what is still tracked."""
-    groups: set[int] = set()
+    """Track ``+pgid[:tag]`` / ``-pgid`` lines until EOF, then reap what is still tracked."""
+    groups: dict[int, str] = {}
     for line in lines:
         text = line.strip()
-        if len(text) < 2 or text[:1] not in (b"+", b"-") or not text[1:].isdigit():
+        number, _, tag = text[1:].partition(b":")
+        if len(text) < 2 or text[:1] not in (b"+", b"-") or not number.isdigit():
             continue  # not ours; never guess a group id
-        pgid = int(text[1:])
+        pgid = int(number)
         if pgid <= 1:
             continue  # killpg(0 or 1) would hit ourselves or everything
         if text[:1] == b"+":
-            groups.add(pgid)
+            groups[pgid] = tag.decode(errors="replace") if tag.isalnum() else ""
         else:
-            groups.discard(pgid)
+            groups.pop(pgid, None)
     if groups:
         print(f"worker.reaper: the worker is gone; stopping agent groups {sorted(groups)}", file=sys.stderr, flush=True)
-        reap(groups, grace_s)
+        reap(set(groups), grace_s, groups.values())
     return 0
 
 
@@ -103,16 +148,21 @@ class Reaper:
     def __init__(self, grace_s: float = GRACE_S) -> None:
         self.grace_s = grace_s
         self.process: subprocess.Popen[bytes] | None = None
-        self.groups: set[int] = set()
+        self.groups: dict[int, str] = {}  # pgid -> its agent's tag ("" if none)
 
-    def watch(self, pgid: int) -> None:
-        """Kill group `pgid` if this process dies before it calls `forget(pgid)`."""
-        self.groups.add(pgid)
-        self._send(f"+{pgid}\n")
+    def watch(self, pgid: int, tag: str = "") -> None:
+        """Kill group `pgid`, and every process tagged `tag`, if this process dies before it
+        calls `forget(pgid)`."""
+        self.groups[pgid] = tag
+        self._send(self._line(pgid, tag))
+
+    @staticmethod
+    def _line(pgid: int, tag: str) -> str:
+        return f"+{pgid}:{tag}\n" if tag else f"+{pgid}\n"
 
     def forget(self, pgid: int) -> None:
         if pgid in self.groups:
-            self.groups.discard(pgid)
+            del self.groups[pgid]
             self._send(f"-{pgid}\n")
 
     def _send(self, line: str) -> None:
@@ -142,7 +192,7 @@ class Reaper:
                 close_fds=True,
             )
             assert self.process.stdin is not None
-            self.process.stdin.write("".join(f"+{pgid}\n" for pgid in self.groups).encode())
+            self.process.stdin.write("".join(self._line(pgid, tag) for pgid, tag in self.groups.items()).encode())
             self.process.stdin.flush()
         except OSError:
             log.warning("could not start the agent reaper; agents may outlive a killed worker", exc_info=True)

@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable
 from prometheus_client import REGISTRY, make_asgi_app
 
 from acp_state import commands
+from acp_state.agents import DEFAULT_AGENT
 from acp_state.clock import iso, now_ms
 from acp_state.store import ApplyOutcome, Standing, Store
 from acp_state.summary import SESSION_STATES
@@ -56,16 +57,23 @@ RECLAIM_TICK_S = 1.0
 
 @dataclass
 class WorkerConfig:
-    agent: str  # the ACP agent command (`acp-state` defaults to the scripted test double)
+    # The agents on offer, name -> ACP agent command, the default first (`acp-state`
+    # offers the scripted test double as `default` when given no --agent).
+    agents: dict[str, str]
     max_sessions: int = 1000
     lease_ms: int = 10_000
     child_per: str = "workspace"  # or "session"
-    session_mode: str | None = None
+    session_modes: dict[str, str] = field(default_factory=dict)  # agent name -> mode after session/new
     agent_stderr: str | None = None
     name: str | None = None
     loop_limits: LoopLimits = field(default_factory=LoopLimits)
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+
+    @property
+    def default_agent(self) -> str:
+        """The agent a create that names none gets: `default` if offered, else the first."""
+        return DEFAULT_AGENT if DEFAULT_AGENT in self.agents else next(iter(self.agents))
 
 
 async def _stored(write: Callable[[], Awaitable[Any]], patience_s: float = 30.0) -> bool:
@@ -137,7 +145,9 @@ class Worker:
             "startedAt": iso(self.started_ms),
             "sessions": len(self.sessions) + self._creating,
             "maxSessions": self.config.max_sessions,
-            "agents": len(self.agents),
+            "agents": len(self.agents),  # running agent children
+            "agentNames": list(self.config.agents),  # the agents on offer (placement)
+            "defaultAgent": self.config.default_agent,
             "states": self.state_counts,
             "leaseMs": self.config.lease_ms,
             "renewedAt": now_ms(),
@@ -411,16 +421,17 @@ class Worker:
             server.stop()
             raise
 
-    async def _agent_for(self, cwd: str, sid: str) -> AgentProcess:
-        """The child that will host the session: shared per workspace, or one per session."""
-        key = cwd if self.config.child_per == "workspace" else sid
+    async def _agent_for(self, name: str, cwd: str, sid: str) -> AgentProcess:
+        """The child of agent `name` that will host the session: shared per agent and
+        workspace, or one per session."""
+        key = f"{name}\0{cwd}" if self.config.child_per == "workspace" else sid
         agent = self.agents.get(key)
         if agent is not None and agent.alive:
             return agent
         agent = AgentProcess(
-            self.config.agent,
+            self.config.agents[name],
             cwd,
-            session_mode=self.config.session_mode,
+            session_mode=self.config.session_modes.get(name),
             stderr_path=self.config.agent_stderr,
             on_exit=lambda a, key=key: self._agent_exited(key, a),
         )
@@ -439,8 +450,14 @@ class Worker:
 
     async def _create(self, command: commands.Create) -> None:
         ws, sid, cwd = command.ws, command.sid, command.cwd
+        name = command.agent or self.config.default_agent
+        if name not in self.config.agents:  # placement read an old report; the API tries another
+            self._creating -= 1
+            with contextlib.suppress(Exception):
+                await self.store.reply(command.request_id, {"ok": False, "code": "agent_not_offered"})
+            return
         try:
-            agent = await self._agent_for(cwd, sid)
+            agent = await self._agent_for(name, cwd, sid)
             agent_sid = await agent.new_session(cwd)
         except Exception as error:
             self._creating -= 1
@@ -463,7 +480,7 @@ class Worker:
             on_state=self._count_state,
         )
         session.untold_request = command.request_id
-        agent.sessions[agent_sid] = session
+        agent.adopt(agent_sid, session)
         self.sessions[sid] = session
         self._creating -= 1  # the reservation is now a session: count it once
         self._workspace_load[ws] = self._workspace_load.get(ws, 0) + 1

@@ -13,6 +13,7 @@ import sys
 from typing import Any, Awaitable, Callable
 
 from .. import logs
+from ..agents import PRESETS, offered_agents, session_modes, with_presets
 from ..store import MEMORY, RedisStore, Retention, UnsuitableRedis, check_redis
 from ..testing import scripted_agent
 from .serving import DEFAULT_SERVER, SERVERS, listen_address, serve_http, started, until_signal, url_host
@@ -53,18 +54,29 @@ def _worker_config(args: argparse.Namespace) -> Any:
     from acp_state.worker.loop_guard import LoopLimits
     from acp_state.worker.worker import WorkerConfig
 
+    agents, modes = _agents(args)
     return WorkerConfig(
         loop_limits=LoopLimits(identical=args.loop_identical, max_tool_calls=args.loop_max_tool_calls),
-        agent=args.agent or SCRIPTED_AGENT,
+        agents=agents,
+        session_modes=modes,
         max_sessions=args.max_sessions,
         lease_ms=args.lease_ms,
         child_per=args.child_per,
-        session_mode=args.session_mode,
         agent_stderr=args.agent_stderr,
         name=args.name,
         metrics_port=getattr(args, "metrics_port", None),
         metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
     )
+
+
+def _agents(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
+    """The agents on offer (`--agent`, `--agent-preset`) and their session modes."""
+    try:
+        agent_options, mode_options = with_presets(args.agent or [], args.agent_preset, args.session_mode or [])
+        agents = offered_agents(agent_options, SCRIPTED_AGENT)
+        return agents, session_modes(mode_options, agents)
+    except ValueError as error:
+        raise SystemExit(f"acp-state: {error}") from None
 
 
 def _retention(args: argparse.Namespace) -> Retention:
@@ -184,11 +196,19 @@ def _parser() -> argparse.ArgumentParser:
                             "is taken back this long plus 5 s after it was given, and the session undone)")
 
     def worker_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--agent", help="ACP agent command (default: the built-in scripted agent)")
+        p.add_argument("--agent", action="append", metavar="[NAME=]COMMAND",
+                       help="an ACP agent on offer (repeatable): NAME=COMMAND offers it under NAME, a "
+                            "bare COMMAND is the default agent (default: the built-in scripted agent); "
+                            "see docs/agents.md")
+        p.add_argument("--agent-preset", action="append", default=[], choices=list(PRESETS), metavar="NAME",
+                       help=f"offer a known agent under its name, as docs/agents.md launches it "
+                            f"(repeatable; its executable on PATH): {', '.join(PRESETS)}")
         p.add_argument("--max-sessions", type=int, default=1000)
         p.add_argument("--lease-ms", type=int, default=10_000)
         p.add_argument("--child-per", choices=["workspace", "session"], default="workspace")
-        p.add_argument("--session-mode", help="ACP session mode to set after session/new (e.g. default)")
+        p.add_argument("--session-mode", action="append", metavar="[NAME=]MODE",
+                       help="ACP session mode to set after session/new (e.g. default): NAME=MODE for "
+                            "agent NAME, a bare MODE for every other agent (repeatable)")
         p.add_argument("--agent-stderr", help="append the agents' stderr to this file")
         p.add_argument("--name", help="worker name prefix of the incarnation id")
         defaults = Retention()

@@ -29,7 +29,10 @@ SWEEPS = f"{PREFIX}:{REGISTRY_TAG}:sweeps"
 # HASH {tick, stall} (fields: ClockField): when the store was last seen serving, and when it
 # last came back from a silence (a stall, a pause, a restart, running out of memory).
 CLOCK = f"{PREFIX}:{REGISTRY_TAG}:clock"
-REGISTRY_KEYS = [WORKERS, REPORTS, LEASES, DEAD, SWEEPS, CLOCK]
+# ZSET agent name -> when a worker last offered it (Redis ms): the names a create may ask
+# for, kept a day after the last worker offering one was seen (unknown vs. none alive).
+AGENTS = f"{PREFIX}:{REGISTRY_TAG}:agents"
+REGISTRY_KEYS = [WORKERS, REPORTS, LEASES, DEAD, SWEEPS, CLOCK, AGENTS]
 
 
 def worker_sessions(incarnation: str) -> str:

@@ -168,10 +168,13 @@ class RedisStore:
     # ---- worker side -------------------------------------------------------------------
 
     async def heartbeat(self, incarnation: str, report: dict[str, Any], lease_ms: int) -> Standing:
-        """Renew the lease on Redis's clock: one script, whatever the session count."""
+        """Renew the lease on Redis's clock: one script, whatever the session count. The
+        agent names the report offers (`agentNames`) are recorded as known in the same step."""
+        offered = report.get("agentNames") or []
         with REDIS_ROUNDTRIP.labels("heartbeat").time():
             standing, _ = await self._heartbeat(
-                keys.REGISTRY_KEYS, [incarnation, lease_ms, orjson.dumps(report).decode(), REGISTRY_TTL_MS]
+                keys.REGISTRY_KEYS,
+                [incarnation, lease_ms, orjson.dumps(report).decode(), REGISTRY_TTL_MS, orjson.dumps(offered).decode()],
             )
         return Standing(standing)
 
@@ -458,6 +461,10 @@ class RedisStore:
             return {}
         values = await self.redis.hmget(keys.REPORTS, incarnations)
         return {inc: orjson.loads(v) for inc, v in zip(incarnations, values, strict=True) if v}
+
+    async def known_agents(self) -> list[str]:
+        """Every agent name a worker offered within the registry's TTL (live or not)."""
+        return sorted(await self.redis.zrange(keys.AGENTS, 0, -1))
 
     async def send_control(self, incarnation: str, command: Create) -> None:
         pipe = self.redis.pipeline(transaction=False)

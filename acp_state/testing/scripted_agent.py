@@ -62,6 +62,8 @@ it ``cancelled``, and tests should see that it does.
 Environment
 -----------
 ``ACP_SCRIPTED_RECORD``  a file path; every message received is appended to it as one JSON line.
+``ACP_SCRIPTED_EAGER_UPDATE``  set: an ``available_commands_update`` for each new session right
+                        after the ``session/new`` answer; ``before``: right before it.
 """
 
 from __future__ import annotations
@@ -624,11 +626,15 @@ class ScriptedAgent:
         except RpcError as err:
             await self.channel.respond_error(request_id, err)
         else:
+            eager = os.environ.get("ACP_SCRIPTED_EAGER_UPDATE") if method == "session/new" else None
+            update = {"sessionUpdate": "available_commands_update", "availableCommands": []}
+            if eager == "before":
+                # As Copilot does: an update for the new session before the answer that names it.
+                await self.channel.notify("session/update", {"sessionId": result["sessionId"], "update": update})
             await self.channel.respond(request_id, result)
-            if method == "session/new" and os.environ.get("ACP_SCRIPTED_EAGER_UPDATE"):
+            if eager and eager != "before":
                 # As Qwen Code, Claude Code and Copilot do: an update right behind the answer,
                 # which reaches the client before it has published the session.
-                update = {"sessionUpdate": "available_commands_update", "availableCommands": []}
                 await self.channel.notify("session/update", {"sessionId": result["sessionId"], "update": update})
 
     def on_notification(self, method: str, params: JSON) -> None:

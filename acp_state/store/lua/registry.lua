@@ -4,7 +4,8 @@
 -- (DEBUG SLEEP, CLIENT PAUSE, out of memory, a restart, a failover), and the time it came
 -- back is kept as `stall`. No worker is declared dead until the store has served for a
 -- whole lease of that worker since then, so a healthy worker always gets to renew first.
---   KEYS (every registry script): 1 workers, 2 reports, 3 leases, 4 dead, 5 sweeps, 6 clock
+--   KEYS (every registry script): 1 workers, 2 reports, 3 leases, 4 dead, 5 sweeps, 6 clock,
+--   7 agents
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function tick(own_lease)

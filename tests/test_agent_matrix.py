@@ -1,0 +1,312 @@
+"""The agent matrix: every real ACP coding agent of tests/agent_recipes.py, one row each,
+through two API processes and a worker, against the scripted model endpoint, offline.
+
+Each row: create (naming the agent); a prompt whose text reaches the transcript and the
+event stream; a permission request in `pendingInteractions` with the agent's own options; a
+vote that reaches the agent, after which the tool has run (the file exists); a cancel
+mid-turn (a slow reply); a scripted loop that the bridge's loop guard stops with
+`LOOP_DETECTED`, unless the agent stops itself (which one is recorded); a kill -9 of the
+worker that leaves none of the agent's processes behind.
+
+A row skips only when its agent is not installed (`npm install --prefix tests/node`).
+Select rows with `-k`, e.g. `-k "qwen or opencode"`. With ACP_MATRIX_RESULTS set, each row
+writes what it saw there as JSON (scripts/agent-matrix prints the table).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.agent_recipes import RECIPES, Recipe
+from tests.harness import ApiProcess, EventWatcher, Harness, SseClient
+from tests.model_endpoint import HELLO, LOOP_FILE, WRITE_FILE, WRITE_TOOLS, ModelEndpoint
+
+pytestmark = pytest.mark.agents
+
+CREATE_TIMEOUT_S = 90  # a cold agent start (node, bun) on a busy CI machine
+TURN_TIMEOUT_S = 60
+LOOP_TIMEOUT_S = 90
+GONE_TIMEOUT_S = 15
+MORE_SESSIONS = 4  # created at once right after the first: none may turn into a ghost  # the reaper's grace is 2 s; daemons get SIGTERM, then SIGKILL
+# The worker's own defaults, so the row shows what a user gets: an agent whose loop detection
+# trips earlier (Qwen Code's, at 6) stops the loop itself.
+LOOP_IDENTICAL = 10
+LOOP_MAX_TOOL_CALLS = 150
+LOOP_EXTRA_CALLS = 10  # calls an agent may start before the bridge's cancel reaches it
+ROW_MARK = "ACP_MATRIX_ROW"  # in the worker's environment, inherited by all its agent's processes
+
+
+@pytest.fixture
+def model() -> Iterator[ModelEndpoint]:
+    with ModelEndpoint() as endpoint:
+        yield endpoint
+
+
+def recipe_or_skip(name: str) -> Recipe:
+    recipe = RECIPES[name]
+    if not recipe.installed:
+        pytest.skip(f"{recipe.package} is not installed: npm install --prefix tests/node (see docs/agents.md)")
+    return recipe
+
+
+def processes_marked(mark: str) -> list[int]:
+    """Live processes whose environment carries `ROW_MARK=mark` (zombies carry none)."""
+    wanted = f"{ROW_MARK}={mark}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if wanted in environ.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+async def prompt(api: ApiProcess, sid: str, text: str) -> str:
+    response = await api.client.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": text}]})
+    assert response.status_code == 202, response.text
+    return response.json()["promptId"]
+
+
+async def turn_end(events: EventWatcher, sid: str, prompt_id: str, timeout: float = TURN_TIMEOUT_S) -> dict[str, Any]:
+    return await events.wait_for(
+        lambda e: e["type"] in ("turn_complete", "turn_error") and e.get("promptId") == prompt_id
+        and e["_channel"].endswith(sid),
+        timeout,
+    )
+
+
+def chunk_text(event: dict[str, Any]) -> str:
+    update = (event.get("data") or {}).get("update") or {}
+    if update.get("sessionUpdate") != "agent_message_chunk":
+        return ""
+    content = update.get("content") or {}
+    return content.get("text", "") if isinstance(content, dict) else ""
+
+
+class Row:
+    """What one agent did, step by step, with the time each step took."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.record: dict[str, Any] = {"agent": recipe.name, "package": recipe.package, "steps": {}, "notes": []}
+        self._started = time.monotonic()
+
+    def step(self, name: str, ok: bool, since: float, **detail: Any) -> None:
+        self.record["steps"][name] = {"ok": ok, "seconds": round(time.monotonic() - since, 2), **detail}
+
+    def write(self) -> None:
+        folder = os.environ.get("ACP_MATRIX_RESULTS")
+        if folder:
+            self.record["seconds"] = round(time.monotonic() - self._started, 1)
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            (Path(folder) / f"{self.record['agent']}.json").write_text(json.dumps(self.record, indent=2))
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+async def test_agent_row(
+    name: str, model: ModelEndpoint, own_harness: Harness, workspace: str, tmp_path: Path
+) -> None:
+    # `model` comes before `own_harness`: it outlives the worker and its agent.
+    recipe = recipe_or_skip(name)
+    row = Row(recipe)
+    try:
+        await _row(recipe, row, model, own_harness, workspace, tmp_path)
+    finally:
+        row.write()
+
+
+async def _row(
+    recipe: Recipe, row: Row, model: ModelEndpoint, harness: Harness, workspace: str, tmp_path: Path
+) -> None:
+    (Path(workspace) / LOOP_FILE).write_text("the loop reads this\n")
+    model.script.cwd = workspace
+    launch = recipe.prepare(tmp_path / "home", model.url, workspace)
+    mark = uuid.uuid4().hex
+    args = [
+        "--agent-preset", recipe.name,  # as users launch it (its executable on the recipe's PATH)
+        "--agent-stderr", str(tmp_path / f"{recipe.name}-stderr.log"),
+        "--loop-identical", str(LOOP_IDENTICAL), "--loop-max-tool-calls", str(LOOP_MAX_TOOL_CALLS),
+    ]
+    events = await harness.events()
+    worker = await harness.worker(*args, env={**launch.env, ROW_MARK: mark})
+    first, second = await harness.api(), await harness.api()
+
+    # 1. Create, naming the agent; one API creates, the other streams and reads.
+    since = time.monotonic()
+    created = await first.client.post(
+        "/session", json={"cwd": workspace, "sessionScope": "thread", "agent": recipe.name}, timeout=CREATE_TIMEOUT_S
+    )
+    assert created.status_code == 200, created.text
+    sid = created.json()["sessionId"]
+    row.step("create", True, since)
+    stream = await SseClient(second, sid).start()
+
+    # 2. A prompt: the agent's text in the event stream and the transcript.
+    since = time.monotonic()
+    said = await prompt(first, sid, "say hello")
+    end = await turn_end(events, sid, said)
+    assert end["type"] == "turn_complete", end
+    # (an SSE frame's data is the event's envelope)
+    await stream.wait_for(lambda f: HELLO in chunk_text(f["data"] or {}) and f["data"].get("promptId") == said,
+                          TURN_TIMEOUT_S)
+    transcript = (await second.client.get(f"/session/{sid}/transcript")).json()
+    assert any(HELLO in chunk_text(e) for e in transcript["events"]), transcript
+    row.step("prompt", True, since)
+
+    # 3. A shell command: the agent's own permission request, pending; a vote runs the tool.
+    since = time.monotonic()
+    ran = await prompt(second, sid, "PERM create the file")
+    request = await events.wait_type(sid, "permission_request", TURN_TIMEOUT_S, promptId=ran)
+    status = (await first.client.get(f"/session/{sid}/status")).json()
+    [pending] = status["pendingInteractions"]
+    assert pending["requestId"] == request["data"]["requestId"]
+    assert status["isWaitingForPermission"] is True
+    offered = request["data"].get("options") or pending["options"]
+    kinds = {o.get("kind") for o in offered}
+    assert "allow_once" in kinds, offered
+    assert [o["optionId"] for o in pending["options"]] == [o["optionId"] for o in offered]
+    allow = next(o for o in pending["options"] if o.get("kind") == "allow_once")
+    row.step("permission", True, since, options=[o["optionId"] for o in pending["options"]])
+    since = time.monotonic()
+    vote = await first.client.post(
+        f"/session/{sid}/permission/{pending['requestId']}",
+        json={"outcome": {"outcome": "selected", "optionId": allow["optionId"]}},
+    )
+    assert vote.status_code == 200, vote.text
+    end = await turn_end(events, sid, ran)
+    assert end["type"] == "turn_complete", end
+    assert (Path(workspace) / "perm_check.txt").exists(), "the tool did not run after the vote"
+    row.step("vote", True, since)
+
+    # 4. A new file written by the agent's own write tool, if it has one (gemini reads the
+    # file through the client first when the client offers fs; acp-state offers none).
+    since = time.monotonic()
+    wrote = await prompt(second, sid, "WRITE a new file")
+    voted_write = await _allow_until_end(events, first, sid, wrote)
+    end = await turn_end(events, sid, wrote)
+    has_write_tool = any(t.name in WRITE_TOOLS for turn in model.turns[-2:] for t in turn.tools)
+    written = (Path(workspace) / WRITE_FILE).exists()
+    row.step("write", written or not has_write_tool, since, tool=has_write_tool, votes=voted_write, ended=end["type"])
+    assert end["type"] == "turn_complete", end
+    assert written or not has_write_tool, "the agent's write tool did not write the file"
+
+    # 5. A cancel mid-turn: the slow reply is streaming when the cancel arrives.
+    since = time.monotonic()
+    slow = await prompt(first, sid, "SLOW take your time")
+    await events.wait_for(lambda e: e.get("promptId") == slow and "slow" in chunk_text(e), TURN_TIMEOUT_S)
+    cancelled = await second.client.post(f"/session/{sid}/cancel")
+    assert cancelled.status_code == 204, cancelled.text
+    end = await turn_end(events, sid, slow)
+    stop = end["data"].get("stopReason") if end["type"] == "turn_complete" else end["data"].get("code")
+    row.step("cancel", stop == "cancelled", since, ended=end["type"], stopReason=stop)
+    assert stop == "cancelled", end
+
+    # 6. A loop: the same tool call for ever. The bridge's guard stops it, unless the agent
+    # does first. Permission requests on the way are allowed, so only a guard can stop it.
+    since = time.monotonic()
+    looped = await prompt(second, sid, "LOOP read the file again")
+    voted: set[str] = set()
+
+    async def approve_loop_requests() -> None:
+        while True:
+            asked = await events.wait_for(
+                lambda e: e["type"] == "permission_request" and e.get("promptId") == looped
+                and e["data"]["requestId"] not in voted, LOOP_TIMEOUT_S,
+            )
+            rid = asked["data"]["requestId"]
+            voted.add(rid)
+            option = next(o for o in asked["data"]["options"] if o.get("kind") == "allow_once")
+            await first.client.post(f"/session/{sid}/permission/{rid}",
+                                    json={"outcome": {"outcome": "selected", "optionId": option["optionId"]}})
+
+    approver = asyncio.ensure_future(approve_loop_requests())
+    try:
+        end = await turn_end(events, sid, looped, LOOP_TIMEOUT_S)
+    finally:
+        approver.cancel()
+    code = (end["data"].get("code") or end["data"].get("error", {}).get("code")) if end["type"] == "turn_error" else None
+    loop_calls = sum(1 for e in events.of(sid) if e.get("promptId") == looped
+                     and ((e.get("data") or {}).get("update") or {}).get("sessionUpdate") == "tool_call")
+    # The bridge's stop names the guard that tripped (`loopType`); an agent's own does not.
+    loop_type = end["data"].get("loopType")
+    stopper = "bridge" if code == "LOOP_DETECTED" and loop_type else "agent"
+    # Either way the turn ended with no cancel from the test, after a bounded number of calls
+    # (an agent may start a few more before the bridge's cancel reaches it). The bridge catches
+    # the loop as one of identical calls, whatever the agent puts in them. An agent that stops
+    # itself ends the turn as it sees fit: Gemini with `end_turn`, Cline with `cancelled`
+    # (its own abort), which the bridge passes on as the agent's stop reason.
+    ok = loop_calls <= LOOP_IDENTICAL + LOOP_EXTRA_CALLS
+    if stopper == "bridge":
+        ok = ok and loop_type == "consecutive_identical_tool_calls"
+    row.step("loop", ok, since, stoppedBy=stopper, ended=end["type"], code=code, loopType=loop_type,
+             stopReason=end["data"].get("stopReason"), toolCalls=loop_calls, votes=len(voted))
+    assert ok, (loop_calls, end)
+
+    # 7. More sessions at once: each is live and answers (an agent that sends an update right
+    # after, or even before, its `session/new` answer must not turn a session into a ghost).
+    since = time.monotonic()
+    body = {"cwd": workspace, "sessionScope": "thread", "agent": recipe.name}
+    made = await asyncio.gather(*(api.client.post("/session", json=body, timeout=CREATE_TIMEOUT_S)
+                                  for api in [first, second] * (MORE_SESSIONS // 2)))
+    assert all(m.status_code == 200 for m in made), [m.text for m in made]
+    sids = [m.json()["sessionId"] for m in made]
+    prompts = [await prompt(first, other, "say hello") for other in sids]
+    ends = await asyncio.gather(*(turn_end(events, other, p) for other, p in zip(sids, prompts)))
+    ghosts = [e for e in events.events if e["type"] in ("session_died", "session_closed")
+              and any(e["_channel"].endswith(other) for other in sids)]
+    # The ghost's path began with a refused write: a session update that reached the store
+    # before the session (the fence says "not ours"); the worker now holds updates until then.
+    refused = worker.log_path.read_text().count("the store refused a write")
+    ok = not ghosts and not refused and all(e["type"] == "turn_complete" for e in ends)
+    row.step("sessions", ok, since, ghosts=len(ghosts), refusedWrites=refused)
+    assert ok, (ghosts, refused, ends)
+
+    # 8. kill -9 of the worker: none of the agent's processes is left, daemons included.
+    since = time.monotonic()
+    assert processes_marked(mark), "the agent's processes should carry the row's mark"
+    await worker.kill9()
+    deadline = time.monotonic() + GONE_TIMEOUT_S
+    while (left := processes_marked(mark)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)  # a process's exit elsewhere is not an event we can await
+    row.step("kill9", not left, since, left=[_describe(pid) for pid in left])
+    assert not left, [_describe(pid) for pid in left]
+    await stream.close()
+
+
+async def _allow_until_end(events: EventWatcher, api: ApiProcess, sid: str, prompt_id: str) -> int:
+    """Allow (once) every permission request of a turn until it ends; how many there were."""
+    voted: set[str] = set()
+    while True:
+        event = await events.wait_for(
+            lambda e: e.get("promptId") == prompt_id and e["_channel"].endswith(sid) and (
+                e["type"] in ("turn_complete", "turn_error")
+                or e["type"] == "permission_request" and e["data"]["requestId"] not in voted),
+            TURN_TIMEOUT_S,
+        )
+        if event["type"] != "permission_request":
+            return len(voted)
+        rid = event["data"]["requestId"]
+        voted.add(rid)
+        option = next(o for o in event["data"]["options"] if o.get("kind") == "allow_once")
+        await api.client.post(f"/session/{sid}/permission/{rid}",
+                              json={"outcome": {"outcome": "selected", "optionId": option["optionId"]}})
+
+
+def _describe(pid: int) -> str:
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return str(pid)
+    return f"{pid}: {command[:200]}"
+
