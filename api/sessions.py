@@ -319,12 +319,38 @@ async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: 
             break
         await asyncio.sleep(WAIT_STEP_S)
         record = await state.store.create_record(key)
+    if record is None and first.request:
+        # The key's record lapsed while the first create's outcome was followed (a long
+        # outage): the first create's answer and session say how it ended, not the lapse.
+        record = await first_create_outcome(state, key, ws, first)
     if record is None or record.sid != first.sid:  # the first create failed and said so
         raise unavailable("the first create with this key failed; retry", "create_undone")
     row = await state.store.catalog_row(ws, record.sid)
     state.locator.remember(record.sid, ws)
     body = {"sessionId": record.sid, "workspaceCwd": cwd, "attached": record.attached, "clientId": record.client_id}
     return OrjsonResponse(dict(body, createdAt=row["createdAt"] if row else created_at or iso(now_ms())))
+
+
+async def first_create_outcome(state: AppState, key: str, ws: str, first: CreateRecord) -> CreateRecord | None:
+    """How a create whose key record lapsed ended: its answer taken here (told, kept), or
+    taken by an API that told the session and died before keeping it (kept), or unknown yet
+    (the record is written again, so the next retry follows this same create, and the
+    caller is told the outcome is unknown). None: it failed, or was abandoned (undone)."""
+    assert first.request is not None
+    answer = await state.store.take_reply(first.request)
+    if isinstance(answer, dict):
+        if not answer.get("ok"):
+            return None
+        await _told(state, ws, first.sid)
+    elif answer == ABANDONED or not await state.store.was_told(ws, first.sid):
+        if answer != ABANDONED and await state.store.catalog_row(ws, first.sid) is not None:
+            claim_ms = int(state.settings.create_timeout_s * 1000) + 10_000
+            if await state.store.claim_create(key, first.sid, first.client_id, claim_ms) is None:
+                await state.store.note_create_request(key, first.sid, first.client_id, first.request)
+            raise unavailable("the create's outcome is not known yet; retry with the same key", "outcome_unknown")
+        return None
+    await _keep(state, key, first.sid, first.client_id, first.attached)
+    return first
 
 
 async def live_or_first(
