@@ -94,7 +94,7 @@ MUTATIONS = [
         "feed-skips-gaps",
         "the live feed takes a skipped revision as the next one instead of reading the state again",
         "api/live_feed.py",
-        "            if revision != expected + 1:\n                return await self._resync()  # one was missed, or a new generation began\n",
+        "            if change.revision != expected + 1:\n                return await self._resync()  # one was missed\n",
         "",
         ("tests/test_live_feed_gaps.py",),
     ),
