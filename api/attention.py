@@ -27,12 +27,11 @@ from starlette.responses import Response
 from acp_state.interactions import USER_QUESTION
 from acp_state.registry import WorkerRegistry
 from acp_state.store import AttentionCursor, AttentionEntry, Fanout, ReaderStore
-from acp_state.tasks import survive
 
 from .auth import principal_of
-from .event_stream import KEEPALIVE_S, frame
-from .push import OWNER_CHECK_S, Hub, Listener, frames, run_every, stream_response
-from .responses import ApiError, OrjsonResponse, parse_decimal, unavailable
+from .event_stream import frame
+from .push import Hub, Listener, frames, stream_response
+from .responses import ApiError, OrjsonResponse, parse_decimal
 from .state import app_state
 
 DEFAULT_SIZE = 50
@@ -40,7 +39,6 @@ MAX_SIZE = 500
 # What the stream's hub reads per page when it loads the whole inbox, and at most in all.
 LOAD_PAGE = 1000
 MAX_FOLLOWED = 100_000
-RETRY_AFTER_FAILURE_S = 0.5
 
 Key = tuple[str, str, str | None]  # workspace, session, request (None: the turn error)
 
@@ -173,45 +171,19 @@ class AttentionFeed(Hub):
         self._store, self._registry, self._fanout, self._forget = store, registry, fanout, forget
         self._workspaces = workspaces
         self.items: dict[Key, tuple[dict[str, Any], str]] = {}  # -> (wire item, owner)
-        self._inbox: list[tuple[str, str] | None] = []
-        self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
 
-    async def start(self) -> None:
-        try:
-            for ws in sorted(self._workspaces):
-                await self._fanout.watch(ws)
-        except asyncio.TimeoutError as error:
-            raise unavailable("cannot follow the workspaces' changes now; retry", "store_unavailable") from error
-        await self._reload()
-        self._tasks = [
-            asyncio.ensure_future(self._run()),
-            asyncio.ensure_future(run_every("attention owners", OWNER_CHECK_S, self._check_owners)),
-            asyncio.ensure_future(run_every("attention keepalive", KEEPALIVE_S, self._keepalive)),
-        ]
+    name = "attention feed"
 
-    def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+    async def _follow(self) -> None:
+        for ws in sorted(self._workspaces):
+            await self._fanout.watch(ws)
+
+    def _forgotten(self) -> None:
         self._forget()
 
     def changed(self, ws: str, sid: str) -> None:
         if ws in self._workspaces:
-            self._inbox.append((ws, sid))
-            self._wake.set()
-
-    def reset(self) -> None:
-        self._inbox.append(None)
-        self._wake.set()
-
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            batch, self._inbox = self._inbox, []
-            if not await survive("attention feed", lambda: self._take(batch)):
-                await asyncio.sleep(RETRY_AFTER_FAILURE_S)
-                self.reset()
+            self.hear((ws, sid))
 
     async def _take(self, batch: list[tuple[str, str] | None]) -> None:
         if None in batch:

@@ -32,12 +32,11 @@ from starlette.responses import Response
 from acp_state.registry import WorkerRegistry
 from acp_state.store import Change, Fanout, ReaderStore, SessionView
 from acp_state.summary import live_state_row
-from acp_state.tasks import survive
 
 from . import workspace_ref
-from .event_stream import KEEPALIVE_S, MAX_SAFE_INTEGER, frame
-from .push import OWNER_CHECK_S, Hub, Listener, frames, run_every, stream_response
-from .responses import parse_decimal, unavailable
+from .event_stream import MAX_SAFE_INTEGER, frame
+from .push import Hub, Listener, frames, stream_response
+from .responses import parse_decimal
 from .state import app_state
 
 log = logging.getLogger("api.live_feed")
@@ -45,7 +44,6 @@ log = logging.getLogger("api.live_feed")
 GENERATION_HEADER = "X-Acp-Catalog-Generation"
 # Changes remembered for resumes beyond the live rows' own (removals, mostly).
 REMEMBERED_CHANGES = 10_000
-RETRY_AFTER_FAILURE_S = 0.5
 
 
 class WorkspaceFeed(Hub):
@@ -63,47 +61,18 @@ class WorkspaceFeed(Hub):
         # lease counts half a revision later than the revision it was seen at.
         self.changed_at: OrderedDict[str, float] = OrderedDict()
         self.since = 0  # the oldest revision a resume can be answered from
-        self._inbox: list[Change | None] = []
-        self._wake = asyncio.Event()
         self._fresh = True  # announcements that queued during the last whole read are in it
-        self._tasks: list[asyncio.Task[None]] = []
 
-    async def start(self) -> None:
-        try:
-            await self._fanout.watch(self.ws)
-        except asyncio.TimeoutError as error:
-            raise unavailable("cannot follow the workspace's changes now; retry", "store_unavailable") from error
-        await self._resync()
-        self._tasks = [
-            asyncio.ensure_future(self._run()),
-            asyncio.ensure_future(run_every("live feed owners", OWNER_CHECK_S, self._check_owners)),
-            asyncio.ensure_future(run_every("live feed keepalive", KEEPALIVE_S, self._keepalive)),
-        ]
+    name = "live feed"
 
-    def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+    async def _follow(self) -> None:
+        await self._fanout.watch(self.ws)
+
+    def _forgotten(self) -> None:
         self._forget(self)
 
-    # ---- what the process hears ---------------------------------------------------------
-
     def changed(self, change: Change) -> None:
-        self._inbox.append(change)
-        self._wake.set()
-
-    def reset(self) -> None:
-        """Announcements may have been lost: read the whole state again."""
-        self._inbox.append(None)
-        self._wake.set()
-
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            batch, self._inbox = self._inbox, []
-            if not await survive("live feed", lambda: self._take(batch)):
-                await asyncio.sleep(RETRY_AFTER_FAILURE_S)  # Redis away: try a whole read later
-                self.reset()
+        self.hear(change)
 
     async def _take(self, batch: list[Change | None]) -> None:
         todo: list[tuple[str, int]] = []

@@ -15,11 +15,12 @@ import asyncio
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from acp_state.tasks import survive
 
-from .event_stream import RETRY_MS, EventStreamResponse
+from .event_stream import KEEPALIVE_S, RETRY_MS, EventStreamResponse
+from .responses import unavailable
 
 log = logging.getLogger("api.push")
 
@@ -28,6 +29,7 @@ LINGER_S = 60.0
 # How often a hub looks for owners whose lease lapsed (their sessions leave at once, before
 # any sweeper removed them): well inside the shortest lease.
 OWNER_CHECK_S = 0.25
+RETRY_AFTER_FAILURE_S = 0.5
 KEEPALIVE = b": keepalive\n\n"
 STREAM_HEADERS = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"}
 
@@ -70,12 +72,73 @@ class Listener:
 
 
 class Hub:
-    """Listeners, the linger after the last one left, and the shutdown of them all."""
+    """One hub's listeners, the linger after the last one left, the shutdown of them all,
+    and its following of Redis: what it hears queues in its inbox (None: messages may have
+    been lost), one task takes each batch (`_take`), and every round of its tasks survives
+    an error (a failed batch is followed by a whole read, `reset`)."""
+
+    name = "hub"  # its tasks' name in logs and in /metrics
 
     def __init__(self) -> None:
         self.listeners: set[Listener] = set()
         self._idle: asyncio.TimerHandle | None = None
         self._ending = False
+        self._inbox: list[Any] = []
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ---- following Redis (subclasses: `_follow`, `_take`, `_check_owners`, `_forgotten`) ----
+
+    async def start(self) -> None:
+        """Follow the change channels, read the whole state, then take what is heard."""
+        try:
+            await self._follow()
+        except asyncio.TimeoutError as error:
+            raise unavailable("cannot follow the changes now; retry", "store_unavailable") from error
+        await self._take([None])
+        self._tasks = [
+            asyncio.ensure_future(self._run()),
+            asyncio.ensure_future(run_every(f"{self.name} owners", OWNER_CHECK_S, self._check_owners)),
+            asyncio.ensure_future(run_every(f"{self.name} keepalive", KEEPALIVE_S, self._keepalive)),
+        ]
+
+    def stop(self) -> None:
+        """Stop following Redis (no listener is left)."""
+        for task in self._tasks:
+            task.cancel()
+        self._forgotten()
+
+    def hear(self, item: Any) -> None:
+        self._inbox.append(item)
+        self._wake.set()
+
+    def reset(self) -> None:
+        """Announcements may have been lost: read the whole state again."""
+        self.hear(None)
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._inbox = self._inbox, []
+            if not await survive(self.name, lambda: self._take(batch)):
+                await asyncio.sleep(RETRY_AFTER_FAILURE_S)  # Redis away: try a whole read later
+                self.reset()
+
+    async def _follow(self) -> None:
+        raise NotImplementedError
+
+    async def _take(self, batch: list[Any]) -> None:
+        """Take what was heard, in order; a None in it asks for a whole read."""
+        raise NotImplementedError
+
+    async def _check_owners(self) -> None:
+        raise NotImplementedError
+
+    def _forgotten(self) -> None:
+        """The hub stopped: whoever holds it lets it go."""
+
+    # ---- listeners ----------------------------------------------------------------------
 
     def add(self, listener: Listener) -> None:
         if self._idle is not None:
@@ -98,9 +161,6 @@ class Hub:
                 listener.push(frame)
 
     async def _keepalive(self) -> None:
-        self.keepalive()
-
-    def keepalive(self) -> None:
         """A comment line to every stream, so proxies and clients see the connection live."""
         for listener in list(self.listeners):
             listener.push(KEEPALIVE)
@@ -110,9 +170,6 @@ class Hub:
         self._ending = True
         for listener in list(self.listeners):
             listener.close()
-
-    def stop(self) -> None:
-        """Stop following Redis (no listener is left). Subclasses cancel their tasks."""
 
 
 async def run_every(name: str, interval_s: float, round_: Callable[[], Awaitable[object]]) -> None:

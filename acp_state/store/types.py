@@ -239,6 +239,12 @@ class Change:
     generation: str
 
 
+def attention_member(sid: str, request_id: str | None) -> str:
+    """A wait's name among its workspace's, in the index's order: `<sessionId>/<requestId>`,
+    `<sessionId>/!` for the session's turn error."""
+    return f"{sid}/{request_id or '!'}"
+
+
 @dataclass(frozen=True)
 class AttentionCursor:
     """A place in the attention order: oldest wait first, then by workspace, then by the
@@ -251,8 +257,7 @@ class AttentionCursor:
 
     @property
     def member(self) -> str:
-        """Its name among the waits of its workspace: `<sessionId>/<requestId or !>`."""
-        return f"{self.sid}/{self.request_id or '!'}"
+        return attention_member(self.sid, self.request_id)
 
     @property
     def order(self) -> tuple[int, str, str]:
@@ -283,7 +288,7 @@ class AttentionEntry(NamedTuple):
 
     @property
     def order(self) -> tuple[int, str, str]:
-        return self.since_ms, self.ws, f"{self.sid}/{self.request_id or '!'}"
+        return self.since_ms, self.ws, attention_member(self.sid, self.request_id)
 
     @property
     def cursor(self) -> AttentionCursor:
