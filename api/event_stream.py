@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from acp_state import ids
 from acp_state.clock import now_ms
 from acp_state.store import SessionView, Subscription
+from acp_state.tasks import survive
 from acp_state.summary import live_summary
 
 from .auth import principal_of
@@ -180,12 +181,15 @@ class _SendWatch:
         while self._streams:
             step = min(1.0, min(stream.send_timeout for stream in self._streams) / 4)
             await asyncio.sleep(step)
-            now = asyncio.get_running_loop().time()
-            for stream in list(self._streams):
-                since = stream.sending_since
-                if since is not None and now - since > stream.send_timeout and not stream.timed_out and stream.task:
-                    stream.timed_out = True
-                    stream.task.cancel()
+            await survive("sse send watch", self._round)
+
+    async def _round(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for stream in list(self._streams):
+            since = stream.sending_since
+            if since is not None and now - since > stream.send_timeout and not stream.timed_out and stream.task:
+                stream.timed_out = True
+                stream.task.cancel()
 
 
 _SEND_WATCH = _SendWatch()
