@@ -3,9 +3,12 @@
 Every change to a session's status is announced on its workspace's change channel before
 the change's events go out; this process follows that channel (`Fanout.watch`) for every
 workspace it caches, so the cached copy is dropped before any SSE listener of this process
-sees the event. Nothing is kept or served for a workspace whose channel is not confirmed
-(on a cluster: whose node did not answer a ping within the last second), and a read that
-raced a change is served but not kept. Liveness is never cached here: a hit is still
+sees the event. A kept copy is served only after a ping sent on that channel's connection
+after the read began came back (`Fanout.sync`): by then every change acknowledged anywhere
+before the read has arrived, so a cached read is never older than an acknowledged write.
+Nothing is kept or served for a workspace whose channel is not confirmed (on a cluster:
+whose node did not answer a ping within the last second), and a read that raced a change is
+served but not kept. Liveness is never cached here: a hit is still
 checked against the owner's lease deadline.
 """
 
@@ -53,6 +56,7 @@ class ChangeFeed(Protocol):
 
     def watching(self, ws: str) -> bool: ...
     async def watch(self, ws: str) -> bool: ...
+    async def sync(self, ws: str) -> bool: ...
 
 
 class StateCache:
@@ -113,10 +117,14 @@ class StateCache:
 
     # ---- sessions -----------------------------------------------------------------------
 
-    def session(self, sid: str) -> CachedSession | None:
+    async def session(self, sid: str) -> CachedSession | None:
+        """The kept session, once every change announced before the call has arrived
+        (`sync`): a close acknowledged anywhere is never answered from here afterwards."""
         entry = self._sessions.get(sid)
-        if entry is not None and not self._feed.watching(entry.ws):
-            entry = None  # its changes may not reach us now: read Redis
+        if entry is not None:
+            # Its changes may not reach us now: read Redis. Else take the entry again: a
+            # change that arrived during the sync dropped it.
+            entry = self._sessions.get(sid) if await self._feed.sync(entry.ws) else None
         (CACHE_MISSES if entry is None else CACHE_HITS).inc()
         return entry
 
@@ -129,8 +137,11 @@ class StateCache:
 
     # ---- listing pages ------------------------------------------------------------------
 
-    def page(self, ws: str, offset: int, size: int) -> CachedPage | None:
-        return self._pages.get((ws, offset, size)) if self._feed.watching(ws) else None
+    async def page(self, ws: str, offset: int, size: int) -> CachedPage | None:
+        """A kept page, once every change announced before the call has arrived."""
+        if (ws, offset, size) not in self._pages or not await self._feed.sync(ws):
+            return None
+        return self._pages.get((ws, offset, size))
 
     def keep_page(self, ws: str, offset: int, size: int, started: int, page: CachedPage) -> None:
         if not self._current(ws, ws, started):

@@ -54,7 +54,7 @@ class SessionLocator:
 
         Served from the invalidation-driven cache when it holds the session: no round trip.
         """
-        entry = self.cache.session(sid)
+        entry = await self.cache.session(sid)
         if entry is None:
             entry = await self._read(sid)
         if not principal.may(entry.ws) or not await self.registry.is_live(entry.owner):

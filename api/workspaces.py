@@ -87,7 +87,7 @@ async def listing(state: AppState, ws: str, offset: int, size: int) -> bytes:
 
 async def cached_page(state: AppState, ws: str, offset: int, size: int) -> CachedPage | None:
     """A kept page, unless one of the owners of its live rows lost its lease since."""
-    cached = state.locator.cache.page(ws, offset, size)
+    cached = await state.locator.cache.page(ws, offset, size)
     if cached is not None and all([await state.registry.is_live(owner) for owner in cached.owners]):
         return cached
     return None

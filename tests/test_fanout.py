@@ -111,3 +111,63 @@ async def _until(condition: Callable[[], bool], timeout: float) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.02)
+
+
+async def test_a_cached_read_after_a_change_acknowledged_elsewhere_never_misses_it(
+    fanout: Fanout, redis_server: RedisServer
+) -> None:
+    """A close acknowledged through another API process, then a status read here: the read
+    must not be answered from the cache while the change's announcement is still on its way
+    (in Redis's output buffer, the kernel's, or this process's unread socket)."""
+    from api.cache import CachedSession, StateCache
+    from redis import Redis
+
+    cache = StateCache(fanout)
+    ws, sid = "fanout-test5", "s1"
+    fanout.on_change = lambda change: cache.changed(change.ws, change.sid)
+    token = await cache.begin_read(ws, sid)
+    cache.keep_session(sid, token, CachedSession(ws, "worker-1", None))  # type: ignore[arg-type]
+    assert await cache.session(sid) is not None, "kept while nothing changed"
+
+    # The other process's change, made while this event loop cannot run: its announcement
+    # is unread here when the read below begins, as when a client is faster than pub/sub.
+    other = Redis.from_url(redis_server.url)
+    other.execute_command("SPUBLISH", keys.invalidations(ws), f"{sid} 2 g1")
+    other.close()
+    assert await cache.session(sid) is None
+
+
+async def test_cached_reads_that_arrive_together_share_one_ping(fanout: Fanout) -> None:
+    from api.cache import CachedSession, StateCache
+
+    cache = StateCache(fanout)
+    ws = "fanout-test6"
+    token = await cache.begin_read(ws, "s1")
+    cache.keep_session("s1", token, CachedSession(ws, "worker-1", None))  # type: ignore[arg-type]
+    link = fanout._link_of[keys.invalidations(ws)]
+    before = link.pings_sent
+    served = await asyncio.gather(*(cache.session("s1") for _ in range(200)))
+    assert all(entry is not None for entry in served)
+    assert link.pings_sent - before <= 2, "one ping for the reads that arrived together (and one for late ones)"
+
+
+async def test_a_stalled_redis_stops_cached_reads(own_redis: RedisServer) -> None:
+    """While Redis does not answer, nothing can say the cache is current: the read goes to
+    Redis (and waits or fails there) instead of being answered from memory."""
+    from api.cache import CachedSession, StateCache
+    from acp_state.store.fanout import SYNC_TIMEOUT_S
+
+    fanout = Fanout(connect(own_redis.url))
+    cache = StateCache(fanout)
+    ws = "fanout-test7"
+    token = await cache.begin_read(ws, "s1")
+    cache.keep_session("s1", token, CachedSession(ws, "worker-1", None))  # type: ignore[arg-type]
+    own_redis.process.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        assert await cache.session("s1") is None
+        assert time.monotonic() - started < SYNC_TIMEOUT_S + 0.5
+    finally:
+        own_redis.process.send_signal(signal.SIGCONT)
+    assert await asyncio.wait_for(cache.session("s1"), 10) is not None, "current again once Redis answers"
+    await fanout.stop()

@@ -42,6 +42,9 @@ MAX_WATCHED = 10_000
 PING_S = 0.25
 FRESH_S = 1.0
 FRESH_TOKEN = "acp-state-fresh"
+# A read served from a cache first waits for a ping sent on its change link after the read
+# began (`sync`); a link that does not answer within this long is not trusted for the read.
+SYNC_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,17 @@ class _Link:
         self.task: asyncio.Task[None] | None = None
         self.heard = asyncio.get_running_loop().time()  # the node's last answer to a ping
         self.lapsed = False  # it was found silent for longer than FRESH_S
+        self.pings_sent = 0  # our pings are numbered; their answers come back in order
+        self.answers: dict[int, asyncio.Future[bool]] = {}  # ping number -> its answer
+        self.next_round: list[asyncio.Future[bool]] = []  # syncs waiting for the next ping
+        self.rounds: asyncio.Task[None] | None = None
+
+    def answered(self, number: int, ok: bool = True) -> None:
+        """Every ping up to `number` came back (or, with ok False, never will)."""
+        for sent in [n for n in self.answers if n <= number]:
+            answer = self.answers.pop(sent)
+            if not answer.done():
+                answer.set_result(ok)
 
     def fresh(self) -> bool:
         if self.lapsed:
@@ -211,6 +225,64 @@ class Fanout:
         link = self._link_of.get(channel)
         return link is not None and link.fresh()
 
+    async def sync(self, ws: str) -> bool:
+        """True once every change of the workspace announced before this call has reached
+        `on_change`: a ping sent on its change link after the call came back, and Redis
+        answers a connection's commands and pushes in order. False when that cannot be said
+        in time (not watching, the link silent or gone): the caller reads Redis instead.
+
+        This is what lets a cache serve a read that comes after a change acknowledged
+        through another process (ZooKeeper's `sync`, Raft's read index). The reads that
+        arrive while a ping is out share the next one: one ping per round trip, not per read.
+        """
+        if not self.watching(ws):
+            return False
+        link = self._link_of.get(keys.invalidations(ws))
+        if link is None:
+            return False
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        link.next_round.append(waiter)
+        if link.rounds is None or link.rounds.done():
+            link.rounds = asyncio.ensure_future(self._sync_rounds(link))
+        return await waiter  # the round answers it within SYNC_TIMEOUT_S, whatever happens
+
+    async def _sync_rounds(self, link: _Link) -> None:
+        while link.next_round:
+            waiting, link.next_round = link.next_round, []
+            ok = False
+            try:
+                ok = await asyncio.wait_for(self._ping_answered(link), SYNC_TIMEOUT_S)
+            except Exception:  # silent (a stall) or gone: not current
+                log.debug("sync on %s failed", link.name, exc_info=True)
+            finally:  # also when cancelled (the link closes): nobody is left waiting
+                for waiter in waiting:
+                    if not waiter.done():
+                        waiter.set_result(ok)
+            if self._stopped:
+                break
+
+    async def _ping_answered(self, link: _Link) -> bool:
+        answer = await self._ping(link)
+        return answer is not None and await answer
+
+    async def _ping(self, link: _Link, awaited: bool = True) -> asyncio.Future[bool] | None:
+        """Send a numbered ping on the link; the future (when `awaited`) resolves when it
+        comes back. None: it was not sent."""
+        if not link.connected.is_set():
+            return None
+        link.pings_sent += 1
+        number = link.pings_sent
+        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if awaited:
+            link.answers[number] = answer
+        try:
+            await link.pubsub.ping(f"{FRESH_TOKEN} {number}")
+        except Exception:  # a dead connection: its pump notices and repairs it
+            log.debug("ping on %s failed", link.name, exc_info=True)
+            link.answers.pop(number, None)
+            return None
+        return answer
+
     async def watch(self, ws: str) -> bool:
         """Follow a workspace's changes; False when too many workspaces are followed."""
         if ws not in self._watched:
@@ -261,7 +333,7 @@ class Fanout:
         link = self._links.get(name)
         if link is None:
             client = connect()
-            pubsub = _PubSub(client.connection_pool) if self._cluster else client.pubsub()
+            pubsub = _PubSub(client.connection_pool)
             link = _Link(name, pubsub)
             self._links[name] = link
             link.task = asyncio.ensure_future(self._pump(link))
@@ -283,6 +355,7 @@ class Fanout:
                 raise
             except Exception as error:  # dead, or a subscription refused (MOVED): start over
                 log.warning("pub/sub connection %s failed (%r); re-subscribing", link.name, error)
+                link.answered(link.pings_sent, ok=False)
                 if self._links.get(link.name) is link:
                     del self._links[link.name]
                 self._retired.append(link)
@@ -299,8 +372,10 @@ class Fanout:
     def _handle(self, link: _Link, message: dict[str, Any]) -> None:
         kind, channel = message["type"], message["channel"]
         if kind == "pong":
-            if message["data"] == FRESH_TOKEN:
+            token, _, number = str(message["data"]).partition(" ")
+            if token == FRESH_TOKEN:
                 self._heard(link)
+                link.answered(int(number or 0))
             return
         if kind == "smessage":
             if channel.endswith(":inv"):
@@ -372,11 +447,7 @@ class Fanout:
     async def _ping_once(self) -> None:
         for link in list(self._links.values()):
             link.fresh()  # a silence is noted even while no read asks
-            if link.connected.is_set():
-                try:
-                    await link.pubsub.ping(FRESH_TOKEN)
-                except Exception:  # a dead connection: its pump notices and repairs it
-                    log.debug("ping on %s failed", link.name, exc_info=True)
+            await self._ping(link, awaited=False)  # its answer counts in `_heard`
 
     async def _repair_loop(self) -> None:
         while self._broken and not self._stopped:
@@ -396,6 +467,9 @@ class Fanout:
                 self._broken.discard(channel)
 
     async def _close(self, link: _Link) -> None:
+        link.answered(link.pings_sent, ok=False)
+        if link.rounds is not None:
+            link.rounds.cancel()
         if link.task is not None and link.task is not asyncio.current_task():
             link.task.cancel()
             await asyncio.gather(link.task, return_exceptions=True)
