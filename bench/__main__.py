@@ -3,6 +3,7 @@
 Starts its own redis-server, API and worker processes (and `qwen serve`, the reference, when
 `qwen` is installed); load comes from `wrk` in separate processes. Prints a table and writes
 it to bench/results/latest.json. `--quick` shrinks the session counts for a smoke run.
+`--scale` runs the scale figures instead (bench/scale.py: 100,000 sessions, 10,000 streams).
 `--server granian|uvicorn` picks the ASGI server of the API and of the Starlette baselines
 alike (default: the API's default), so every ratio compares like with like; the JSON records it.
 """
@@ -376,6 +377,11 @@ def table(result: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    if "--scale" in sys.argv[1:]:  # issue 14's figures: bench/scale.py, with its own options
+        from . import scale
+
+        scale.main([a for a in sys.argv[1:] if a != "--scale"])
+        return
     parser.add_argument("--quick", action="store_true", help="smaller session counts (a smoke run)")
     parser.add_argument("--server", choices=SERVERS, default=DEFAULT_SERVER,
                         help="the ASGI server of the API and of the Starlette baselines (acp-state api --server)")

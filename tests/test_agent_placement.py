@@ -4,6 +4,7 @@ several names, so this always runs and is fast)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -120,3 +121,40 @@ async def test_an_unknown_agent_is_400_and_a_known_one_with_no_live_worker_is_50
     assert listed == {DEFAULT_AGENT: 1, "gone": 0}
     # A create that names no agent still gets the default of a live worker.
     assert (await create(api, workspace)).status_code == 200
+
+
+async def test_creates_that_arrive_while_the_child_starts_wait_for_that_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first creates of a workspace arrive while its agent child starts (spawning,
+    then `initialize`): each must get that one child, once it is initialized. Seen in the
+    scale run: every create that came during the spawn started a child of its own."""
+    from acp_state.store import RedisStore
+    from acp_state.store.connection import connect
+    from acp_state.worker import worker as worker_module
+
+    class SlowChild:
+        made: list[SlowChild] = []
+
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            self.process: object | None = None
+            self.initialized = False
+            SlowChild.made.append(self)
+
+        @property
+        def alive(self) -> bool:
+            return self.process is not None
+
+        async def start(self) -> None:
+            await asyncio.sleep(0.02)  # the spawn
+            self.process = object()
+            await asyncio.sleep(0.03)  # initialize
+            self.initialized = True
+
+        async def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(worker_module, "AgentProcess", SlowChild)
+    bridge = worker_module.Worker(RedisStore(connect("memory://")), worker_module.WorkerConfig(agents={DEFAULT_AGENT: "x"}))
+    first = await asyncio.gather(*(bridge._agent_for(DEFAULT_AGENT, "/w", f"s{n}") for n in range(10)))
+    later = await bridge._agent_for(DEFAULT_AGENT, "/w", "s10")
+    assert len(SlowChild.made) == 1
+    assert all(agent is later and agent.initialized for agent in first)

@@ -187,6 +187,22 @@ async def test_send_admits_fences_and_keeps_the_first_outcome(store: RedisStore)
     assert await store.read_commands({inbox: received[0][1]}, 200) == []
 
 
+async def test_handled_commands_are_dropped_and_unread_ones_kept(store: RedisStore) -> None:
+    """A worker's streams hold what is still to be read, not every command it ever had."""
+    s = Session()
+    await s.create(store)
+    for n in range(3):
+        assert (await store.send(s.ws, s.inc, commands.Cancel(sid=s.sid))).status is AdmissionStatus.OK
+    inbox = store.inbox_feed(s.ws, s.inc)
+    received = await store.read_commands({inbox: "0-0"}, 1000)
+    assert len(received) == 3
+    await store.forget_commands({inbox: received[1][1]})  # handled the first two
+    # The last handled entry stays (it is the cursor); the unread one too.
+    assert [entry_id for entry_id, _ in await store.redis.xrange(inbox)] == [received[1][1], received[2][1]]
+    await store.forget_commands({store.inbox_feed(s.ws, "w-nobody"): received[2][1]})  # no stream: nothing made
+    assert await store.redis.exists(store.inbox_feed(s.ws, "w-nobody")) == 0
+
+
 async def test_one_vote_wins(store: RedisStore) -> None:
     s = Session()
     await s.create(store, interactions_added=[PendingInteraction("r1", {"requestId": "r1", "kind": "permission"}, 1, ["allow", "deny"])])

@@ -53,6 +53,8 @@ SHUTDOWN_PATIENCE_S = 3.0
 RECLAIM_MARGIN_S = 5.0
 DEFAULT_REPLY_WAIT_MS = 60_000
 RECLAIM_TICK_S = 1.0
+# Handled commands are dropped from their streams at most this often (one round trip).
+FORGET_EVERY_S = 1.0
 
 
 @dataclass
@@ -108,8 +110,11 @@ class Worker:
         self.incarnation = new_incarnation(config.name)
         self.sessions: dict[str, LiveSession] = {}
         self.agents: dict[str, AgentProcess] = {}
+        self._starting: dict[str, asyncio.Future[AgentProcess]] = {}  # children being started
         self._creating = 0
         self._cursors: dict[str, str] = {self.store.control_feed(self.incarnation): "0"}
+        self._read: dict[str, str] = {}  # streams read since their handled commands were dropped
+        self._forgotten_at = 0.0
         self._registered = False
         # The longest this process was frozen (SIGSTOP, a blocked event loop) since its
         # last accepted renewal: what tells "the store lost us" from "we may have been swept".
@@ -343,6 +348,7 @@ class Worker:
         for stream, entry_id, command in received:
             if stream in self._cursors:
                 self._cursors[stream] = entry_id
+                self._read[stream] = entry_id
             if isinstance(command, commands.MalformedCommand):
                 COMMANDS.labels(str(command.command_type)).inc()
                 log.error("dropping a command that could not be handled: %s", command)
@@ -352,6 +358,11 @@ class Worker:
                 commands.dispatch(self, command)
             except Exception:  # one command that fails must not cost the ones behind it
                 log.exception("dropping a command that could not be handled: %r", command)
+        now = asyncio.get_running_loop().time()
+        if self._read and now - self._forgotten_at >= FORGET_EVERY_S:
+            read, self._read = self._read, {}
+            self._forgotten_at = now
+            await self.store.forget_commands(read)
 
     # The worker is the commands.CommandHandler: each method is synchronous up to its
     # hand-off, so per-session order holds. A session gone here owes nothing: a prompt
@@ -423,11 +434,21 @@ class Worker:
 
     async def _agent_for(self, name: str, cwd: str, sid: str) -> AgentProcess:
         """The child of agent `name` that will host the session: shared per agent and
-        workspace, or one per session."""
+        workspace, or one per session. Creates that arrive while it starts wait for that
+        start: one child per workspace, however many creates come at once."""
         key = f"{name}\0{cwd}" if self.config.child_per == "workspace" else sid
         agent = self.agents.get(key)
-        if agent is not None and agent.alive:
+        if agent is not None and agent.alive and key not in self._starting:
             return agent
+        starting = self._starting.get(key)
+        if starting is None:
+            starting = asyncio.ensure_future(self._start_agent(name, cwd, key))
+            self._starting[key] = starting
+            starting.add_done_callback(lambda _, key=key: self._starting.pop(key, None))
+        # Shielded: a create that stops waiting does not stop the start the others wait for.
+        return await asyncio.shield(starting)
+
+    async def _start_agent(self, name: str, cwd: str, key: str) -> AgentProcess:
         agent = AgentProcess(
             self.config.agents[name],
             cwd,

@@ -374,6 +374,14 @@ class RedisStore:
             return await self._readers.read(cursors, block_ms)
         return _commands(await self.redis.xread(cursors, block=block_ms, count=COMMAND_BATCH))
 
+    async def forget_commands(self, cursors: dict[str, str]) -> None:
+        """Drop the commands read up to each stream's cursor (their one reader handled
+        them): a stream holds only what is still to be read, not a day of creates."""
+        pipe = self.redis.pipeline(transaction=False)
+        for stream, cursor in cursors.items():
+            pipe.xtrim(stream, minid=cursor, approximate=False)
+        await pipe.execute()
+
     async def reply(self, request: str, payload: dict[str, Any], ttl_s: int = REPLY_TTL_S) -> bool:
         """Answer a create or close, kept `ttl_s` for its API (and longer than the worker
         may want it back, see reclaim_replies); False if the API stopped waiting (see

@@ -1,0 +1,548 @@
+"""`python -m bench --scale`: one Redis, 4 workers and 2 API processes holding 100,000 live
+scripted sessions in 10 workspaces on this machine; each figure beside its goal and the
+baseline of the same run.
+
+    python -m bench --scale [--sessions 100000] [--sse-clients 10000] [--profile]
+
+Sections, in order (each reuses what the one before built):
+
+1. creation: every session created through the 2 APIs, with the CPU each process spent per
+   create (API, Redis, worker, agent child, load) and, with --profile, a py-spy profile of
+   the busiest process;
+2. at rest: Redis memory and worker RSS per idle session, the heartbeat's cost;
+3. reads: status and a listing page of a 10,000-session workspace, beside a bare hello on
+   the same stack;
+4. event streams: --sse-clients SSE connections on one API process, each following another
+   session; the API's RSS per connection; one event to each session, and its delivery
+   latency; status reads meanwhile;
+5. recovery: kill -9 of the worker with the most sessions; when readers stop seeing them,
+   when their keys are gone, when each SSE client following one had its `session_died`, and
+   the survivors' renewals meanwhile.
+
+Writes bench/results/scale.json; `python -m bench.capacity` turns it into docs/capacity.md's
+model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from acp_state import events
+from acp_state.ids import workspace_id
+from acp_state.store import RedisStore, Transition
+from acp_state.store import keys
+from acp_state.store.connection import connect
+
+from .__main__ import heartbeat_cost, log, run_wrk, server_stack, wait_port
+from .procs import ROOT, AcpProcess, RedisServer, api, free_port, percentile, worker
+from .scale_load import Http, now_ns
+
+RESULTS = Path(__file__).resolve().parent / "results"
+WORKERS = 4
+APIS = 2
+WORKSPACES = 10
+LEASE_MS = 3000
+CREATE_CONNECTIONS = 48  # per API process
+
+GOALS = {
+    "redis_bytes_per_session": 1536,
+    "worker_rss_bytes_per_session": 4096,
+    "listing_p99_ms": 20.0,
+    "read_share_of_hello": 0.8,
+    "creates_per_s": 500,
+    "readers_stop_seeing_s": LEASE_MS / 1000,
+    "died_within_s": LEASE_MS / 1000 + 2,
+    "sse_rss_bytes_per_connection": 10 * 1024,
+    "sse_event_p99_ms": 100.0,
+    "status_p99_during_sse_ms": 50.0,
+}
+
+
+# ---- processes --------------------------------------------------------------------------
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0]) * 1024
+
+
+def children(pid: int) -> list[int]:
+    """Direct children (a worker's agent processes)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+class Cluster:
+    """The processes of one run and what they cost."""
+
+    def __init__(self, redis: RedisServer, logs: Path, cwds: list[str]) -> None:
+        self.redis = redis
+        self.logs = logs
+        self.cwds = cwds
+        self.workers: list[AcpProcess] = []
+        self.apis: list[tuple[AcpProcess, int]] = []
+
+    def pids(self) -> dict[str, list[int]]:
+        agents = [c for w in self.workers if w.proc and w.proc.returncode is None for c in children(w.pid)]
+        return {
+            "api": [p.pid for p, _ in self.apis],
+            "worker": [w.pid for w in self.workers if w.proc and w.proc.returncode is None],
+            "agent": agents,
+            "redis": [self.redis.process.pid],
+            "load": [os.getpid()],
+        }
+
+    def cpu(self) -> dict[str, float]:
+        return {role: sum(cpu_s(p) for p in pids) for role, pids in self.pids().items()}
+
+
+# ---- 1. creation ------------------------------------------------------------------------
+
+
+async def create_all(cluster: Cluster, total: int) -> tuple[dict[str, list[str]], float, int]:
+    """Create `total` sessions, spread evenly over the workspaces and the API processes;
+    returns the session ids per workspace cwd, the seconds it took and the failures."""
+    plan = [cluster.cwds[n % len(cluster.cwds)] for n in range(total)]
+    sids: dict[str, list[str]] = {cwd: [] for cwd in cluster.cwds}
+    failures = 0
+    cursor = 0
+
+    async def client(port: int) -> None:
+        nonlocal cursor, failures
+        http = Http(port)
+        try:
+            while cursor < len(plan):
+                cwd = plan[cursor]
+                cursor += 1
+                status, body = await http.request("POST", "/session", {"cwd": cwd, "sessionScope": "thread"})
+                if status == 200:
+                    sids[cwd].append(json.loads(body)["sessionId"])
+                    done = sum(len(v) for v in sids.values())
+                    if done % 10_000 == 0:
+                        log(f"  {done}/{total} sessions")
+                else:
+                    failures += 1
+                    if failures <= 5:
+                        log(f"  create failed: {status} {body[:200]!r}")
+        finally:
+            await http.close()
+
+    started = time.monotonic()
+    await asyncio.gather(*(client(port) for _, port in cluster.apis for _ in range(CREATE_CONNECTIONS)))
+    return sids, time.monotonic() - started, failures
+
+
+def profile(pid: int, seconds: int, out: Path) -> str | None:
+    """A py-spy profile of a process (`py-spy top`-like table of the hottest functions)."""
+    if subprocess.run([sys.executable, "-m", "py_spy", "--version"], capture_output=True).returncode:
+        return None
+    raw = out.with_suffix(".txt")
+    subprocess.run(
+        [sys.executable, "-m", "py_spy", "record", "--pid", str(pid), "--duration", str(seconds),
+         "--format", "raw", "--output", str(raw), "--nonblocking"],
+        capture_output=True,
+    )
+    return str(raw) if raw.exists() else None
+
+
+# ---- 5. recovery ------------------------------------------------------------------------
+
+
+async def recovery(store_redis: aioredis.Redis, victim: AcpProcess, victim_inc: str,
+                   victim_sids: list[tuple[str, str]], api_port: int) -> dict[str, Any]:
+    """kill -9 the victim; time what readers see, what Redis holds and the survivors' renewals."""
+    sample = random.Random(14).sample(victim_sids, min(200, len(victim_sids)))
+    survivor_deadlines: dict[str, list[tuple[float, float]]] = {}
+    http = Http(api_port)
+    killed = time.monotonic()
+    assert victim.proc is not None
+    victim.proc.kill()
+    await victim.proc.wait()
+    unseen_at = gone_at = None
+    stop_watch = asyncio.Event()
+
+    async def watch_renewals() -> None:
+        while not stop_watch.is_set():
+            for member, score in await store_redis.zrange(keys.WORKERS, 0, -1, withscores=True):
+                if member != victim_inc:
+                    series = survivor_deadlines.setdefault(member, [])
+                    if not series or series[-1][1] != score:
+                        series.append((time.monotonic() - killed, score))
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.ensure_future(watch_renewals())
+    try:
+        deadline = killed + LEASE_MS / 1000 * 4 + 30
+        while time.monotonic() < deadline and (unseen_at is None or gone_at is None):
+            if unseen_at is None:
+                statuses = [ (await http.request("GET", f"/session/{sid}/status"))[0] for _, sid in sample]
+                if all(s == 404 for s in statuses):
+                    unseen_at = time.monotonic() - killed
+            if gone_at is None:
+                pipe = store_redis.pipeline(transaction=False)
+                for ws, sid in victim_sids:
+                    pipe.exists(keys.session(ws, sid))
+                pipe.exists(keys.worker_sessions(victim_inc))
+                if not any(await pipe.execute()):
+                    gone_at = time.monotonic() - killed
+            await asyncio.sleep(0.05)
+    finally:
+        stop_watch.set()
+        await watcher
+        await http.close()
+    gaps = []
+    for series in survivor_deadlines.values():
+        renewals = [t for t, _ in series]
+        gaps += [b - a for a, b in zip(renewals, renewals[1:])]
+    return {
+        "victim_sessions": len(victim_sids),
+        "readers_stop_seeing_s": round(unseen_at, 2) if unseen_at is not None else None,
+        "keys_gone_s": round(gone_at, 2) if gone_at is not None else None,
+        "survivor_renewal_gap_max_s": round(max(gaps), 2) if gaps else None,
+        "survivor_renewals": sum(len(s) for s in survivor_deadlines.values()),
+        "heartbeat_interval_s": round(LEASE_MS / 3000, 2),
+    }
+
+
+# ---- 4. event streams -------------------------------------------------------------------
+
+
+class Streams:
+    """The SSE load process (bench/scale_load.py streams)."""
+
+    def __init__(self, port: int, paths: list[str], logs: Path) -> None:
+        self.paths_file = logs / "sse-paths.txt"
+        self.paths_file.write_text("\n".join(paths) + "\n")
+        self.out = logs / "sse-result.json"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.scale_load", "streams", "--port", str(port),
+             "--paths-file", str(self.paths_file), "--out", str(self.out)],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+
+    async def ready(self) -> None:
+        assert self.proc.stdout is not None
+        line = await asyncio.to_thread(self.proc.stdout.readline)
+        if line.strip() != "ready":
+            raise RuntimeError(f"the SSE load did not attach: {line!r}")
+
+    async def finish(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("end\n")
+        self.proc.stdin.flush()
+        await asyncio.to_thread(self.proc.stdout.readline)
+        await asyncio.to_thread(self.proc.wait, 120)
+        return json.loads(self.out.read_text())
+
+
+async def emit_one_event_each(store: RedisStore, owners: dict[str, str], targets: list[tuple[str, str]],
+                              rate: int) -> dict[int, tuple[int, int]]:
+    """One `session_update` event to each target session, written by its owner's APPLY (as
+    its worker would), `rate` per second; returns, per target index, (event id, start ns)."""
+    starts: dict[int, tuple[int, int]] = {}
+    interval = 1 / rate
+    begun = time.monotonic()
+    batch = 50
+
+    async def one(n: int, ws: str, sid: str) -> None:
+        update = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": f"scale {n}"}}
+        t0 = now_ns()
+        applied = await store.apply(ws, sid, owners[sid], Transition(events=[events.body("session_update", {"sessionId": sid, "update": update})]))
+        starts[n] = (applied.last_event_id, t0)
+
+    for first in range(0, len(targets), batch):
+        await asyncio.gather(*(one(n, ws, sid) for n, (ws, sid) in enumerate(targets[first:first + batch], first)))
+        lag = begun + (first + batch) * interval - time.monotonic()
+        if lag > 0:
+            await asyncio.sleep(lag)
+    return starts
+
+
+def delivery(starts: dict[int, tuple[int, int]], arrivals: list[list[int]]) -> dict[str, Any]:
+    """Per emitted event, the time from its APPLY call to its arrival on its stream."""
+    latencies, missing = [], 0
+    for n, (event_id, t0) in starts.items():
+        stamps = dict(zip(arrivals[n][::2], arrivals[n][1::2]))
+        if event_id in stamps:
+            latencies.append((stamps[event_id] - t0) / 1e6)
+        else:
+            missing += 1
+    return {"events": len(starts), "missing": missing,
+            "p50_ms": round(percentile(latencies, 50), 2) if latencies else None,
+            "p99_ms": round(percentile(latencies, 99), 2) if latencies else None}
+
+
+# ---- the run ----------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    total, sse_clients = args.sessions, args.sse_clients
+    redis_server = RedisServer()
+    logs = Path(tempfile.mkdtemp(prefix="acp-scale-"))
+    cwds = []
+    for n in range(WORKSPACES):
+        path = logs / f"ws{n}"
+        path.mkdir()
+        cwds.append(str(path))
+    cluster = Cluster(redis_server, logs, cwds)
+    redis = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    store = RedisStore(connect(redis_server.url))
+    result: dict[str, Any] = {"sessions": total, "workers": WORKERS, "apis": APIS, "workspaces": WORKSPACES,
+                              "lease_ms": LEASE_MS, "goals": GOALS}
+    hello_proc = None
+    try:
+        per_worker = total // WORKERS + 1000
+        for _ in range(WORKERS):
+            cluster.workers.append(await worker(redis_server.url, logs, "--max-sessions", str(per_worker),
+                                                "--lease-ms", str(LEASE_MS)))
+        extra = [a for cwd in cwds[1:] for a in ("--workspace", cwd)]
+        for _ in range(APIS):
+            cluster.apis.append(await api(redis_server.url, cwds[0], logs, *extra, server=args.server))
+        # One session per workspace first: the agent children start, the APIs follow the
+        # workspaces; what follows measures steady creation.
+        warm, _, _ = await create_all(cluster, WORKSPACES)
+        await asyncio.sleep(1)
+        memory0 = (await redis.info("memory"))["used_memory"]
+        rss0 = {w.pid: rss_bytes(w.pid) for w in cluster.workers}
+        agents_rss0 = sum(rss_bytes(p) for p in cluster.pids()["agent"])
+
+        # 1. creation
+        log(f"creation: {total} sessions through {APIS} APIs ({CREATE_CONNECTIONS} connections each), {WORKERS} workers")
+        cpu0 = cluster.cpu()
+        profiler = None
+        if args.profile:
+            busiest = cluster.apis[0][0].pid
+            profiler = asyncio.ensure_future(asyncio.to_thread(profile, busiest, 15, logs / "create-api"))
+        sids, elapsed, failures = await create_all(cluster, total - WORKSPACES)
+        cpu1 = cluster.cpu()
+        created = sum(len(v) for v in sids.values())
+        for cwd, first in warm.items():
+            sids[cwd] = first + sids[cwd]
+        cpu_ms = {role: round((cpu1[role] - cpu0[role]) * 1000 / max(created, 1), 3) for role in cpu0}
+        result["creation"] = {
+            "created": created, "failed": failures, "seconds": round(elapsed, 1),
+            "creates_per_s": round(created / elapsed), "cpu_ms_per_create": cpu_ms,
+            "cpu_ms_per_create_total": round(sum(cpu_ms.values()), 3),
+        }
+        if profiler is not None:
+            result["creation"]["api_profile"] = await profiler
+        log(f"  {created} in {elapsed:.0f} s: {created / elapsed:.0f}/s; CPU ms per create {cpu_ms}")
+
+        # 2. at rest
+        await asyncio.sleep(LEASE_MS / 1000)
+        memory1 = (await redis.info("memory"))["used_memory"]
+        reports = {inc: json.loads(r) for inc, r in (await redis.hgetall(keys.REPORTS)).items()}
+        per_worker_sessions = {inc: r["sessions"] for inc, r in reports.items()}
+        rss1 = {w.pid: rss_bytes(w.pid) for w in cluster.workers}
+        all_sessions = sum(len(v) for v in sids.values())
+        hosted = sum(per_worker_sessions.values())
+        result["at_rest"] = {
+            "live_sessions": hosted,
+            "redis_used_memory_mb": round(memory1 / 2**20, 1),
+            "redis_bytes_per_session": round((memory1 - memory0) / max(all_sessions - WORKSPACES, 1)),
+            "worker_rss_mb": [round(rss1[p] / 2**20, 1) for p in rss1],
+            "worker_rss_bytes_per_session": round(sum(rss1[p] - rss0[p] for p in rss1) / max(hosted, 1)),
+            "agent_children_rss_mb": round(sum(rss_bytes(p) for p in cluster.pids()["agent"]) / 2**20, 1),
+            "agent_children_rss_bytes_per_session": round(
+                (sum(rss_bytes(p) for p in cluster.pids()["agent"]) - agents_rss0) / max(hosted, 1)),
+            "heartbeat_commands": {"0": await heartbeat_cost(0), str(total // WORKERS): await heartbeat_cost(total // WORKERS)},
+        }
+        log(f"  at rest: {result['at_rest']}")
+
+        # 3. reads
+        hello_port = free_port()
+        hello_proc = subprocess.Popen([sys.executable, "-m", "bench.hello_app", "--server", args.server,
+                                       "--port", str(hello_port)], cwd=ROOT, stdout=subprocess.DEVNULL)
+        await wait_port(hello_port)
+        port = cluster.apis[0][1]
+        big = cwds[0]
+        sid = sids[big][0]
+        log("reads: status, a listing page of a 10,000-session workspace, bare hello")
+        reads = {
+            "hello": run_wrk(f"http://127.0.0.1:{hello_port}/"),
+            "status": run_wrk(f"http://127.0.0.1:{port}/session/{sid}/status"),
+            "listing": run_wrk(f"http://127.0.0.1:{port}/workspace/{workspace_id(big)}/sessions?size=100"),
+        }
+        reads["status_share_of_hello"] = round(reads["status"]["rps"] / reads["hello"]["rps"], 2)
+        reads["listing_share_of_hello"] = round(reads["listing"]["rps"] / reads["hello"]["rps"], 2)
+        reads["workspace_sessions"] = len(sids[big])
+        result["reads"] = reads
+        log(f"  {reads}")
+
+        # 4. event streams: one per session, `sse_clients` of them, on API 0
+        per_ws = sse_clients // WORKSPACES
+        targets = [(workspace_id(cwd), s) for cwd in cwds for s in sids[cwd][1:per_ws + 1]]
+        owners = {}
+        for first in range(0, len(targets), 1000):
+            pipe = redis.pipeline(transaction=False)
+            for ws, s in targets[first:first + 1000]:
+                pipe.hget(keys.session(ws, s), "inc")
+            for (ws, s), owner in zip(targets[first:first + 1000], await pipe.execute()):
+                owners[s] = owner
+        api_pid = cluster.apis[0][0].pid
+        api_rss0 = rss_bytes(api_pid)
+        log(f"event streams: {len(targets)} SSE connections on one API process")
+        streams = Streams(port, [f"/session/{s}/events" for _, s in targets], logs)
+        try:
+            await streams.ready()
+            await asyncio.sleep(2)
+            api_rss1 = rss_bytes(api_pid)
+            # Round 1, alone: what an event costs. Round 2: the same with status reads meanwhile.
+            cpu0 = cluster.cpu()
+            alone = await emit_one_event_each(store, owners, targets, rate=args.event_rate)
+            await asyncio.sleep(1)
+            cpu1 = cluster.cpu()
+            wrk = asyncio.ensure_future(asyncio.to_thread(run_wrk, f"http://127.0.0.1:{port}/session/{sid}/status", 5, 8))
+            await asyncio.sleep(0.5)
+            with_reads = await emit_one_event_each(store, owners, targets, rate=args.event_rate)
+            status_during = await wrk
+            await asyncio.sleep(2)
+            streamed = await streams.finish()
+        finally:
+            if streams.proc.poll() is None:
+                streams.proc.kill()
+        result["event_streams"] = {
+            "connections": streamed["streams"], "attach_s": streamed["attach_s"],
+            "api_rss_mb_before": round(api_rss0 / 2**20, 1), "api_rss_mb_with_streams": round(api_rss1 / 2**20, 1),
+            "api_rss_bytes_per_connection": round((api_rss1 - api_rss0) / max(streamed["streams"], 1)),
+            "event_rate_per_s": args.event_rate,
+            "alone": delivery(alone, streamed["arrivals"]),
+            "with_status_reads": delivery(with_reads, streamed["arrivals"]),
+            "status_during": status_during,
+            "cpu_ms_per_event": {role: round((cpu1[role] - cpu0[role]) * 1000 / max(len(alone), 1), 4)
+                                 for role in ("api", "redis", "load")},
+        }
+        log(f"  {result['event_streams']}")
+
+        # 5. recovery
+        inc_of_pid = {report["pid"]: inc for inc, report in reports.items()}
+        victim = max(cluster.workers, key=lambda w: per_worker_sessions.get(inc_of_pid.get(w.pid, ""), 0))
+        victim_inc = inc_of_pid[victim.pid]
+        victim_sids = [tuple(m.split("/", 1)) for m in await redis.smembers(keys.worker_sessions(victim_inc))]
+        died_streams = [n for n, (ws, s) in enumerate(targets) if owners[s] == victim_inc]
+        log(f"recovery: kill -9 of a worker holding {len(victim_sids)} sessions ({len(died_streams)} followed by SSE)")
+        streams = Streams(port, [f"/session/{s}/events" for _, s in targets], logs)
+        try:
+            await streams.ready()
+            killed_ns = now_ns()
+            recovered = await recovery(redis, victim, victim_inc, victim_sids, cluster.apis[1][1])  # type: ignore[arg-type]
+            await asyncio.sleep(2)
+            streamed = await streams.finish()
+        finally:
+            if streams.proc.poll() is None:
+                streams.proc.kill()
+        cluster.workers.remove(victim)
+        died = [int(streamed["died"][str(n)]) for n in died_streams if str(n) in streamed["died"]]
+        recovered["sse_following"] = len(died_streams)
+        recovered["sse_told"] = len(died)
+        recovered["session_died_last_s"] = round((max(died) - killed_ns) / 1e9, 2) if died else None
+        recovered["session_died_p50_s"] = round((percentile(died, 50) - killed_ns) / 1e9, 2) if died else None
+        result["recovery"] = recovered
+        log(f"  {recovered}")
+    finally:
+        if hello_proc is not None:
+            hello_proc.terminate()
+            hello_proc.wait(10)
+        for w in cluster.workers:
+            await w.stop()
+        for process, _ in cluster.apis:
+            await process.stop()
+        await store.close()
+        await redis.aclose()
+        redis_server.stop()
+    result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    result["machine"] = f"{os.uname().machine}, {os.cpu_count()} cores"
+    result["server"] = server_stack(args.server)
+    return result
+
+
+def table(result: dict[str, Any]) -> str:
+    """Each figure beside its goal and its baseline."""
+    g = result["goals"]
+    c, r, rd = result["creation"], result["at_rest"], result["reads"]
+    e, k = result["event_streams"], result["recovery"]
+
+    def mark(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    rows = [
+        ("live sessions (4 workers, 1 Redis, 10 workspaces)", f"{r['live_sessions']:,}", f"goal {result['sessions']:,}",
+         mark(r["live_sessions"] >= result["sessions"])),
+        ("Redis memory per idle session (bytes)", f"{r['redis_bytes_per_session']:,}", f"goal <= {g['redis_bytes_per_session']:,}",
+         mark(r["redis_bytes_per_session"] <= g["redis_bytes_per_session"])),
+        ("worker RSS per idle session (bytes)", f"{r['worker_rss_bytes_per_session']:,}",
+         f"goal <= {g['worker_rss_bytes_per_session']:,}; agent children {r['agent_children_rss_bytes_per_session']:,} more",
+         mark(r["worker_rss_bytes_per_session"] <= g["worker_rss_bytes_per_session"])),
+        ("heartbeat: Redis commands per beat", " / ".join(f"{v} at {n}" for n, v in r["heartbeat_commands"].items()),
+         "unchanged is the goal", mark(len(set(r["heartbeat_commands"].values())) == 1)),
+        ("creates/s (2 APIs, 4 workers)", f"{c['creates_per_s']:,} ({c['failed']} failed)", f"goal >= {g['creates_per_s']}",
+         mark(c["creates_per_s"] >= g["creates_per_s"] and not c["failed"])),
+        ("CPU ms per create", ", ".join(f"{k2} {v}" for k2, v in c["cpu_ms_per_create"].items()),
+         f"total {c['cpu_ms_per_create_total']}", ""),
+        ("status req/s (p99)", f"{rd['status']['rps']:,} ({rd['status']['p99_ms']} ms)",
+         f"bare hello {rd['hello']['rps']:,}: {rd['status_share_of_hello']:.0%}, goal >= 80%",
+         mark(rd["status_share_of_hello"] >= g["read_share_of_hello"])),
+        (f"listing page of 100, workspace of {rd['workspace_sessions']:,}, req/s (p99)",
+         f"{rd['listing']['rps']:,} ({rd['listing']['p99_ms']} ms)",
+         f"{rd['listing_share_of_hello']:.0%} of hello; goal p99 < {g['listing_p99_ms']} ms",
+         mark(rd["listing"]["p99_ms"] < g["listing_p99_ms"] and rd["listing_share_of_hello"] >= g["read_share_of_hello"])),
+        ("SSE connections on one API: RSS per connection (bytes)", f"{e['api_rss_bytes_per_connection']:,} ({e['connections']:,} open)",
+         f"goal <= {g['sse_rss_bytes_per_connection']:,}", mark(e["api_rss_bytes_per_connection"] <= g["sse_rss_bytes_per_connection"])),
+        ("one event to each stream, p50 / p99 (ms)", f"{e['alone']['p50_ms']} / {e['alone']['p99_ms']} ({e['alone']['missing']} missing)",
+         f"{e['event_rate_per_s']:,} events/s", ""),
+        ("  the same with status reads meanwhile", f"{e['with_status_reads']['p50_ms']} / {e['with_status_reads']['p99_ms']} ({e['with_status_reads']['missing']} missing)",
+         f"goal p99 < {g['sse_event_p99_ms']}",
+         mark((e["with_status_reads"]["p99_ms"] or 1e9) < g["sse_event_p99_ms"] and not e["with_status_reads"]["missing"])),
+        ("status p99 meanwhile (ms)", f"{e['status_during']['p99_ms']}", f"goal < {g['status_p99_during_sse_ms']}",
+         mark(e["status_during"]["p99_ms"] < g["status_p99_during_sse_ms"])),
+        (f"kill -9 of a worker with {k['victim_sessions']:,}: readers stop seeing them (s)", f"{k['readers_stop_seeing_s']}",
+         f"goal <= lease {g['readers_stop_seeing_s']}", mark((k["readers_stop_seeing_s"] or 1e9) <= g["readers_stop_seeing_s"])),
+        ("  every key of theirs gone (s)", f"{k['keys_gone_s']}", f"goal <= {g['died_within_s']}",
+         mark((k["keys_gone_s"] or 1e9) <= g["died_within_s"])),
+        ("  session_died to every SSE client following one (s)", f"{k['session_died_last_s']} ({k['sse_told']}/{k['sse_following']})",
+         f"goal <= {g['died_within_s']}",
+         mark((k["session_died_last_s"] or 1e9) <= g["died_within_s"] and k["sse_told"] == k["sse_following"])),
+        ("  survivors' longest gap between renewals (s)", f"{k['survivor_renewal_gap_max_s']}",
+         f"heartbeat every {k['heartbeat_interval_s']} s", mark((k["survivor_renewal_gap_max_s"] or 1e9) < LEASE_MS / 1000 / 2)),
+    ]
+    lines = [f"acp-state scale bench, {result['date']}, {result['machine']}, {result['server']}", ""]
+    lines += [f"  {a:66} {b:28} {c2:60} {d}" for a, b, c2, d in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sessions", type=int, default=100_000)
+    parser.add_argument("--sse-clients", type=int, default=10_000)
+    parser.add_argument("--event-rate", type=int, default=5000, help="events/s of the one-event-each round")
+    parser.add_argument("--profile", action="store_true", help="py-spy the API during creation")
+    parser.add_argument("--server", default="granian")
+    parser.add_argument("--out", default=str(RESULTS / "scale.json"))
+    args = parser.parse_args(argv)
+    result = asyncio.run(run(args))
+    print(table(result))
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
