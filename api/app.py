@@ -34,6 +34,7 @@ from .auth import AuthMiddleware
 from .cache import StateCache
 from .etag import ETagMiddleware
 from .locator import SessionLocator
+from .placement import LiveReports
 from .openapi import openapi_json
 from .responses import (
     ApiError,
@@ -121,6 +122,7 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette
             fanout=fanout,
             feeds=feeds,
             attention=inbox,
+            reports=LiveReports(own_store, registry),
         )
         stop = asyncio.Event()
         sweeper = asyncio.ensure_future(run_sweeper(own_store, settings.sweep_interval_s, stop))

@@ -52,10 +52,12 @@ async def _live_reports(state: AppState) -> list[dict[str, Any]]:
     between incarnations) there may be none yet: wait for one, up to the create timeout."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + state.settings.create_timeout_s
+    fresh = False
     while True:
-        reports = await state.store.worker_reports(await state.registry.live())
+        reports = await state.reports.get(fresh)
         if reports or loop.time() >= deadline:
-            return list(reports.values())
+            return reports
+        fresh = True  # none yet: read again each step, not the kept empty answer
         await asyncio.sleep(WAIT_STEP_S)
 
 

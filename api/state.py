@@ -11,6 +11,7 @@ from acp_state.registry import WorkerRegistry
 from acp_state.store import Fanout, Store
 
 from .locator import SessionLocator
+from .placement import LiveReports
 from .settings import Settings
 
 if TYPE_CHECKING:  # they read the app state themselves
@@ -28,6 +29,7 @@ class AppState:
     fanout: Fanout
     feeds: LiveFeeds  # the live workspace feeds (push)
     attention: AttentionFeeds  # the attention inbox's stream (push)
+    reports: LiveReports  # the live workers' load reports, for placing creates
 
 
 def app_state(request: Request) -> AppState:

@@ -1,6 +1,7 @@
 """Baseline servers on the same stack as the API (Starlette on the ASGI server `acp-state api
 --server` picks, served by the very code that serves the API: `acp_state.cli.serving.serve_http`,
-on uvloop): `hello` answers a JSON constant; `hgetall` does one Redis HGETALL per request.
+on uvloop): `hello` answers a JSON constant; `hgetall` does one Redis HGETALL per request;
+`/sse` is a bare event stream that sends one frame and then waits.
 
     python -m bench.hello_app --port 8001 [--server granian|uvicorn] [--redis-url URL --key K]
 
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from typing import AsyncIterator
 
 import orjson
 import redis.asyncio as aioredis
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from acp_state.cli.serving import DEFAULT_SERVER, SERVERS, serve_http, started, until_signal
@@ -33,7 +35,17 @@ def build(redis_url: str | None, key: str) -> Starlette:
         assert client is not None
         return Response(orjson.dumps(await client.hgetall(key)), media_type="application/json")
 
-    return Starlette(routes=[Route("/", hgetall if client else hello)])
+    async def stream(_: Request) -> StreamingResponse:
+        """A bare event stream: its first frame, then nothing until the client leaves (the
+        stack's own cost of an open SSE connection)."""
+
+        async def frames() -> AsyncIterator[bytes]:
+            yield b"retry: 3000\n\n"
+            await asyncio.Event().wait()
+
+        return StreamingResponse(frames(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/", hgetall if client else hello), Route("/sse", stream)])
 
 
 def hello() -> Starlette:

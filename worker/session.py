@@ -11,7 +11,6 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -100,6 +99,14 @@ class Pending:
 
 
 class LiveSession:
+    # Slots, not a per-instance dict: a worker holds tens of thousands of idle sessions.
+    __slots__ = ("store", "incarnation", "ws", "sid", "cwd", "agent", "agent_sid", "single",
+        "_on_gone", "_on_fenced", "_published", "_publishing", "untold_request", "_in_order",
+        "_op", "_unwritten", "abandoned", "write_patience_s", "created_ms", "updated_ms",
+        "display_name", "clients", "loop_limits", "_on_state", "state", "active", "queue",
+        "automatic", "pending", "turn_error", "turn_error_event", "closed", "_order", "_runner",
+        "_guard", "_loop_stop")
+
     def __init__(
         self,
         *,
@@ -129,7 +136,8 @@ class LiveSession:
         # Set once the first snapshot was written (or the session gave up): an update the
         # agent sends right after `session/new` must not reach the store before the
         # session itself, or the fence refuses it.
-        self._published = asyncio.Event()
+        self._published = False
+        self._publishing: asyncio.Future[None] | None = None  # made only if a write waits for it
         # The create's request id while no API is known to have taken its answer: kept in
         # the store, so that a sweep after this worker's death leaves no catalog row of a
         # session nobody was told of.
@@ -147,8 +155,10 @@ class LiveSession:
         self._on_state = on_state
         self.state: str | None = None  # None until published, and again once gone
         self.active: Prompt | None = None
-        self.queue: deque[Prompt] = deque()  # foreground, channel and goal prompts
-        self.automatic: dict[str, deque[Prompt]] = {kind: deque() for kind in AUTOMATIC_KINDS}
+        # Lists, not deques, and the automatic ones made on first use: a queue holds at most
+        # a few prompts (the admission limit), and an idle session should cost little.
+        self.queue: list[Prompt] = []  # foreground, channel and goal prompts
+        self.automatic: dict[str, list[Prompt]] = {}
         self.pending: dict[str, Pending] = {}
         self.turn_error: TurnError | None = None
         self.turn_error_event: bool = False
@@ -159,10 +169,15 @@ class LiveSession:
         self._guard = LoopGuard(self.loop_limits)
         self._loop_stop: TurnError | None = None
 
+    def _mark_published(self) -> None:
+        self._published = True
+        if self._publishing is not None and not self._publishing.done():
+            self._publishing.set_result(None)
+
     @property
     def published(self) -> bool:
         """The session's first snapshot has been written (or it gave up)."""
-        return self._published.is_set()
+        return self._published
 
     # ---- projection ---------------------------------------------------------------------
 
@@ -240,8 +255,10 @@ class LiveSession:
         worker, which asks the registry whether we were declared dead or the store lost it;
         the terminals it carried are then written again with the session. `transition` may
         be a function, called in turn: a snapshot must see what the writes before it did."""
-        if not callable(transition) and transition.mode is not Mode.CREATE and not self._published.is_set():
-            await self._published.wait()
+        if not callable(transition) and transition.mode is not Mode.CREATE and not self._published:
+            if self._publishing is None:
+                self._publishing = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._publishing)
         async with self._in_order:
             if callable(transition):
                 transition = transition()
@@ -298,7 +315,7 @@ class LiveSession:
         try:
             return await self._write(self.snapshot)
         finally:
-            self._published.set()
+            self._mark_published()
 
     async def republish(self) -> None:
         """Redis lost our state (restart, failover): write it again under a new epoch."""
@@ -311,7 +328,7 @@ class LiveSession:
     # ---- prompts ------------------------------------------------------------------------
 
     def _waiting(self) -> list[Prompt]:
-        return [*self.queue, *(p for kind in AUTOMATIC_KINDS for p in self.automatic[kind])]
+        return [*self.queue, *(p for kind in AUTOMATIC_KINDS for p in self.automatic.get(kind, ()))]
 
     def enqueue(self, prompt: Prompt) -> None:
         """Accept an admitted prompt: start it now or queue it behind the running one."""
@@ -326,7 +343,7 @@ class LiveSession:
             prompt.queued = True
             data = {"sessionId": self.sid, "promptId": prompt.prompt_id, "text": prompt.text, "queuedAt": prompt.queued_at}
             transition.events.append(events.body("pending_prompt_added", data, prompt.prompt_id, prompt.client_id))
-            (self.automatic[prompt.kind] if prompt.kind in AUTOMATIC_KINDS else self.queue).append(prompt)
+            (self.automatic.setdefault(prompt.kind, []) if prompt.kind in AUTOMATIC_KINDS else self.queue).append(prompt)
         else:
             self.active = prompt  # reserved now, so a cancel right behind it finds it
         if transition.events or transition.meta is not None:
@@ -338,9 +355,9 @@ class LiveSession:
         """Automatic work drains first: a rejected turn never strands queued cron or
         notification prompts."""
         for kind in AUTOMATIC_KINDS:
-            if self.automatic[kind]:
-                return self.automatic[kind].popleft()
-        return self.queue.popleft() if self.queue else None
+            if self.automatic.get(kind):
+                return self.automatic[kind].pop(0)
+        return self.queue.pop(0) if self.queue else None
 
     async def _run(self) -> None:
         while not self.closed:
@@ -545,7 +562,7 @@ class LiveSession:
             return
         self.closed = True
         self.abandoned = True
-        self._published.set()
+        self._mark_published()
         self._track_state()
         running = self.active
         for prompt in ([running] if running else []) + self._waiting():

@@ -56,13 +56,53 @@ class Delivery:
     raw: str
 
 
+class Buffer:
+    """A bounded FIFO read by one listener: asyncio.Queue's interface as an event stream uses
+    it, without its four deques and its task accounting (one open stream holds one, and an
+    API process may hold 10,000 streams). A list: it holds at most `maxsize` items."""
+
+    __slots__ = ("_items", "maxsize", "_waiter")
+
+    def __init__(self, maxsize: int = DEFAULT_BUFFER) -> None:
+        self._items: list[Any] = []
+        self.maxsize = maxsize
+        self._waiter: asyncio.Future[None] | None = None
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def put_nowait(self, item: Any) -> None:
+        if len(self._items) >= self.maxsize:
+            raise asyncio.QueueFull
+        self._items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def get_nowait(self) -> Any:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.pop(0)
+
+    async def get(self) -> Any:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.pop(0)
+
+
 @dataclass(eq=False)
 class Subscription:
     """One listener's bounded buffer. A burst that overflows it is never waited for: the
     buffer is emptied and the listener told to catch up from the replay log instead."""
 
     channel: str
-    queue: asyncio.Queue[Delivery | None] = field(default_factory=lambda: asyncio.Queue(DEFAULT_BUFFER))
+    queue: Buffer = field(default_factory=Buffer)
     resync: bool = False  # events were skipped (overflow, reconnect): check the log for gaps
     closed: bool = False  # the process is shutting down: the listener should end now
 
@@ -184,7 +224,7 @@ class Fanout:
 
     async def subscribe(self, channel: str, buffer: int = DEFAULT_BUFFER) -> Subscription:
         """Listen to a channel; returns once Redis confirmed the subscription."""
-        subscription = Subscription(channel, asyncio.Queue(buffer))
+        subscription = Subscription(channel, Buffer(buffer))
         listeners = self._subscriptions.setdefault(channel, set())
         listeners.add(subscription)
         try:
