@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
 
 
 def now_ms() -> int:
@@ -14,5 +13,6 @@ def iso(ms: int | None = None) -> str:
     """An ISO-8601 UTC string with milliseconds and a `Z`, as the reference writes them."""
     if ms is None:
         ms = now_ms()
-    dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    t = time.gmtime(ms // 1000)  # whole seconds: no float rounding, and a third of strftime's cost
+    return (f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T"
+            f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}.{ms % 1000:03d}Z")

@@ -30,6 +30,7 @@ from acp_state.store import (
     Transition,
     VoteOutcome,
 )
+from acp_state.store import keys
 from tests.redis_server import RedisCluster, RedisServer
 
 BACKENDS = ["memory", "redis", "cluster"]
@@ -185,6 +186,22 @@ async def test_send_admits_fences_and_keeps_the_first_outcome(store: RedisStore)
     # closes: cancelled the instant after a read returned, redis-py's cluster client can
     # hang the cancellation; see docs/architecture.md, "What is not built yet".)
     assert await store.read_commands({inbox: received[0][1]}, 200) == []
+
+
+async def test_a_session_reads_back_its_meta_and_an_idle_one_stays_small(store: RedisStore, request: pytest.FixtureRequest) -> None:
+    """The meta is kept a field each (the id comes from the key), so an idle session's hash
+    stays a listpack: about half the memory of a hashtable, at 100,000 sessions a shard."""
+    s = Session()
+    await s.create(store, clients=["client_" + new_id()])
+    view = await store.session(s.ws, s.sid)
+    assert view is not None
+    assert view.meta == {"sessionId": s.sid, "workspaceCwd": "/w", "createdAt": "2020-01-01T00:00:00Z"}
+    titled = Transition(meta={**view.meta, "displayName": "fix the build"})
+    assert (await store.apply(s.ws, s.sid, s.inc, titled)).applied is ApplyOutcome.APPLIED
+    view = await store.session(s.ws, s.sid)
+    assert view is not None and view.meta["displayName"] == "fix the build"
+    if request.node.callspec.params["store"] != "memory":  # fakeredis does not say
+        assert await store.redis.object("encoding", keys.session(s.ws, s.sid)) == "listpack"
 
 
 async def test_handled_commands_are_dropped_and_unread_ones_kept(store: RedisStore) -> None:

@@ -343,7 +343,7 @@ def session_hash(*pending: tuple[int, dict], meta: dict = META, **fields: str) -
         rid = interaction["requestId"]
         hashed[F.INTERACTION + rid] = orjson.dumps(interaction).decode()
         hashed[F.VOTABLE + rid] = orjson.dumps([order, ["ok"]]).decode()
-    view = view_of(hashed)
+    view = view_of(hashed, meta["sessionId"])
     assert view is not None
     return view
 

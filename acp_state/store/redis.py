@@ -226,7 +226,10 @@ class RedisStore:
         left, `@PID@` standing for its id), op; with the retention each needs."""
         fields: dict[str, str] = {}
         if t.meta is not None:
-            fields[F.META] = orjson.dumps(t.meta).decode()
+            for name, value in ((F.CREATED, t.meta.get("createdAt")), (F.CWD, t.meta.get("workspaceCwd")),
+                                (F.TITLE, t.meta.get("displayName"))):
+                if value:
+                    fields[name] = value
         if t.epoch is not None:
             fields[F.EPOCH] = t.epoch
         if t.updated_at is not None:
@@ -523,7 +526,7 @@ class RedisStore:
     async def session(self, ws: str, sid: str) -> SessionView | None:
         """The live session's state, or None if the store holds none (closed, swept, lost)."""
         with REDIS_ROUNDTRIP.labels("session_read").time():
-            return view_of(await self.redis.hgetall(keys.session(ws, sid)))
+            return view_of(await self.redis.hgetall(keys.session(ws, sid)), sid)
 
     async def send(
         self,
@@ -696,7 +699,7 @@ class RedisStore:
         for i in range(0, len(flat), 3):
             sid, row, pairs = flat[i], flat[i + 1], flat[i + 2]
             fields = dict(zip(pairs[::2], pairs[1::2], strict=True))
-            rows.append(ListedSession(sid, orjson.loads(row) if row else None, view_of(fields)))
+            rows.append(ListedSession(sid, orjson.loads(row) if row else None, view_of(fields, sid)))
             if fields:
                 live.append(sid)
         _remember(self._live_on_page, ws, live)
@@ -734,7 +737,7 @@ class RedisStore:
             current = (
                 CatalogVersion(generation, int(revision)) if generation is not None else await self.catalog_version(ws)
             )
-            views = [view for sid in sorted(members) if (view := view_of(hashes.get(sid) or {})) is not None]
+            views = [view for sid in sorted(members) if (view := view_of(hashes.get(sid) or {}, sid)) is not None]
             _remember(self._live_in_workspace, ws, [view.meta["sessionId"] for view in views])
             result[ws] = (current, views)
         return result
@@ -813,7 +816,7 @@ class RedisStore:
         pipe.xrange(keys.events(ws, sid), "-", "+")
         fields, page, log_entries = await pipe.execute()
         return LoadSnapshot(
-            view_of(fields),
+            view_of(fields, sid),
             [(entry_id, f["e"]) for entry_id, f in page],
             [f["e"] for _, f in log_entries],
         )
@@ -925,13 +928,20 @@ def _remember(hints: dict[str, list[str]], ws: str, live: list[str]) -> None:
             del hints[next(iter(hints))]
 
 
-def view_of(fields: dict[str, str]) -> SessionView | None:
-    """A session hash (HGETALL) as readers see it; None unless it is a live session's
+def view_of(fields: dict[str, str], sid: str) -> SessionView | None:
+    """Session `sid`'s hash (HGETALL) as readers see it; None unless it is a live session's
     (an owner and its meta). Fields at their zero value are absent (see keys.F)."""
-    owner, meta_json = fields.get(F.OWNER), fields.get(F.META)
-    if not owner or meta_json is None:
+    owner, created = fields.get(F.OWNER), fields.get(F.CREATED)
+    if not owner:
         return None
-    meta = orjson.loads(meta_json)
+    if created is not None:
+        meta = {"sessionId": sid, "workspaceCwd": fields.get(F.CWD, ""), "createdAt": created}
+        if F.TITLE in fields:
+            meta["displayName"] = fields[F.TITLE]
+    elif F.META in fields:
+        meta = orjson.loads(fields[F.META])
+    else:
+        return None
     ordered: list[tuple[float, str]] = []
     client_count = 0
     for name, value in fields.items():
