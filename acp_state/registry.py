@@ -49,9 +49,12 @@ class WorkerRegistry:
         sent = _monotonic_ms()
         view = await self._store.lease_view()
         received = _monotonic_ms()
-        # Redis read its clock somewhere within the round trip; the midpoint errs by at most
-        # half of it, far below any lease.
-        self._offset_ms = view.redis_now_ms - (sent + received) // 2
+        # Redis read its clock somewhere within the round trip. Taking the latest moment it
+        # can have been errs, by up to the round trip, towards "still live" only: a round
+        # trip stretched by a busy Redis or a busy loop (seconds, under a burst of 10,000
+        # streams) must not make a live worker's sessions answer 404. The sweeper decides
+        # deaths inside Redis, on its own clock, so a lenient reader changes no death.
+        self._offset_ms = view.redis_now_ms - received
         self._deadlines = view.live_until()
         self._checked_at = received
 

@@ -468,6 +468,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 streams.proc.kill()
         result["event_streams"] = {
             "connections": streamed["streams"], "attach_s": streamed["attach_s"],
+            "refused": len(streamed["refused"]), "refused_examples": list(streamed["refused"].values())[:3],
             "api_rss_mb_before": round(api_rss0 / 2**20, 1), "api_rss_mb_with_streams": round(api_rss1 / 2**20, 1),
             "api_rss_bytes_per_connection": round((api_rss1 - api_rss0) / max(streamed["streams"], 1)),
             "baseline_bare_stream_rss_bytes_per_connection": round((hello_rss1 - hello_rss0) / max(len(targets), 1)),
@@ -499,6 +500,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 streams.proc.kill()
         cluster.workers.remove(victim)
         died = [int(streamed["died"][str(n)]) for n in died_streams if str(n) in streamed["died"]]
+        died_streams = [n for n in died_streams if str(n) not in streamed["refused"]]
+        recovered["sse_refused"] = len(streamed["refused"])
         recovered["sse_following"] = len(died_streams)
         recovered["sse_told"] = len(died)
         recovered["session_died_last_s"] = round((max(died) - killed_ns) / 1e9, 2) if died else None
@@ -552,7 +555,7 @@ def table(result: dict[str, Any]) -> str:
          f"{rd['listing']['rps']:,} ({rd['listing']['p99_ms']} ms)",
          f"{rd['listing_share_of_hello']:.0%} of hello; goal p99 < {g['listing_p99_ms']} ms",
          mark(rd["listing"]["p99_ms"] < g["listing_p99_ms"] and rd["listing_share_of_hello"] >= g["read_share_of_hello"])),
-        ("SSE connections on one API: RSS per connection (bytes)", f"{e['api_rss_bytes_per_connection']:,} ({e['connections']:,} open)",
+        ("SSE connections on one API: RSS per connection (bytes)", f"{e['api_rss_bytes_per_connection']:,} ({e['connections']:,} open, {e['refused']} refused)",
          f"goal <= {g['sse_rss_bytes_per_connection']:,}; bare Starlette stream {e['baseline_bare_stream_rss_bytes_per_connection']:,}",
          mark(e["api_rss_bytes_per_connection"] <= g["sse_rss_bytes_per_connection"])),
         ("one event to each stream, p50 / p99 (ms)", f"{e['alone']['p50_ms']} / {e['alone']['p99_ms']} ({e['alone']['missing']} missing)",

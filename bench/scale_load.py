@@ -93,19 +93,22 @@ def streams(args: argparse.Namespace) -> dict[str, Any]:
         sock = socket.create_connection(("127.0.0.1", args.port), timeout=120)
         sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n".encode())
         socks.append(sock)
-    for sock in socks:
+    refused: dict[str, str] = {}  # stream index -> the answer that was not a stream
+    for n, sock in enumerate(socks):
         buf = b""
         while b"\n\n" not in buf.partition(b"\r\n\r\n")[2]:  # the headers, then the `retry:` frame
             data = sock.recv(65536)
             if not data:
-                raise ConnectionError("an event stream closed before its first frame")
+                refused[str(n)] = "closed before its first frame"
+                break
             buf += data
-            if buf.startswith(b"HTTP/1.1 ") and not buf.startswith(b"HTTP/1.1 200"):
-                raise ConnectionError(buf[:200].decode(errors="replace"))
+            if buf.startswith(b"HTTP/1.1 ") and not buf.startswith(b"HTTP/1.1 200") and b"\r\n\r\n" in buf:
+                refused[str(n)] = buf.split(b"\r\n", 1)[0].decode() + " " + buf.partition(b"\r\n\r\n")[2][:160].decode(errors="replace")
+                break
         sock.setblocking(False)
     attach_s = time.monotonic() - started
     poller = select.epoll()
-    index = {sock.fileno(): n for n, sock in enumerate(socks)}
+    index = {sock.fileno(): n for n, sock in enumerate(socks) if str(n) not in refused}
     for fd in index:
         poller.register(fd, select.EPOLLIN)
     stdin = sys.stdin.fileno()
@@ -140,7 +143,7 @@ def streams(args: argparse.Namespace) -> dict[str, Any]:
     cpu = sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu0
     for sock in socks:
         sock.close()
-    return {"streams": len(socks), "attach_s": round(attach_s, 2), "load_cpu_s": round(cpu, 3),
+    return {"streams": len(socks) - len(refused), "refused": refused, "attach_s": round(attach_s, 2), "load_cpu_s": round(cpu, 3),
             "arrivals": arrivals, "died": {str(k): v for k, v in died.items()}}
 
 

@@ -3,6 +3,7 @@ own: each rule of the lease is one assertion about what the registry answers."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import AsyncIterator
 
 import pytest
@@ -151,3 +152,24 @@ async def test_a_reply_nobody_took_is_taken_back_once(store: RedisStore) -> None
     assert await store.take_reply("req-2") is None  # the API, too late, finds nothing
     assert await store.abandon_reply("req-4") is None  # an API gave up first: the reply says so
     assert await store.reply("req-4", answer) is False
+
+
+async def test_a_slow_read_of_the_leases_never_makes_a_live_worker_look_dead() -> None:
+    """A reader's lease read waited 0.5 s in a busy Redis, which then read its clock and
+    answered at once: the worker's deadline, 0.2 s ahead of Redis's clock, still lies ahead.
+    Judging Redis's clock as of the middle of the round trip put it 0.25 s later, past the
+    deadline, and the sessions of a live worker answered 404 (seen opening 10,000 streams)."""
+    import time
+
+    from acp_state.registry import WorkerRegistry
+    from acp_state.store import LeaseView
+
+    class BusyRedis:
+        async def lease_view(self) -> LeaseView:
+            await asyncio.sleep(0.5)  # queued behind a burst
+            now = time.monotonic_ns() // 1_000_000 + 10_000_000  # Redis's clock, read last
+            return LeaseView({"w-1": now + 200}, {"w-1": 3000}, now, now, 0)
+
+    registry = WorkerRegistry(BusyRedis())  # type: ignore[arg-type]
+    await registry.refresh()
+    assert await registry.is_live("w-1")
