@@ -151,7 +151,7 @@ class _Link:
         self.pings_sent = 0  # our pings are numbered; their answers come back in order
         self.answers: dict[int, asyncio.Future[bool]] = {}  # ping number -> its answer
         self.next_round: list[asyncio.Future[bool]] = []  # syncs waiting for the next ping
-        self.rounds: asyncio.Task[None] | None = None
+        self.rounds: set[asyncio.Task[None]] = set()  # pings out for syncs
 
     def answered(self, number: int, ok: bool = True) -> None:
         """Every ping up to `number` came back (or, with ok False, never will)."""
@@ -273,33 +273,38 @@ class Fanout:
 
         This is what lets a cache serve a read that comes after a change acknowledged
         through another process (ZooKeeper's `sync`, Raft's read index). The reads that
-        arrive while a ping is out share the next one: one ping per round trip, not per read.
+        arrive in one turn of the event loop share one ping, sent at the end of that turn;
+        a read never waits for a ping that was out before it came. Pongs come back in
+        order, so any later ping's answer also answers the earlier ones.
         """
         if not self.watching(ws):
             return False
         link = self._link_of.get(keys.invalidations(ws))
         if link is None:
             return False
-        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        if not link.next_round:
+            loop.call_soon(self._start_round, link)
         link.next_round.append(waiter)
-        if link.rounds is None or link.rounds.done():
-            link.rounds = asyncio.ensure_future(self._sync_rounds(link))
-        return await waiter  # the round answers it within SYNC_TIMEOUT_S, whatever happens
+        return await waiter  # its round answers it within SYNC_TIMEOUT_S, whatever happens
 
-    async def _sync_rounds(self, link: _Link) -> None:
-        while link.next_round:
-            waiting, link.next_round = link.next_round, []
-            ok = False
-            try:
-                ok = await asyncio.wait_for(self._ping_answered(link), SYNC_TIMEOUT_S)
-            except Exception:  # silent (a stall) or gone: not current
-                log.debug("sync on %s failed", link.name, exc_info=True)
-            finally:  # also when cancelled (the link closes): nobody is left waiting
-                for waiter in waiting:
-                    if not waiter.done():
-                        waiter.set_result(ok)
-            if self._stopped:
-                break
+    def _start_round(self, link: _Link) -> None:
+        waiting, link.next_round = link.next_round, []
+        if waiting:
+            link.rounds.add(asyncio.ensure_future(self._round(link, waiting)))
+
+    async def _round(self, link: _Link, waiting: list[asyncio.Future[bool]]) -> None:
+        ok = False
+        try:
+            ok = await asyncio.wait_for(self._ping_answered(link), SYNC_TIMEOUT_S)
+        except Exception:  # silent (a stall) or gone: not current
+            log.debug("sync on %s failed", link.name, exc_info=True)
+        finally:  # also when cancelled (the link closes): nobody is left waiting
+            for waiter in waiting:
+                if not waiter.done():
+                    waiter.set_result(ok)
+            link.rounds.discard(asyncio.current_task())  # type: ignore[arg-type]
 
     async def _ping_answered(self, link: _Link) -> bool:
         answer = await self._ping(link)
@@ -508,8 +513,12 @@ class Fanout:
 
     async def _close(self, link: _Link) -> None:
         link.answered(link.pings_sent, ok=False)
-        if link.rounds is not None:
-            link.rounds.cancel()
+        for round_ in list(link.rounds):
+            round_.cancel()
+        for waiter in link.next_round:
+            if not waiter.done():
+                waiter.set_result(False)
+        link.next_round.clear()
         if link.task is not None and link.task is not asyncio.current_task():
             link.task.cancel()
             await asyncio.gather(link.task, return_exceptions=True)
