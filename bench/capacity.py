@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import redis.asyncio as aioredis
 
 from acp_state import events
 from acp_state.store import Mode, RedisStore, Transition
@@ -58,7 +57,7 @@ async def shard_figures(transitions: int = 20_000, sessions: int = 300) -> dict[
         apply_cpu = sum(cpu_s(p) - c for p, c in zip(pids, cpu0))
         await store.close()
 
-        bare = aioredis.RedisCluster.from_url(cluster.url)
+        bare = connect(cluster.url)
         cpu0 = [cpu_s(p) for p in pids]
         hsets = 20_000
 
@@ -99,7 +98,8 @@ def model(scale: dict[str, Any], shard: dict[str, Any], args: argparse.Namespace
 
     # Workers: memory per hosted session (worker + its agent children), and create CPU.
     per_session_rss = rest["worker_rss_bytes_per_session"] + rest["agent_children_rss_bytes_per_session"]
-    sessions_per_worker = min(args.worker_memory_gib * 1024 * MIB * busy / per_session_rss, args.max_sessions_per_worker)
+    by_rss = args.worker_memory_gib * 1024 * MIB * busy / per_session_rss
+    sessions_per_worker = min(by_rss, args.max_sessions_per_worker)
     workers_memory = args.sessions / sessions_per_worker
     worker_create_ms = creation["cpu_ms_per_create"]["worker"] + creation["cpu_ms_per_create"]["agent"]
     workers_cpu = creates_per_s * worker_create_ms / 1000 / busy
@@ -126,7 +126,9 @@ def model(scale: dict[str, Any], shard: dict[str, Any], args: argparse.Namespace
         "redis": {"shards": shards, "bound_by": why(shards_memory, shards_cpu),
                   "memory_gib": round(redis_bytes / 1024 / MIB, 2), "by_memory": round(shards_memory, 2),
                   "by_cpu": round(shards_cpu, 2), "shard_memory_gib": args.shard_memory_gib},
-        "workers": {"processes": workers, "bound_by": why(workers_memory, workers_cpu),
+        "workers": {"processes": workers,
+                    "bound_by": ("sessions per worker (--max-sessions-per-worker)" if by_rss > args.max_sessions_per_worker
+                                 and workers_memory >= workers_cpu else why(workers_memory, workers_cpu)),
                     "sessions_per_worker": round(sessions_per_worker), "by_memory": round(workers_memory, 2),
                     "by_create_cpu": round(workers_cpu, 2), "worker_memory_gib": args.worker_memory_gib},
         "apis": {"processes": apis, "bound_by": why(apis_memory, api_cpu, args.sse_clients / args.max_streams_per_api),

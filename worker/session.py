@@ -508,6 +508,9 @@ class LiveSession:
             events=event_list,
             end_admitted=EndAdmitted(code, message),
             catalog=self.catalog_row(),
+            # Still untold (no API took the create's answer) when it ends, however it ends (a
+            # shutdown, the agent's exit): nobody was told of it, so it leaves no row.
+            uncatalog_untold=True,
         )
 
     # ---- cancel, close, death -------------------------------------------------------------
