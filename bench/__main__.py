@@ -378,10 +378,8 @@ def table(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     if "--scale" in sys.argv[1:]:  # issue 14's figures: bench/scale.py, with its own options
-        from . import scale
-
-        scale.main([a for a in sys.argv[1:] if a != "--scale"])
-        return
+        argv = [sys.executable, "-m", "bench.scale", *(a for a in sys.argv[1:] if a != "--scale")]
+        os.execv(sys.executable, argv)
     parser.add_argument("--quick", action="store_true", help="smaller session counts (a smoke run)")
     parser.add_argument("--server", choices=SERVERS, default=DEFAULT_SERVER,
                         help="the ASGI server of the API and of the Starlette baselines (acp-state api --server)")

@@ -119,7 +119,7 @@ async def test_a_cached_read_after_a_change_acknowledged_elsewhere_never_misses_
     """A close acknowledged through another API process, then a status read here: the read
     must not be answered from the cache while the change's announcement is still on its way
     (in Redis's output buffer, the kernel's, or this process's unread socket)."""
-    from api.cache import CachedSession, StateCache
+    from acp_state.api.cache import CachedSession, StateCache
     from redis import Redis
 
     cache = StateCache(fanout)
@@ -138,7 +138,7 @@ async def test_a_cached_read_after_a_change_acknowledged_elsewhere_never_misses_
 
 
 async def test_cached_reads_that_arrive_together_share_one_ping(fanout: Fanout) -> None:
-    from api.cache import CachedSession, StateCache
+    from acp_state.api.cache import CachedSession, StateCache
 
     cache = StateCache(fanout)
     ws = "fanout-test6"
@@ -154,7 +154,7 @@ async def test_cached_reads_that_arrive_together_share_one_ping(fanout: Fanout) 
 async def test_a_stalled_redis_stops_cached_reads(own_redis: RedisServer) -> None:
     """While Redis does not answer, nothing can say the cache is current: the read goes to
     Redis (and waits or fails there) instead of being answered from memory."""
-    from api.cache import CachedSession, StateCache
+    from acp_state.api.cache import CachedSession, StateCache
     from acp_state.store.fanout import SYNC_TIMEOUT_S
 
     fanout = Fanout(connect(own_redis.url))
@@ -170,4 +170,20 @@ async def test_a_stalled_redis_stops_cached_reads(own_redis: RedisServer) -> Non
     finally:
         own_redis.process.send_signal(signal.SIGCONT)
     assert await asyncio.wait_for(cache.session("s1"), 10) is not None, "current again once Redis answers"
+    await fanout.stop()
+
+
+async def test_a_subscription_redis_does_not_confirm_is_a_store_fault(own_redis: RedisServer) -> None:
+    """An event stream opened while Redis stalls: the unconfirmed subscription is a store
+    error (the API answers 503 `store_unavailable`), not an unhandled timeout (a 500)."""
+    from redis.exceptions import RedisError
+
+    fanout = Fanout(connect(own_redis.url))
+    assert await fanout.watch("fanout-test8")  # the connection is up
+    own_redis.process.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(RedisError):
+            await fanout.subscribe("acp:{fanout-test8}:ev:s1")
+    finally:
+        own_redis.process.send_signal(signal.SIGCONT)
     await fanout.stop()

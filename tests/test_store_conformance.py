@@ -218,6 +218,9 @@ async def test_handled_commands_are_dropped_and_unread_ones_kept(store: RedisSto
     assert [entry_id for entry_id, _ in await store.redis.xrange(inbox)] == [received[1][1], received[2][1]]
     await store.forget_commands({store.inbox_feed(s.ws, "w-nobody"): received[2][1]})  # no stream: nothing made
     assert await store.redis.exists(store.inbox_feed(s.ws, "w-nobody")) == 0
+    # Nothing more; and the store closes with its cluster reader waiting inside XREAD, not
+    # just back from one (see test_send_admits_fences_and_keeps_the_first_outcome).
+    assert await store.read_commands({inbox: received[2][1]}, 200) == []
 
 
 async def test_one_vote_wins(store: RedisStore) -> None:

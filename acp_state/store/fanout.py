@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import orjson
 from redis.asyncio.client import PubSub
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import keys
 from .connection import Client, is_cluster, node_client
@@ -352,7 +353,10 @@ class Fanout:
             except BaseException:  # not sent (Redis away): the next caller tries again
                 self._confirmed.pop(channel, None)
                 raise
-        await asyncio.wait_for(self._confirmed[channel].wait(), CONFIRM_TIMEOUT_S)
+        try:
+            await asyncio.wait_for(self._confirmed[channel].wait(), CONFIRM_TIMEOUT_S)
+        except asyncio.TimeoutError:  # Redis did not confirm (stalled, failing over): a store fault
+            raise RedisTimeoutError(f"the subscription to {channel} was not confirmed in {CONFIRM_TIMEOUT_S:g} s") from None
 
     async def _drop(self, channel: str) -> None:
         self._confirmed.pop(channel, None)

@@ -170,7 +170,7 @@ class F:
     # within Redis's hash-max-listpack-value, 64 bytes by default), half the memory of a
     # hashtable.
     CREATED = "ct"  # createdAt ISO string
-    CWD = "cwd"  # workspaceCwd
+    CWD = "wd"  # workspaceCwd
     TITLE = "dn"  # displayName, once set
     META = "meta"  # read only: the meta as one JSON field, as workers before 2026-12-01 wrote it
     UPDATED = "up"  # updatedAt ISO string
