@@ -46,7 +46,6 @@ class WorkerRegistry:
         return self._deadlines
 
     async def _load(self) -> None:
-        sent = _monotonic_ms()
         view = await self._store.lease_view()
         received = _monotonic_ms()
         # Redis read its clock somewhere within the round trip. Taking the latest moment it

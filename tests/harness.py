@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -20,6 +21,17 @@ from acp_state.ids import workspace_id
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 30
+
+
+async def _python_stacks(pid: int) -> str:
+    """The Python stacks of a live process, by py-spy when it is installed (else a note)."""
+    if shutil.which("py-spy") is None:
+        return "(install py-spy for its stacks)"
+    dump = await asyncio.create_subprocess_exec(
+        "py-spy", "dump", "--pid", str(pid), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await dump.communicate()
+    return out.decode(errors="replace")
 
 
 class Process:
@@ -63,9 +75,10 @@ class Process:
         try:
             return await asyncio.wait_for(self.proc.wait(), timeout)
         except asyncio.TimeoutError:
+            stacks = await _python_stacks(self.proc.pid)  # where it hangs, before it is gone
             self.proc.kill()
             await self.proc.wait()
-            raise AssertionError(f"{self.argv[0]} ignored SIGTERM for {timeout}s")
+            raise AssertionError(f"{self.argv[0]} ignored SIGTERM for {timeout}s; its threads:\n{stacks}")
 
     async def kill9(self) -> None:
         assert self.proc is not None

@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from acp_state.store import keys
 from acp_state.store.connection import connect
-from acp_state.store import RedisStore, Standing
+from acp_state.store import RedisStore, ReplyFate, Standing, is_transient
 from tests.conftest import RedisServer
 
 LEASE = 1000
@@ -142,16 +142,60 @@ async def test_a_retried_reply_gives_nothing_twice(store: RedisStore, raw: aiore
     assert await raw.llen(keys.reply("req-1")) == 1
     assert await store.take_reply("req-1") == answer  # the API took it
     assert await store.reply("req-1", answer) is True  # a late retry: still given, nothing pushed
-    assert await store.reclaim_replies([("req-1", answer)]) == [False]
+    assert await store.reclaim_replies([("req-1", answer)]) == [ReplyFate.TAKEN]
+    for key in (keys.reply("req-1"), keys.reply_given("req-1")):
+        if await raw.exists(key):
+            assert await raw.ttl(key) > 0, key
 
 
 async def test_a_reply_nobody_took_is_taken_back_once(store: RedisStore) -> None:
     answer = {"ok": True, "createdAt": "2026-12-01T00:00:00.000Z"}
     assert await store.reply("req-2", answer) is True
-    assert await store.reclaim_replies([("req-2", answer), ("req-3", answer)]) == [True, False]
+    assert await store.reclaim_replies([("req-2", answer)]) == [ReplyFate.UNTAKEN]
     assert await store.take_reply("req-2") is None  # the API, too late, finds nothing
+    assert await store.abandon_reply("req-2") is None
+    assert await store.reclaim_replies([("req-2", answer)]) == [ReplyFate.LOST]  # nothing twice
     assert await store.abandon_reply("req-4") is None  # an API gave up first: the reply says so
     assert await store.reply("req-4", answer) is False
+
+
+async def test_an_answer_lost_on_its_way_to_the_api_is_still_the_apis(own_redis: RedisServer, store: RedisStore,
+                                                                       raw: aioredis.Redis) -> None:
+    """The API's take reached Redis while Redis slept (DEBUG SLEEP in the chaos run); its
+    client timed out and dropped the connection, and Redis, awake, took the answer and sent it
+    nowhere. The API then said the create was undone, while its worker, finding the answer
+    gone, counted it as taken and kept the session: a session its client was told did not
+    exist (cluster seed 2002, 2026-12-01). The take now leaves a record the API's abandon reads."""
+    answer = {"ok": True, "createdAt": "2026-12-01T00:00:00.000Z"}
+    assert await store.reply("req-5", answer) is True
+    impatient = RedisStore(connect(own_redis.url, socket_timeout=0.3))
+    sleeper = aioredis.Redis.from_url(own_redis.url)
+    await impatient.take_reply("req-0")  # its connection is made (a handshake would time out instead)
+    try:
+        asleep = asyncio.ensure_future(sleeper.execute_command("DEBUG", "SLEEP", "1"))
+        await _until_asleep(own_redis)
+        with pytest.raises(Exception) as raised:
+            await impatient.await_reply("req-5", 5)
+        assert is_transient(raised.value), raised.value
+        await asyncio.wait_for(asleep, 5)
+        assert await raw.llen(keys.reply("req-5")) == 0  # Redis, awake, took it and sent it nowhere
+    finally:
+        await sleeper.aclose()
+        await impatient.close()
+    assert await store.abandon_reply("req-5") == answer  # the API's answer after all
+    assert await store.reclaim_replies([("req-5", answer)]) == [ReplyFate.TAKEN]  # and the worker agrees
+
+async def _until_asleep(server: RedisServer) -> None:
+    """Return once Redis no longer answers: a ping that times out was queued behind the sleep."""
+    probe = aioredis.Redis.from_url(server.url, socket_timeout=0.1)
+    try:
+        while True:
+            try:
+                await probe.ping()
+            except aioredis.RedisError:
+                return
+    finally:
+        await probe.aclose()
 
 
 async def test_a_slow_read_of_the_leases_never_makes_a_live_worker_look_dead() -> None:

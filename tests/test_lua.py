@@ -419,24 +419,42 @@ async def test_claim_dead_tombstones_a_lapsed_worker_once(r: aioredis.Redis) -> 
 # ---- replies ---------------------------------------------------------------------------
 
 
-async def test_reply_abandon_and_take(r: aioredis.Redis) -> None:
+async def test_reply_abandon_take_and_reclaim(r: aioredis.Redis) -> None:
     def reply(request: str) -> list[str]:
         return [keys.reply(request), keys.reply_given(request)]
 
-    assert await run(r, "REPLY", reply("q1"), ['{"ok":1}', 60, "abandoned"]) == 1
-    assert await run(r, "REPLY", reply("q1"), ['{"ok":1}', 60, "abandoned"]) == 1  # a retry: one copy
-    assert await r.llen(keys.reply("q1")) == 1
-    assert await run(r, "ABANDON", [keys.reply("q1")], [60, "abandoned"]) == '{"ok":1}'  # taken after all
-    assert await run(r, "REPLY", reply("q1"), ['{"ok":1}', 60, "abandoned"]) == 1  # a late retry pushes nothing
+    def given(request: str) -> Any:
+        return r.lrange(keys.reply_given(request), 0, -1)
+
+    m = "abandoned"  # the abandoned marker
+    assert await run(r, "REPLY", reply("q1"), ['{"ok":1}', 60, m, "given"]) == 1
+    assert await run(r, "REPLY", reply("q1"), ['{"ok":1}', 60, m, "given"]) == 1  # a retry: one copy
+    assert await r.llen(keys.reply("q1")) == 1 and await given("q1") == ["given"]
+    assert 0 < await r.ttl(keys.reply_given("q1")) <= 60  # the record of its taking has the reply's TTL
+    assert await run(r, "ABANDON", reply("q1"), [60, m, "given"]) == '{"ok":1}'  # taken after all
+    assert await given("q1") == ['{"ok":1}', "given"]  # and the taking is recorded
+    assert await run(r, "ABANDON", reply("q1"), [60, m, "given"]) == '{"ok":1}'  # asked again: the same answer
+    assert await run(r, "REPLY", reply("q1"), ['{"ok":1}', 60, m, "given"]) == 1  # a late retry pushes nothing
     assert await r.llen(keys.reply("q1")) == 0
-    assert await run(r, "ABANDON", [keys.reply("q3")], [60, "abandoned"]) is None  # nothing yet: the marker
-    assert await run(r, "REPLY", reply("q3"), ['{"late":1}', 60, "abandoned"]) == 0
-    assert await run(r, "TAKE", [keys.reply("q3")], ["abandoned"]) == "abandoned"
-    assert await r.lrange(keys.reply("q3"), 0, -1) == ["abandoned"]  # the marker stays
+    assert await run(r, "RECLAIM", reply("q1"), ['{"ok":1}', "given"]) == 0  # taken: the worker keeps it
+
+    assert await run(r, "ABANDON", reply("q3"), [60, m, "given"]) is None  # nothing yet: the marker
+    assert await run(r, "REPLY", reply("q3"), ['{"late":1}', 60, m, "given"]) == 0
+    assert not await r.exists(keys.reply_given("q3"))  # nothing was given
+    assert await run(r, "TAKE", reply("q3"), [m, "given", 60]) == m
+    assert await r.lrange(keys.reply("q3"), 0, -1) == [m]  # the marker stays
     assert await r.ttl(keys.reply("q3")) > 0  # and so does its TTL
-    await run(r, "REPLY", reply("q2"), ['{"ok":2}', 60, "abandoned"])
-    assert await run(r, "TAKE", [keys.reply("q2")], ["abandoned"]) == '{"ok":2}'
-    assert await run(r, "TAKE", [keys.reply("q2")], ["abandoned"]) is None
+
+    await run(r, "REPLY", reply("q2"), ['{"ok":2}', 60, m, "given"])
+    assert await run(r, "TAKE", reply("q2"), [m, "given", 60]) == '{"ok":2}'
+    assert await run(r, "TAKE", reply("q2"), [m, "given", 60]) == '{"ok":2}'  # its taker may never have answered
+    assert await r.llen(keys.reply("q2")) == 0
+
+    await run(r, "REPLY", reply("q4"), ['{"ok":4}', 60, m, "given"])
+    assert await run(r, "RECLAIM", reply("q4"), ['{"ok":4}', "given"]) == 1  # nobody took it: taken back
+    assert await run(r, "RECLAIM", reply("q4"), ['{"ok":4}', "given"]) == -1  # once
+    assert await run(r, "TAKE", reply("q4"), [m, "given", 60]) is None  # too late for an API
+    assert await run(r, "RECLAIM", reply("q5"), ['{"ok":5}', "given"]) == -1  # lost with its keys
 
 
 # ---- the attention index (APPLY, VOTE, ATTENTION_PAGE, ATTENTION_OF) ---------------------

@@ -91,3 +91,31 @@ async def test_status_table_and_json_logs(harness: Harness, workspace: str) -> N
     assert lines, "the worker logs JSON lines"
     assert all(line["workerId"] == worker.incarnation for line in lines)
     assert {"worker registered (lease 900 ms)", "worker stopped"} <= {line["msg"] for line in lines}
+
+
+async def test_a_shutdown_step_that_never_ends_is_traced_and_left_behind(caplog) -> None:
+    """A worker's SIGTERM must end it even when one of its tasks does not end when cancelled
+    (seen twice in a day of tests: a worker that ignored SIGTERM for 20 s and logged nothing).
+    The step gives up at its limit, logs where the stuck task waits, and is noted, so the
+    process exits at once instead of waiting on the task in the event loop's own cleanup."""
+    from acp_state.worker.worker import within_limit
+
+    release = asyncio.Event()
+
+    async def deaf_to_cancel() -> None:
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue  # swallows it, as a library that retries on every error would
+
+    stuck = asyncio.ensure_future(deaf_to_cancel())
+    await asyncio.sleep(0)
+    stuck.cancel()
+    overran: list[str] = []
+    with caplog.at_level("ERROR"):
+        await asyncio.wait_for(within_limit("background tasks", 0.2, asyncio.gather(stuck), overran), 5)
+    assert overran == ["background tasks"]
+    assert "background tasks took longer than" in caplog.text and "deaf_to_cancel" in caplog.text
+    release.set()
+    await stuck

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import io
 import itertools
 import logging
 import math
@@ -27,7 +28,7 @@ from prometheus_client import REGISTRY, make_asgi_app
 from acp_state import commands
 from acp_state.agents import DEFAULT_AGENT
 from acp_state.clock import iso, now_ms
-from acp_state.store import ApplyOutcome, Standing, Store
+from acp_state.store import ApplyOutcome, ReplyFate, Standing, Store
 from acp_state.summary import SESSION_STATES
 from acp_state.sweeper import run_sweeper
 from acp_state.tasks import survive
@@ -47,6 +48,7 @@ PULSE_S = 0.1
 # On SIGTERM, how long each session's last write may wait for a store that is away (the
 # sweeper removes what is left once the lease lapses).
 SHUTDOWN_PATIENCE_S = 3.0
+SHUTDOWN_STEP_S = 4.0  # each other step of a shutdown; all of them well inside a supervisor's 20-30 s
 # A create's answer that no API took within the API's wait (`waitMs`) and this margin is
 # taken back, and the session undone: its API gave up, perhaps without being able to say so
 # (Redis was away, or restarted empty and lost the marker).
@@ -126,6 +128,7 @@ class Worker:
         self.started_ms = now_ms()
         self.renewed_ms = self.started_ms
         self.ready = asyncio.Event()
+        self.overran: list[str] = []  # the shutdown steps that overran their time limit
         # Creates answered and not yet known to be taken: (deadline, n, request, answer, session).
         self._answered: list[tuple[float, int, str, dict[str, Any], LiveSession]] = []
         self._answered_seq = itertools.count()
@@ -186,24 +189,34 @@ class Worker:
         self._stop.set()
 
     async def shutdown(self) -> None:
-        """SIGTERM path: close every session (deleting its keys), end children, drop the lease."""
+        """SIGTERM path: close every session (deleting its keys), end children, drop the lease.
+
+        Each step has a time limit: a step that overruns it (a task that does not end when
+        cancelled, a store call that never answers) is logged with the stacks of what is
+        still running, and the shutdown goes on; its process then exits at once (`overran`),
+        rather than wait on a task that does not end, so SIGTERM always ends the process."""
+        log.info("worker stopping: %d sessions, %d agent children", len(self.sessions), len(self.agents))
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        tasks = asyncio.gather(*self._tasks, return_exceptions=True)
+        await within_limit("background tasks", SHUTDOWN_STEP_S, tasks, self.overran)
         for session in self.sessions.values():
             session.write_patience_s = SHUTDOWN_PATIENCE_S  # a store that is away does not hold us up
-        await asyncio.gather(
-            *(s.close("worker_shutdown") for s in list(self.sessions.values())), return_exceptions=True
-        )
-        await asyncio.gather(*(a.stop() for a in list(self.agents.values())), return_exceptions=True)
+        closing = asyncio.gather(*(s.close("worker_shutdown") for s in list(self.sessions.values())), return_exceptions=True)
+        await within_limit("closing sessions", SHUTDOWN_PATIENCE_S + SHUTDOWN_STEP_S, closing, self.overran)
+        stopping = asyncio.gather(*(a.stop() for a in list(self.agents.values())), return_exceptions=True)
+        await within_limit("stopping agent children", SHUTDOWN_STEP_S, stopping, self.overran)
         try:
-            for ws in list(self._workspace_load):
-                await self.store.drop_inbox(ws, self.incarnation)
-            await self.store.release(self.incarnation)
+            await within_limit("releasing the lease", SHUTDOWN_STEP_S, self._release(), self.overran)
         except Exception:  # Redis is away: the sweeper removes what is left once the lease lapses
             log.warning("could not release the lease on the way out", exc_info=True)
         REGISTRY.unregister(self._collector)
         log.info("worker stopped")
+
+    async def _release(self) -> None:
+        for ws in list(self._workspace_load):
+            await self.store.drop_inbox(ws, self.incarnation)
+        await self.store.release(self.incarnation)
 
     # ---- the lease ------------------------------------------------------------------------
 
@@ -327,14 +340,17 @@ class Worker:
                     heapq.heappush(self._answered, entry)
 
     async def _reclaim(self, due: list[tuple[float, int, str, dict[str, Any], LiveSession]]) -> None:
-        untaken = await self.store.reclaim_replies([(request, answer) for _, _, request, answer, _ in due])
-        for (_, _, _, _, session), reclaimed in zip(due, untaken, strict=True):
-            if reclaimed:
+        fates = await self.store.reclaim_replies([(request, answer) for _, _, request, answer, _ in due])
+        for (_, _, _, _, session), fate in zip(due, fates, strict=True):
+            if fate is ReplyFate.UNTAKEN:
                 log.warning("nobody took the create's answer; closing the session", extra={"sessionId": session.sid})
                 await session.close("create_abandoned", uncatalog=True)
-            else:  # taken: its creator was told (a rewrite after a loss must not say otherwise)
+            elif fate is ReplyFate.TAKEN:  # its creator was told (a rewrite after a loss must not say otherwise)
                 session.untold_request = None
                 await session.mark_told()
+            else:  # its API marks it told if it took the answer; undoing it could undo a told one
+                log.warning("the create's answer was lost with its keys; the session stays as it is",
+                            extra={"sessionId": session.sid})
 
     # ---- commands -----------------------------------------------------------------------
 
@@ -551,3 +567,20 @@ class Worker:
         if self.config.child_per == "session" or (not agent.sessions and not agent.alive):
             await agent.stop()
 
+
+async def within_limit(step: str, limit_s: float, work: Awaitable[Any], overran: list[str]) -> None:
+    """Run one step of the shutdown for at most `limit_s`; past it, log the stacks of every
+    task still running (the trace of what held the shutdown up), note the step in `overran`
+    and go on without it."""
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({task}, timeout=limit_s)
+    if done:
+        task.result()
+        return
+    overran.append(step)
+    stacks = io.StringIO()
+    for running in asyncio.all_tasks():
+        if running is not asyncio.current_task():
+            running.print_stack(limit=12, file=stacks)
+    log.error("shutdown: %s took longer than %.0f s; going on without it. Tasks still running:\n%s",
+              step, limit_s, stacks.getvalue())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from typing import Any, Awaitable, Callable
@@ -19,6 +20,7 @@ from ..testing import scripted_agent
 from .serving import DEFAULT_SERVER, SERVERS, listen_address, serve_http, started, until_signal, url_host
 
 # The agent a worker runs when given no --agent: the scripted test double.
+EXIT_SHUTDOWN_OVERRAN = 70  # EX_SOFTWARE: stopped, but a step of the shutdown overran (logged)
 SCRIPTED_AGENT = f"{sys.executable} -m {scripted_agent.__name__}"
 
 
@@ -129,6 +131,9 @@ async def run_worker(args: argparse.Namespace) -> None:
     try:
         await until_signal(serve, worker.stop)
     finally:
+        if worker.overran:  # a task that did not end would hold up the loop's own cleanup
+            logging.shutdown()
+            os._exit(EXIT_SHUTDOWN_OVERRAN)
         await store.close()
 
 

@@ -33,6 +33,7 @@ from .types import (
     LoadSnapshot,
     Mode,
     PendingInteraction,
+    ReplyFate,
     Retention,
     SessionView,
     Standing,
@@ -44,7 +45,7 @@ __all__ = [
     "ABANDONED", "Admission", "AdmissionStatus", "Applied", "ApplyOutcome", "AttentionCursor", "AttentionEntry", "CatalogRow", "CatalogVersion", "Change",
     "CreateRecord", "Delivery", "EndAdmitted", "Fanout", "LeaseReader", "LeaseView",
     "ListedSession", "LoadSnapshot", "MEMORY", "Mode", "PendingInteraction", "ReaderStore",
-    "RedisStore", "Retention", "STORE_ERRORS", "SessionView", "Standing", "Store",
+    "RedisStore", "ReplyFate", "Retention", "STORE_ERRORS", "SessionView", "Standing", "Store",
     "Subscription", "SweeperStore", "Transition", "UnsuitableRedis", "VoteOutcome",
     "WorkerStore", "check_redis", "is_out_of_memory", "is_transient", "never_ran",
 ]

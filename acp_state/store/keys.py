@@ -157,7 +157,9 @@ def reply(request: str) -> str:
 
 
 def reply_given(request: str) -> str:
-    """STRING set once a worker gave its reply: a retried REPLY gives nothing twice."""
+    """LIST made once a worker gave its reply (the GIVEN marker, with the reply's TTL): a
+    retried REPLY gives nothing twice, and an API's take moves the answer here, the record
+    that it was taken."""
     return f"{PREFIX}:reply:{{{request}}}:given"
 
 

@@ -29,6 +29,7 @@ from .fanout import Fanout
 from .keys import F, VersionField
 from .types import (
     ABANDONED,
+    GIVEN,
     Admission,
     AdmissionStatus,
     Applied,
@@ -42,6 +43,7 @@ from .types import (
     ListedSession,
     LoadSnapshot,
     Mode,
+    ReplyFate,
     Retention,
     SessionView,
     Standing,
@@ -146,9 +148,11 @@ class RedisStore:
         self._reply = Script(redis, scripts.REPLY)
         self._abandon = Script(redis, scripts.ABANDON)
         self._take = Script(redis, scripts.TAKE)
+        self._reclaim = Script(redis, scripts.RECLAIM)
         self._batch: list[tuple[list[str], list[str], asyncio.Future[Applied]]] = []
         self._indexing: list[tuple[str, str, str, asyncio.Future[None]]] = []  # index_session calls to send
         self._flushing: asyncio.Task[None] | None = None
+        self._index_writes: set[asyncio.Task[None]] = set()  # held: the loop keeps only weak references
         self._readers = _StreamReaders(redis) if is_cluster(redis) else None
         self._live_on_page: dict[str, list[str]] = {}  # ws -> live ids its last listing found
         self._live_in_workspace: dict[str, list[str]] = {}  # ws -> live ids its last live-state read found
@@ -391,17 +395,22 @@ class RedisStore:
         may want it back, see reclaim_replies); False if the API stopped waiting (see
         abandon_reply)."""
         return bool(
-            await self._reply([keys.reply(request), keys.reply_given(request)], [orjson.dumps(payload), ttl_s, ABANDONED])
+            await self._reply(
+                [keys.reply(request), keys.reply_given(request)], [orjson.dumps(payload), ttl_s, ABANDONED, GIVEN]
+            )
         )
 
-    async def reclaim_replies(self, answers: list[tuple[str, dict[str, Any]]]) -> list[bool]:
-        """Take back answers that nobody took while their API waited: True where the answer
-        was still there. Nobody was told of those creates (their API gave up, and perhaps
-        could not even say so), so the worker undoes them; an answer taken stays taken."""
-        pipe = self.redis.pipeline(transaction=False)
-        for request, payload in answers:
-            pipe.lrem(keys.reply(request), 0, orjson.dumps(payload))
-        return [bool(removed) for removed in await pipe.execute()]
+    async def reclaim_replies(self, answers: list[tuple[str, dict[str, Any]]]) -> list[ReplyFate]:
+        """Past their APIs' wait, take back the answers that nobody took: nobody was told of
+        those creates (their API gave up, and perhaps could not even say so), so the worker
+        undoes them. A taken answer is known by its record in the given list, not by its
+        absence: an answer lost with its keys is not one somebody took."""
+        calls = [([keys.reply(r), keys.reply_given(r)], [orjson.dumps(payload), GIVEN]) for r, payload in answers]
+        fates = await self._pipelined(self._reclaim, calls)
+        for fate in fates:
+            if isinstance(fate, Exception):
+                raise fate
+        return [ReplyFate(int(fate)) for fate in fates]
 
     async def index_session(self, incarnation: str, ws: str, sid: str, present: bool) -> None:
         """Add or remove `ws/sid` in the worker's session index (the sweeper's map)."""
@@ -412,9 +421,14 @@ class RedisStore:
         # otherwise paid a pipeline each: a fifth of a worker's CPU per create).
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not self._indexing:
-            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._write_index()))
+            asyncio.get_running_loop().call_soon(self._start_index_write)
         self._indexing.append((incarnation, ws, sid, future))
         await future
+
+    def _start_index_write(self) -> None:
+        task = asyncio.ensure_future(self._write_index())
+        self._index_writes.add(task)
+        task.add_done_callback(self._index_writes.discard)
 
     async def _write_index(self) -> None:
         batch, self._indexing = self._indexing, []
@@ -514,28 +528,46 @@ class RedisStore:
     ) -> dict[str, Any] | None:
         """The worker's reply; None once `timeout_s` passed or `alive()` says the worker is
         gone, and then the worker is told that nobody waits any more (a create it finishes
-        later is undone, not left behind)."""
+        later is undone, not left behind).
+
+        The take moves the answer to the reply's given list rather than popping it: an
+        answer whose way back failed (the connection dropped while Redis sent it) is still
+        there for this API's abandon_reply, or a retry's take_reply, and the worker knows
+        it was taken."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        source, given = keys.reply(request), keys.reply_given(request)
         while True:
-            reply = await self.redis.blpop([keys.reply(request)], timeout=REPLY_WAIT_STEP_S)
+            reply = await self.redis.blmove(source, given, REPLY_WAIT_STEP_S, "LEFT", "LEFT")
+            if reply == ABANDONED:  # a retry gave up on this request first: the marker stays
+                await self._put_back_marker(source, given)
+                return None
             if reply:
-                return orjson.loads(reply[1])
+                return orjson.loads(reply)
             if loop.time() >= deadline or (alive is not None and not await alive()):
                 return await self.abandon_reply(request)
 
+    async def _put_back_marker(self, source: str, given: str) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.lrem(given, 1, ABANDONED)
+        pipe.rpush(source, ABANDONED)
+        pipe.expire(source, REPLY_TTL_S)
+        await pipe.execute()
+
     async def take_reply(self, request: str) -> dict[str, Any] | str | None:
-        """Take a reply without waiting: the reply, ABANDONED if an API gave up on it (the
-        marker stays), or None if there is none (not given yet, or taken)."""
-        reply = await self._take([keys.reply(request)], [ABANDONED])
+        """Take a reply without waiting: the reply (one still there, or one taken already
+        whose taker may never have answered), ABANDONED if an API gave up on it (the marker
+        stays), or None if there is none yet."""
+        reply = await self._take([keys.reply(request), keys.reply_given(request)], [ABANDONED, GIVEN, REPLY_TTL_S])
         if not reply:
             return None
         return ABANDONED if reply == ABANDONED else orjson.loads(reply)
 
     async def abandon_reply(self, request: str) -> dict[str, Any] | None:
-        """Stop waiting for a reply: the one that arrived meanwhile, or None, and then the
-        worker is told nobody waits (it undoes a create it finishes later)."""
-        late = await self._abandon([keys.reply(request)], [REPLY_TTL_S, ABANDONED])
+        """Stop waiting for a reply: the one that arrived meanwhile (or that this API's own
+        take moved but never heard), or None, and then the worker is told nobody waits (it
+        undoes a create it finishes later)."""
+        late = await self._abandon([keys.reply(request), keys.reply_given(request)], [REPLY_TTL_S, ABANDONED, GIVEN])
         return orjson.loads(late) if late else None
 
     async def locate(self, sid: str) -> str | None:

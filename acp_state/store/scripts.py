@@ -71,13 +71,14 @@ CLAIM_DEAD = load("claim_dead", "registry")
 RELEASE = load("release")
 RESIGN = load("resign", "registry")
 
-# Create and close replies (KEYS: the reply list).
+# Create and close replies (KEYS: the reply list and its given list).
 REPLY = load("reply")
 ABANDON = load("abandon")
 TAKE = load("take")
+RECLAIM = load("reclaim")
 
 ALL = {
     "APPLY": APPLY, "SEND": SEND, "VOTE": VOTE, "ATTACH": ATTACH, "VERSION": VERSION, "TOLD": TOLD, "CURRENT_TURN": CURRENT_TURN, "LIST": LIST,
     "RELEASE_SINGLE": RELEASE_SINGLE, "ATTENTION_PAGE": ATTENTION_PAGE, "ATTENTION_OF": ATTENTION_OF, "HEARTBEAT": HEARTBEAT, "CLAIM_DEAD": CLAIM_DEAD,
-    "RELEASE": RELEASE, "RESIGN": RESIGN, "REPLY": REPLY, "ABANDON": ABANDON, "TAKE": TAKE,
+    "RELEASE": RELEASE, "RESIGN": RESIGN, "REPLY": REPLY, "ABANDON": ABANDON, "TAKE": TAKE, "RECLAIM": RECLAIM,
 }

@@ -35,6 +35,14 @@ class ApplyOutcome(enum.IntEnum):
     PRESENT = 2  # a restore (`Transition.restore`) found the session already there
 
 
+class ReplyFate(enum.IntEnum):
+    """What became of a create's answer, as its worker finds it past the API's wait."""
+
+    UNTAKEN = 1  # nobody took it: taken back now (nobody was told of the session)
+    TAKEN = 0  # an API took it (it told its client, or said the outcome is unknown)
+    LOST = -1  # gone with its keys (a failover, an expiry): nothing says who knows
+
+
 class AdmissionStatus(enum.StrEnum):
     """What became of a command handed to a session's owner."""
 
@@ -316,3 +324,6 @@ class LoadSnapshot:
 
 # What take_reply answers for a reply an API gave up on (the worker then undoes the create).
 ABANDONED = "abandoned"
+# The first entry of a reply's given list (the record of its taking: taken answers go
+# before it). Never an answer: answers are JSON objects.
+GIVEN = "given"
