@@ -16,11 +16,10 @@ import logging
 from . import events
 from .clock import now_ms
 from .metrics import SWEEPS, SWEPT_SESSIONS
-from .store import ApplyOutcome, EndAdmitted, Mode, SweeperStore, Transition
+from .store import SESSION_ID_SLOT, ApplyOutcome, EndAdmitted, Mode, SweeperStore, Transition
 from .tasks import survive, wait_or_stop
 
 log = logging.getLogger("acp_state.sweeper")
-BATCH = 500
 WORKER_LOST = "worker_lost"
 
 
@@ -35,23 +34,28 @@ def died(sid: str) -> Transition:
     )
 
 
+DIED = died(SESSION_ID_SLOT)  # the same for every session: the store puts each one's id in
+
+
 async def sweep_once(store: SweeperStore) -> tuple[int, int]:
     """Sweep every dead incarnation this process is handed; returns the sessions removed and
-    the shortest registered lease (ms, 0 if none)."""
+    the shortest registered lease (ms, 0 if none). The workspaces of one incarnation are
+    swept side by side, each in batched calls (`Store.sweep`)."""
     removed = 0
     shortest_lease, claimed = await store.claim_dead_workers()
     for incarnation in claimed:
         entries = await store.worker_index(incarnation)
         started = now_ms()
-        for first in range(0, len(entries), BATCH):
-            batch = entries[first : first + BATCH]
-            results = await asyncio.gather(*(store.apply(ws, sid, incarnation, died(sid)) for ws, sid in batch))
-            swept = sum(1 for r in results if r.applied == ApplyOutcome.APPLIED)
-            SWEPT_SESSIONS.inc(swept)
-            removed += swept
-            if len(entries) > BATCH:
-                log.info("sweeping %s: %d/%d sessions", incarnation, min(first + BATCH, len(entries)), len(entries))
-        await store.forget_worker(incarnation, {ws for ws, _ in entries})
+        by_workspace: dict[str, list[str]] = {}
+        for ws, sid in entries:
+            by_workspace.setdefault(ws, []).append(sid)
+        outcomes = await asyncio.gather(
+            *(store.sweep(ws, incarnation, sids, DIED) for ws, sids in by_workspace.items())
+        )
+        swept = sum(outcome == ApplyOutcome.APPLIED for each in outcomes for outcome in each)
+        SWEPT_SESSIONS.inc(swept)
+        removed += swept
+        await store.forget_worker(incarnation, set(by_workspace))
         SWEEPS.inc()
         log.info("swept dead worker %s: %d sessions in %d ms", incarnation, len(entries), now_ms() - started)
     return removed, shortest_lease

@@ -196,11 +196,13 @@ async def recovery(store_redis: aioredis.Redis, victim: AcpProcess, victim_inc: 
     sample = random.Random(14).sample(victim_sids, min(100, len(victim_sids)))
     survivor_deadlines: dict[str, list[tuple[float, float]]] = {}
     readers = [Http(api_port) for _ in range(10)]
+    deadline_ms = await store_redis.zscore(keys.WORKERS, victim_inc)
+    seconds, micros = await store_redis.time()
     killed = time.monotonic()
+    lease_left_s = (deadline_ms - (seconds * 1000 + micros / 1000)) / 1000 if deadline_ms else None
     assert victim.proc is not None
     victim.proc.kill()
     await victim.proc.wait()
-    unseen_at = gone_at = None
     stop_watch = asyncio.Event()
 
     async def watch_renewals() -> None:
@@ -212,27 +214,32 @@ async def recovery(store_redis: aioredis.Redis, victim: AcpProcess, victim_inc: 
                         series.append((time.monotonic() - killed, score))
             await asyncio.sleep(0.05)
 
+    async def watch_readers() -> float:
+        """Rounds of status reads of the sample, back to back: when the first round that
+        found none of them began (one round's length is the figure's resolution)."""
+        async def statuses(reader: Http, part: list[tuple[str, str]]) -> list[int]:
+            return [(await reader.request("GET", f"/session/{sid}/status"))[0] for _, sid in part]
+
+        while True:
+            checked = time.monotonic()
+            found = await asyncio.gather(*(statuses(r, sample[n::len(readers)]) for n, r in enumerate(readers)))
+            if all(status == 404 for part in found for status in part):
+                return checked - killed
+
+    async def watch_keys() -> float:
+        while True:
+            pipe = store_redis.pipeline(transaction=False)
+            for ws, sid in victim_sids:
+                pipe.exists(keys.session(ws, sid))
+            pipe.exists(keys.worker_sessions(victim_inc))
+            if not any(await pipe.execute()):
+                return time.monotonic() - killed
+            await asyncio.sleep(0.05)
+
     watcher = asyncio.ensure_future(watch_renewals())
     try:
-        deadline = killed + LEASE_MS / 1000 * 4 + 30
-        while time.monotonic() < deadline and (unseen_at is None or gone_at is None):
-            if unseen_at is None:
-                checked = time.monotonic()
-
-                async def statuses(reader: Http, part: list[tuple[str, str]]) -> list[int]:
-                    return [(await reader.request("GET", f"/session/{sid}/status"))[0] for _, sid in part]
-
-                found = await asyncio.gather(*(statuses(r, sample[n::len(readers)]) for n, r in enumerate(readers)))
-                if all(status == 404 for part in found for status in part):
-                    unseen_at = checked - killed  # the round that found none began then
-            if gone_at is None:
-                pipe = store_redis.pipeline(transaction=False)
-                for ws, sid in victim_sids:
-                    pipe.exists(keys.session(ws, sid))
-                pipe.exists(keys.worker_sessions(victim_inc))
-                if not any(await pipe.execute()):
-                    gone_at = time.monotonic() - killed
-            await asyncio.sleep(0.05)
+        limit_s = LEASE_MS / 1000 * 4 + 30
+        unseen_at, gone_at = await asyncio.wait_for(asyncio.gather(watch_readers(), watch_keys()), limit_s)
     finally:
         stop_watch.set()
         await watcher
@@ -245,6 +252,7 @@ async def recovery(store_redis: aioredis.Redis, victim: AcpProcess, victim_inc: 
     return {
         "victim_sessions": len(victim_sids),
         "readers_stop_seeing_s": round(unseen_at, 2) if unseen_at is not None else None,
+        "lease_left_at_kill_s": round(lease_left_s, 2) if lease_left_s is not None else None,
         "keys_gone_s": round(gone_at, 2) if gone_at is not None else None,
         "survivor_renewal_gap_max_s": round(max(gaps), 2) if gaps else None,
         "survivor_renewals": sum(len(s) for s in survivor_deadlines.values()),

@@ -102,10 +102,15 @@ def test_a_script_touches_only_keys_it_declares(name: str) -> None:
     code = "\n".join(line.split("--", 1)[0] for line in scripts.ALL[name].splitlines())
     calls = re.findall(r"redis\.call\('(\w+)'(?:, ([^,)]+))?", code)
     assert calls
+    # Locals bound to KEYS entries alone (`local hash, log = KEYS[k[1]], KEYS[k[2]]`) name keys too.
+    named = set()
+    for names, values in re.findall(r"local ([\w, ]+) = ([^\n]+)", code):
+        if all(re.fullmatch(r"KEYS\[[^\]]+\]\]?", v.strip()) for v in values.split(",")):
+            named |= {n.strip() for n in names.split(",")}
     for command, key in calls:
         if command == "TIME":
             continue
-        assert re.fullmatch(r"KEYS\[[^\]]+\]|declared\[id\]", key), f"{name}: {command} {key}"
+        assert re.fullmatch(r"KEYS\[[^\]]+\]\]?|declared\[id\]", key) or key in named, f"{name}: {command} {key}"
 
 
 def test_placeholders_render_from_keys_and_unknown_ones_fail() -> None:
@@ -199,6 +204,57 @@ async def test_apply_tells_caches_before_it_publishes_the_event(r: aioredis.Redi
     order = [(await pubsub.get_message(timeout=5))["channel"] for _ in range(3)]
     assert order == [CHANNEL, keys.events(WS, SID), keys.events(WS, SID)]
     await pubsub.aclose()
+
+
+# ---- SWEEP -----------------------------------------------------------------------------
+
+
+def sweep_keys(sids: list[str]) -> list[str]:
+    shared = [
+        keys.live(WS), keys.catalog(WS), keys.catalog_order(WS), keys.single(WS), CHANNEL, VERSION,
+        ATTENTION, ATTENTION_DETAILS,
+    ]
+    for sid in sids:
+        shared += [keys.session(WS, sid), keys.events(WS, sid), keys.transcript(WS, sid), keys.turns(WS, sid),
+                   keys.turns_ended(WS, sid)]
+    return shared
+
+
+async def test_sweep_gives_each_session_what_apply_would(r: aioredis.Redis) -> None:
+    """Many sessions of a dead incarnation in one call, each fenced and ended as one APPLY
+    would end it: its admitted prompts' turn errors, then its own last event, all naming it."""
+    idle, busy, foreign, missing = (f"{n}1111111-1111-4111-8111-111111111111" for n in "2345")
+
+    async def make(sid: str, owner: str, **fields: str) -> None:
+        key_list = [keys.session(WS, sid), *APPLY_KEYS[1:]]
+        key_list[1], key_list[6] = keys.events(WS, sid), keys.transcript(WS, sid)
+        key_list[9], key_list[10] = keys.turns(WS, sid), keys.turns_ended(WS, sid)
+        ops = apply_ops(sid=sid, mode="create", set={F.EPOCH: "e1", **fields},
+                        catalog=orjson.dumps({"sessionId": sid}).decode(), score=1, retention=TTL, cutoff=0)
+        assert (await run(r, "APPLY", key_list, [owner, ops, TTL]))[0] == 1
+
+    await make(idle, INC)
+    await make(busy, INC, **{F.PROMPT + "p1": "1", F.REQUEST: "req-1", F.INTERACTION + "r1": '{"kind":"permission"}'})
+    await make(foreign, OTHER)
+    revision = int(await r.hget(VERSION, VER.REVISION))
+    died = events.body("session_died", {"sessionId": "@SID@", "reason": "worker_lost"})
+    ops = apply_ops(sid="@SID@", mode="delete", uncatalog_untold=True, events=[died],
+                    orphan=events.body("turn_error", {"sessionId": "@SID@", "promptId": "@PID@"}, "@PID@"))
+    sids = [idle, busy, foreign, missing]
+    assert await run(r, "SWEEP", sweep_keys(sids), [INC, ops, TTL, *sids]) == [1, 1, -1, 0]
+
+    def logged(sid: str) -> Any:
+        return r.xrange(keys.events(WS, sid))
+
+    assert [orjson.loads(f["e"])["data"] for _, f in await logged(idle)] == [{"sessionId": idle, "reason": "worker_lost"}]
+    ended = [orjson.loads(f["e"]) for _, f in await logged(busy)]
+    assert [(e["type"], e.get("promptId"), e["data"]["sessionId"]) for e in ended] == [
+        ("turn_error", "p1", busy), ("session_died", None, busy)]
+    assert await r.smembers(keys.live(WS)) == {foreign}  # the other incarnation's stays
+    assert await r.exists(keys.session(WS, idle), keys.session(WS, busy)) == 0
+    assert set(await r.hkeys(keys.catalog(WS))) == {idle, foreign}  # the untold one leaves no row
+    assert await attention(r) == {}  # what the swept session waited for is no longer waited for
+    assert int(await r.hget(VERSION, VER.REVISION)) == revision + 2  # readers told of each change
 
 
 # ---- SEND ------------------------------------------------------------------------------

@@ -169,6 +169,32 @@ async def test_delete_ends_admitted_prompts(store: RedisStore) -> None:
     assert ended[0]["promptId"] == ended[0]["data"]["promptId"] == "p1"
 
 
+async def test_a_dead_workers_sessions_are_swept_in_batches(store: RedisStore) -> None:
+    """The sweeper's batched removal (more sessions than one SWEEP call takes) ends each
+    session as its own APPLY would, in order, fenced, and once."""
+    from acp_state.store.redis import SWEEP_BATCH
+    from acp_state.sweeper import DIED
+
+    first = Session()
+    sessions = [first]
+    for _ in range(SWEEP_BATCH + 4):
+        other = Session()
+        other.ws, other.inc = first.ws, first.inc
+        sessions.append(other)
+    for s in sessions:
+        await s.create(store)
+    busy = sessions[-1]
+    assert (await store.send(busy.ws, busy.inc, prompt(busy.sid, "p1"), admit_limit=6)).status is AdmissionStatus.OK
+    sids = [s.sid for s in sessions]
+    assert await store.sweep(first.ws, "w-someone-else", sids, DIED) == [ApplyOutcome.FOREIGN] * len(sids)
+    assert await store.sweep(first.ws, first.inc, sids, DIED) == [ApplyOutcome.APPLIED] * len(sids)
+    assert await store.sweep(first.ws, first.inc, sids, DIED) == [ApplyOutcome.MISSING] * len(sids)  # once
+    assert [await store.session(s.ws, s.sid) for s in sessions] == [None] * len(sessions)
+    ended = [orjson.loads(e) for e in (await store.replay(busy.ws, busy.sid, 1))[0]]
+    assert [(e["type"], e["data"]["sessionId"]) for e in ended] == [("turn_error", busy.sid), ("session_died", busy.sid)]
+    assert ended[0]["promptId"] == "p1"
+
+
 async def test_send_admits_fences_and_keeps_the_first_outcome(store: RedisStore) -> None:
     s = Session()
     await s.create(store)

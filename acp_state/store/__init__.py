@@ -17,6 +17,7 @@ from .interface import LeaseReader, ReaderStore, Store, SweeperStore, WorkerStor
 from .redis import RedisStore
 from .types import (
     ABANDONED,
+    SESSION_ID_SLOT,
     Admission,
     AdmissionStatus,
     Applied,
@@ -42,7 +43,7 @@ from .types import (
 )
 
 __all__ = [
-    "ABANDONED", "Admission", "AdmissionStatus", "Applied", "ApplyOutcome", "AttentionCursor", "AttentionEntry", "CatalogRow", "CatalogVersion", "Change",
+    "ABANDONED", "SESSION_ID_SLOT", "Admission", "AdmissionStatus", "Applied", "ApplyOutcome", "AttentionCursor", "AttentionEntry", "CatalogRow", "CatalogVersion", "Change",
     "CreateRecord", "Delivery", "EndAdmitted", "Fanout", "LeaseReader", "LeaseView",
     "ListedSession", "LoadSnapshot", "MEMORY", "Mode", "PendingInteraction", "ReaderStore",
     "RedisStore", "ReplyFate", "Retention", "STORE_ERRORS", "SessionView", "Standing", "Store",

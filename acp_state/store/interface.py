@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 from .types import (
     Admission,
     Applied,
+    ApplyOutcome,
     AttentionCursor,
     AttentionEntry,
     CatalogVersion,
@@ -106,7 +107,7 @@ class SweeperStore(Protocol):
 
     async def claim_dead_workers(self) -> tuple[int, list[str]]: ...
     async def worker_index(self, incarnation: str) -> list[tuple[str, str]]: ...
-    async def apply(self, ws: str, sid: str, incarnation: str, transition: Transition) -> Applied: ...
+    async def sweep(self, ws: str, incarnation: str, sids: list[str], transition: Transition) -> list[ApplyOutcome]: ...
     async def forget_worker(self, incarnation: str, workspaces: set[str]) -> None: ...
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Generic, TypeVar
 
 import orjson
 from redis.cluster import key_slot
@@ -30,6 +30,7 @@ from .keys import F, VersionField
 from .types import (
     ABANDONED,
     GIVEN,
+    SESSION_ID_SLOT,
     Admission,
     AdmissionStatus,
     Applied,
@@ -81,6 +82,55 @@ LEASE_SOCKET_TIMEOUT_S = 1.0
 LIST_HINTS = 4096
 # Stands for each admitted prompt's id in the terminal APPLY gives the prompts left (orphan).
 PROMPT_ID_SLOT = "@PID@"
+# Sessions per SWEEP call: ~15 ms of Redis each, short enough that the heartbeats queued
+# behind it are not held up, long enough that a call's overhead is shared by many.
+SWEEP_BATCH = 100
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class PerLoopTurn(Generic[T, R]):
+    """The calls made in one turn of the event loop, sent together at its end by `send`
+    (one pipeline, one write): a burst of creates otherwise paid a round trip each for its
+    index entry and its reply, a fifth of a worker's CPU per create. `send` answers each
+    call's result or exception, in order; if it fails as a whole, every call fails with it."""
+
+    def __init__(self, send: Callable[[list[T]], Awaitable[list[R | Exception]]]) -> None:
+        self._send = send
+        self._pending: list[tuple[T, asyncio.Future[R]]] = []
+        self._sending: set[asyncio.Task[None]] = set()  # held: the loop keeps only weak references
+
+    async def __call__(self, call: T) -> R:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._start)
+        self._pending.append((call, future))
+        return await future
+
+    def _start(self) -> None:
+        batch, self._pending = self._pending, []
+        task = asyncio.ensure_future(self._run(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _run(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        try:
+            results = await self._send([call for call, _ in batch])
+        except BaseException as error:  # every caller sees it (a worker's `_stored` retries)
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error if isinstance(error, Exception) else ConnectionError("cancelled"))
+            if not isinstance(error, Exception):
+                raise
+            return
+        for (_, future), result in zip(batch, results, strict=True):
+            if not future.done():
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
 
 
 class Script:
@@ -131,6 +181,7 @@ class RedisStore:
         self.resends = is_cluster(redis)
         self.retention = retention or Retention()
         self._apply = Script(redis, scripts.APPLY)
+        self._sweep = Script(redis, scripts.SWEEP)
         self._send = Script(redis, scripts.SEND)
         self._vote = Script(redis, scripts.VOTE)
         self._attach = Script(redis, scripts.ATTACH)
@@ -150,9 +201,9 @@ class RedisStore:
         self._take = Script(redis, scripts.TAKE)
         self._reclaim = Script(redis, scripts.RECLAIM)
         self._batch: list[tuple[list[str], list[str], asyncio.Future[Applied]]] = []
-        self._indexing: list[tuple[str, str, str, asyncio.Future[None]]] = []  # index_session calls to send
+        self._index_writes = PerLoopTurn(self._write_index)
+        self._replies = PerLoopTurn(self._send_replies)
         self._flushing: asyncio.Task[None] | None = None
-        self._index_writes: set[asyncio.Task[None]] = set()  # held: the loop keeps only weak references
         self._readers = _StreamReaders(redis) if is_cluster(redis) else None
         self._live_on_page: dict[str, list[str]] = {}  # ws -> live ids its last listing found
         self._live_in_workspace: dict[str, list[str]] = {}  # ws -> live ids its last live-state read found
@@ -222,6 +273,36 @@ class RedisStore:
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.create_task(self._flush())
         return await future
+
+    async def sweep(self, ws: str, incarnation: str, sids: list[str], transition: Transition) -> list[ApplyOutcome]:
+        """One transition, fenced by `incarnation`, applied to each of many of its sessions
+        in workspace `ws` (scripts.SWEEP, SWEEP_BATCH sessions a call, one pipeline):
+        `SESSION_ID_SLOT` in the transition's events stands for each session's id. Each
+        session's outcome, in `sids`' order."""
+        ops = orjson.dumps(self._ops(SESSION_ID_SLOT, transition)).decode()
+        shared = [
+            keys.live(ws), keys.catalog(ws), keys.catalog_order(ws), keys.single(ws), keys.invalidations(ws),
+            keys.catalog_version(ws), keys.attention(ws), keys.attention_details(ws),
+        ]
+        ttl = str(self.retention.session_ttl_ms)
+        calls = []
+        for first in range(0, len(sids), SWEEP_BATCH):
+            batch = sids[first : first + SWEEP_BATCH]
+            key_list = list(shared)
+            for sid in batch:
+                key_list += [
+                    keys.session(ws, sid), keys.events(ws, sid), keys.transcript(ws, sid), keys.turns(ws, sid),
+                    keys.turns_ended(ws, sid),
+                ]
+            calls.append((key_list, [incarnation, ops, ttl, *batch]))
+        with REDIS_ROUNDTRIP.labels("sweep").time():
+            replies = await self._pipelined(self._sweep, calls)
+        outcomes: list[ApplyOutcome] = []
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+            outcomes += [ApplyOutcome(int(applied)) for applied in reply]
+        return outcomes
 
     def _ops(self, sid: str, t: Transition) -> dict[str, Any]:
         """The APPLY script's ops JSON for a transition (see apply.lua): mode, set {field:
@@ -394,11 +475,13 @@ class RedisStore:
         """Answer a create or close, kept `ttl_s` for its API (and longer than the worker
         may want it back, see reclaim_replies); False if the API stopped waiting (see
         abandon_reply)."""
-        return bool(
-            await self._reply(
-                [keys.reply(request), keys.reply_given(request)], [orjson.dumps(payload), ttl_s, ABANDONED, GIVEN]
-            )
-        )
+        return bool(await self._replies((request, payload, ttl_s)))
+
+    async def _send_replies(self, replies: list[tuple[str, dict[str, Any], int]]) -> list[Any]:
+        return await self._pipelined(self._reply, [
+            ([keys.reply(request), keys.reply_given(request)], [orjson.dumps(payload), ttl_s, ABANDONED, GIVEN])
+            for request, payload, ttl_s in replies
+        ])
 
     async def reclaim_replies(self, answers: list[tuple[str, dict[str, Any]]]) -> list[ReplyFate]:
         """Past their APIs' wait, take back the answers that nobody took: nobody was told of
@@ -417,41 +500,17 @@ class RedisStore:
         if not present:
             await self.redis.srem(keys.worker_sessions(incarnation), f"{ws}/{sid}")
             return
-        # The calls of one turn of the event loop go out as one pipeline (a burst of creates
-        # otherwise paid a pipeline each: a fifth of a worker's CPU per create).
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if not self._indexing:
-            asyncio.get_running_loop().call_soon(self._start_index_write)
-        self._indexing.append((incarnation, ws, sid, future))
-        await future
+        await self._index_writes((incarnation, ws, sid))
 
-    def _start_index_write(self) -> None:
-        task = asyncio.ensure_future(self._write_index())
-        self._index_writes.add(task)
-        task.add_done_callback(self._index_writes.discard)
-
-    async def _write_index(self) -> None:
-        batch, self._indexing = self._indexing, []
+    async def _write_index(self, entries: list[tuple[str, str, str]]) -> list[None]:
         pipe = self.redis.pipeline(transaction=False)
-        for incarnation, ws, sid, _ in batch:
+        for incarnation, ws, sid in entries:
             pipe.sadd(keys.worker_sessions(incarnation), f"{ws}/{sid}")
             pipe.set(keys.locator(sid), ws, px=self.retention.catalog_ms)
-        for incarnation in {incarnation for incarnation, *_ in batch}:
+        for incarnation in {incarnation for incarnation, *_ in entries}:
             pipe.pexpire(keys.worker_sessions(incarnation), self.retention.session_ttl_ms)
-        error: BaseException | None = None
-        try:
-            await pipe.execute()
-        except BaseException as failed:  # every caller sees it, and retries (the worker's `_stored`)
-            error = failed
-            if not isinstance(failed, Exception):
-                raise
-        finally:
-            for *_, future in batch:
-                if not future.done():
-                    if error is None:
-                        future.set_result(None)
-                    else:
-                        future.set_exception(error if isinstance(error, Exception) else ConnectionError("cancelled"))
+        await pipe.execute()
+        return [None] * len(entries)
 
     async def locate_request(self, rid: str, where: str | None) -> None:
         """Record (or forget) which session a pending request belongs to, for the legacy route."""

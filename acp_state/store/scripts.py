@@ -53,7 +53,8 @@ def load(name: str, *preludes: str) -> str:
 
 
 # Session-slot scripts (KEYS all carry the workspace's hash tag).
-APPLY = load("apply", "changes", "attention")
+APPLY = load("apply", "changes", "attention", "transition")
+SWEEP = load("sweep", "changes", "attention", "transition")
 SEND = load("send")
 VOTE = load("vote", "changes", "attention")
 ATTACH = load("attach", "changes")
@@ -78,7 +79,7 @@ TAKE = load("take")
 RECLAIM = load("reclaim")
 
 ALL = {
-    "APPLY": APPLY, "SEND": SEND, "VOTE": VOTE, "ATTACH": ATTACH, "VERSION": VERSION, "TOLD": TOLD, "CURRENT_TURN": CURRENT_TURN, "LIST": LIST,
+    "APPLY": APPLY, "SWEEP": SWEEP, "SEND": SEND, "VOTE": VOTE, "ATTACH": ATTACH, "VERSION": VERSION, "TOLD": TOLD, "CURRENT_TURN": CURRENT_TURN, "LIST": LIST,
     "RELEASE_SINGLE": RELEASE_SINGLE, "ATTENTION_PAGE": ATTENTION_PAGE, "ATTENTION_OF": ATTENTION_OF, "HEARTBEAT": HEARTBEAT, "CLAIM_DEAD": CLAIM_DEAD,
     "RELEASE": RELEASE, "RESIGN": RESIGN, "REPLY": REPLY, "ABANDON": ABANDON, "TAKE": TAKE, "RECLAIM": RECLAIM,
 }

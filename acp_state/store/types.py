@@ -322,6 +322,9 @@ class LoadSnapshot:
 
 
 
+# Stands for each session's id in a transition that `Store.sweep` applies to many sessions.
+SESSION_ID_SLOT = "@SID@"
+
 # What take_reply answers for a reply an API gave up on (the worker then undoes the create).
 ABANDONED = "abandoned"
 # The first entry of a reply's given list (the record of its taking: taken answers go

@@ -1,0 +1,21 @@
+-- SWEEP: the sweeper removes many sessions of one dead incarnation in one workspace in one
+-- call (a dead worker may leave 25,000: one APPLY each kept its clients waiting 15 s for
+-- their `session_died`). Each session gets the very transition APPLY would give it (the
+-- transition prelude), fenced by the dead incarnation: every prompt it had admitted its
+-- `turn_error`, then its `session_died`. `@SID@` in the ops stands for each session's id.
+--   KEYS: 1 live set, 2 catalog hash, 3 catalog order zset, 4 single-scope key,
+--         5 the workspace's change channel, 6 its catalog version, 7 its attention index,
+--         8 its attention details; then 5 per session, in ARGV's order: its hash, event
+--         stream, transcript stream, turn records, ended turn ids
+--   ARGV: 1 incarnation, 2 ops JSON, 3 the session hash's TTL ms, 4... the session ids
+--   -> each session's outcome (APPLY's `applied`), in ARGV's order
+local inc, template, ttl_ms = ARGV[1], ARGV[2], ARGV[3]
+local outcomes = {}
+for i = 4, #ARGV do
+  local sid = ARGV[i]
+  local ops = cjson.decode((string.gsub(template, '@SID@', function() return sid end)))
+  local base = 8 + (i - 4) * 5
+  local at = {base + 1, base + 2, 1, 2, 3, 4, base + 3, 5, 6, base + 4, base + 5, 7, 8}
+  outcomes[#outcomes + 1] = transition(at, inc, ops, ttl_ms)[1]
+end
+return outcomes

@@ -1,0 +1,140 @@
+-- The transition prelude, shared by APPLY (one session) and SWEEP (many): one state
+-- transition of one session. `at` maps each of the 13 roles below to its index in KEYS, so
+-- the same step runs on the keys one call declares, however many sessions it carries.
+--   roles: 1 session hash, 2 event stream (also the pub/sub channel), 3 live set,
+--          4 catalog hash, 5 catalog order zset, 6 single-scope key, 7 transcript stream,
+--          8 the workspace's change channel, 9 the workspace's catalog version,
+--          10 the session's turn records, 11 the ids of its ended turns,
+--          12 the workspace's attention index, 13 its details (the attention prelude)
+--   inc: the writer's incarnation; ops: the decoded ops (see RedisStore._ops); ttl_ms: the
+--   session hash's TTL (refreshed by every transition)
+--   -> {applied, last event id, epoch} (see apply.lua)
+local function transition(at, inc, ops, ttl_ms)
+  local hash, log, live, catalog, order, single = KEYS[at[1]], KEYS[at[2]], KEYS[at[3]], KEYS[at[4]], KEYS[at[5]], KEYS[at[6]]
+  local transcript, turns, ended = KEYS[at[7]], KEYS[at[10]], KEYS[at[11]]
+  local owner = redis.call('HGET', hash, {{F.OWNER}})
+  if ops.op and owner == inc and tonumber(redis.call('HGET', hash, {{F.OP}}) or '0') >= ops.op then
+    -- A retry of a transition that did apply (its answer was lost): nothing happens twice.
+    return {1, tonumber(redis.call('HGET', hash, {{F.SEQ}}) or '0'), redis.call('HGET', hash, {{F.EPOCH}}) or ''}
+  end
+  if ops.mode == 'create' then
+    if owner and owner ~= inc then return {-1, 0, ''} end
+    if owner and ops.missing_only then
+      -- A rewrite after a loss, but the session is here (another path rewrote it first).
+      return {2, tonumber(redis.call('HGET', hash, {{F.SEQ}}) or '0'), redis.call('HGET', hash, {{F.EPOCH}}) or ''}
+    end
+    -- A whole snapshot (first publish, or a rewrite under a new epoch): start clean. What it
+    -- waited for before and the snapshot no longer holds leaves the attention index.
+    for _, name in ipairs(redis.call('HKEYS', hash)) do
+      if not (ops.set and ops.set[name]) then attention_unset(at[12], at[13], ops.sid, name) end
+    end
+    redis.call('DEL', hash, log)
+    redis.call('HSET', hash, {{F.OWNER}}, inc)
+    redis.call('SADD', live, ops.sid)
+    redis.call('PEXPIRE', live, ops.retention or ttl_ms)
+    if ops.single then redis.call('SET', single, ops.sid) end
+  elseif not owner then
+    return {0, 0, ''}
+  elseif owner ~= inc then
+    return {-1, 0, ''}
+  end
+  if ops.set then
+    local args = {}
+    for k, v in pairs(ops.set) do
+      args[#args + 1] = k; args[#args + 1] = v
+      attention_set(at[12], at[13], ops.sid, k, inc, v, ops.verttl)
+    end
+    if #args > 0 then redis.call('HSET', hash, unpack(args)) end
+  end
+  if ops.del and #ops.del > 0 then
+    redis.call('HDEL', hash, unpack(ops.del))
+    for _, k in ipairs(ops.del) do attention_unset(at[12], at[13], ops.sid, k) end
+  end
+  if ops.incr then
+    for k, n in pairs(ops.incr) do redis.call('HINCRBY', hash, k, n) end
+  end
+  changed(at[9], at[8], ops.sid, ops.verttl)
+  local seq = tonumber(redis.call('HGET', hash, {{F.SEQ}}) or '0')
+  local epoch = redis.call('HGET', hash, {{F.EPOCH}}) or ''
+  local bodies = ops.events or {}
+  local fields = ops.mode == 'delete' and redis.call('HKEYS', hash) or {}
+  if ops.mode == 'delete' and ops.orphan then
+    -- Prompts admitted (field p:<promptId>) that the transition does not end itself: the
+    -- owner never saw them (a close raced them) or is dead. Each gets its one terminal
+    -- before the session's own last event.
+    local orphans = {}
+    for _, name in ipairs(fields) do
+      if string.sub(name, 1, #{{F.PROMPT}}) == {{F.PROMPT}} then
+        local pid = string.sub(name, #{{F.PROMPT}} + 1)
+        orphans[#orphans + 1] = (string.gsub(ops.orphan, '@PID@', pid))
+      end
+    end
+    if #orphans > 0 then
+      for _, body in ipairs(bodies) do orphans[#orphans + 1] = body end
+      bodies = orphans
+    end
+  end
+  if #bodies > 0 then
+    local to_transcript = {}
+    for _, i in ipairs(ops.tr or {}) do to_transcript[i] = true end
+    local shift = #bodies - #(ops.events or {})
+    for i, body in ipairs(bodies) do
+      seq = redis.call('HINCRBY', hash, {{F.SEQ}}, 1)
+      local envelope = '{"id":' .. seq .. ',' .. body .. '}'
+      redis.call('XADD', log, 'MAXLEN', '~', ops.evmax, seq .. '-0', 'e', envelope)
+      redis.call('SPUBLISH', log, envelope)
+      if ops.tev == i - shift then redis.call('HSET', hash, {{F.TURN_ERROR_EVENT}}, envelope) end
+      if to_transcript[i - shift] then
+        redis.call('XADD', transcript, 'MAXLEN', '~', ops.trmax, '*', 'e', envelope)
+      end
+    end
+    redis.call('PEXPIRE', log, ops.evttl)
+    if ops.tr and #ops.tr > 0 then redis.call('PEXPIRE', transcript, ops.trttl) end
+  end
+  if ops.catalog then
+    redis.call('HSET', catalog, ops.sid, ops.catalog)
+    redis.call('ZADD', order, ops.score, ops.sid)
+    redis.call('PEXPIRE', catalog, ops.retention)
+    redis.call('PEXPIRE', order, ops.retention)
+    local stale = redis.call('ZRANGEBYSCORE', order, '-inf', '(' .. ops.cutoff, 'LIMIT', 0, 64)
+    for _, id in ipairs(stale) do
+      if redis.call('SISMEMBER', live, id) == 0 then
+        redis.call('HDEL', catalog, id)
+        redis.call('ZREM', order, id)
+      end
+    end
+  end
+  if ops.turns and ops.mode ~= 'delete' then
+    -- Turn records (queued, running, ended); only the newest `turnkeep` ended ones are kept.
+    for _, turn in ipairs(ops.turns) do
+      redis.call('HSET', turns, turn[1], turn[2])
+      if turn[3] == 1 then
+        redis.call('LREM', ended, 0, turn[1])
+        redis.call('RPUSH', ended, turn[1])
+        while redis.call('LLEN', ended) > ops.turnkeep do
+          redis.call('HDEL', turns, redis.call('LPOP', ended))
+        end
+      end
+    end
+    redis.call('PEXPIRE', turns, ops.turnttl)
+    redis.call('PEXPIRE', ended, ops.turnttl)
+  end
+  if ops.mode == 'delete' then
+    redis.call('DEL', turns, ended)
+    -- A session whose creator was never told of it (its answer not taken: the field is still
+    -- there) leaves no catalog row when its worker is swept.
+    local untold = ops.uncatalog_untold and redis.call('HEXISTS', hash, {{F.REQUEST}}) == 1
+    for _, name in ipairs(fields) do attention_unset(at[12], at[13], ops.sid, name) end
+    redis.call('DEL', hash)
+    redis.call('SREM', live, ops.sid)
+    if redis.call('GET', single) == ops.sid then redis.call('DEL', single) end
+    if ops.uncatalog or untold then
+      redis.call('HDEL', catalog, ops.sid)
+      redis.call('ZREM', order, ops.sid)
+    end
+  else
+    if ops.op then redis.call('HSET', hash, {{F.OP}}, ops.op) end
+    redis.call('PEXPIRE', hash, ttl_ms)
+  end
+  return {1, seq, epoch}
+end
