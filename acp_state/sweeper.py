@@ -34,9 +34,6 @@ def died(sid: str) -> Transition:
     )
 
 
-DIED = died(SESSION_ID_SLOT)  # the same for every session: the store puts each one's id in
-
-
 async def sweep_once(store: SweeperStore) -> tuple[int, int]:
     """Sweep every dead incarnation this process is handed; returns the sessions removed and
     the shortest registered lease (ms, 0 if none). The workspaces of one incarnation are
@@ -49,8 +46,11 @@ async def sweep_once(store: SweeperStore) -> tuple[int, int]:
         by_workspace: dict[str, list[str]] = {}
         for ws, sid in entries:
             by_workspace.setdefault(ws, []).append(sid)
+        # One transition for all (the store puts each session's id in), made now: its
+        # events carry the time they are written.
+        transition = died(SESSION_ID_SLOT)
         outcomes = await asyncio.gather(
-            *(store.sweep(ws, incarnation, sids, DIED) for ws, sids in by_workspace.items())
+            *(store.sweep(ws, incarnation, sids, transition) for ws, sids in by_workspace.items())
         )
         swept = sum(outcome == ApplyOutcome.APPLIED for each in outcomes for outcome in each)
         SWEPT_SESSIONS.inc(swept)

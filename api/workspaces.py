@@ -12,6 +12,7 @@ from acp_state.summary import live_summary, merged_row, persisted_row
 
 from . import workspace_ref
 from .cache import CachedPage
+from .etag import weak_etag
 from .responses import ApiError, JSON_TYPE, OrjsonResponse, parse_decimal
 from .state import AppState, app_state
 
@@ -47,16 +48,24 @@ async def list_sessions(request: Request) -> Response:
     if archive_state == "archived":
         return OrjsonResponse({"sessions": []})  # nothing is ever archived here
     offset = decode_cursor(query["cursor"]) if "cursor" in query else 0
-    body = await listing(state, ws, offset, size)
-    return Response(body, media_type=JSON_TYPE)
+    page = await listing_page(state, ws, offset, size)
+    # The page's ETag was computed once, when it was kept (the ETag middleware keeps a
+    # route's own): a poller's repeated reads do not hash the same body again.
+    return Response(page.body, media_type=JSON_TYPE, headers={"ETag": page.etag} if page.etag else None)
 
 
 async def listing(state: AppState, ws: str, offset: int, size: int) -> bytes:
-    """One page of the workspace's listing as JSON, from this process's cache while no
-    change of the workspace was announced and every live row's owner still holds its lease."""
+    """One page of the workspace's listing as JSON (see listing_page)."""
+    return (await listing_page(state, ws, offset, size)).body
+
+
+async def listing_page(state: AppState, ws: str, offset: int, size: int) -> CachedPage:
+    """One page of the workspace's listing, its JSON and its ETag, from this process's cache
+    while no change of the workspace was announced and every live row's owner still holds
+    its lease."""
     cached = await cached_page(state, ws, offset, size)
     if cached is not None:
-        return cached.body
+        return cached
     token = await state.locator.cache.begin_read(ws, ws)
     page = await state.store.list_page(ws, offset, size)
     sessions, owners = [], set()
@@ -80,9 +89,10 @@ async def listing(state: AppState, ws: str, offset: int, size: int) -> bytes:
     if len(page) > size:
         result["nextCursor"] = encode_cursor(offset + size)
     body = orjson.dumps(result)
+    page = CachedPage(body, frozenset(owners), weak_etag(body))
     # Kept until a change in the workspace arrives, or one of these owners' leases lapses.
-    state.locator.cache.keep_page(ws, offset, size, token, CachedPage(body, frozenset(owners)))
-    return body
+    state.locator.cache.keep_page(ws, offset, size, token, page)
+    return page
 
 
 async def cached_page(state: AppState, ws: str, offset: int, size: int) -> CachedPage | None:

@@ -1,9 +1,12 @@
 """Baseline servers on the same stack as the API (Starlette on the ASGI server `acp-state api
 --server` picks, served by the very code that serves the API: `acp_state.cli.serving.serve_http`,
 on uvloop): `hello` answers a JSON constant; `hgetall` does one Redis HGETALL per request;
-`/sse` is a bare event stream that sends one frame and then waits.
+`/sse` is a bare event stream that sends one frame and then waits; `/body/<name>` answers
+the bytes of a file given as `--body name=path` (an API answer of the same size, taken
+from the API in the same run: the stack's own cost of sending it).
 
     python -m bench.hello_app --port 8001 [--server granian|uvicorn] [--redis-url URL --key K]
+                              [--body listing=/tmp/listing.json ...]
 
 `hello()` is the bare hello as an app factory, for servers run from their own command line
 (e.g. `granian --interface asgi --factory bench.hello_app:hello`; bench/servers.py).
@@ -25,7 +28,7 @@ from starlette.routing import Route
 from acp_state.cli.serving import DEFAULT_SERVER, SERVERS, serve_http, started, until_signal
 
 
-def build(redis_url: str | None, key: str) -> Starlette:
+def build(redis_url: str | None, key: str, bodies: dict[str, bytes] | None = None) -> Starlette:
     client = aioredis.Redis.from_url(redis_url, decode_responses=True) if redis_url else None
 
     async def hello(_: Request) -> Response:
@@ -45,7 +48,10 @@ def build(redis_url: str | None, key: str) -> Starlette:
 
         return StreamingResponse(frames(), media_type="text/event-stream")
 
-    return Starlette(routes=[Route("/", hgetall if client else hello), Route("/sse", stream)])
+    async def body(request: Request) -> Response:
+        return Response((bodies or {})[request.path_params["name"]], media_type="application/json")
+
+    return Starlette(routes=[Route("/", hgetall if client else hello), Route("/sse", stream), Route("/body/{name}", body)])
 
 
 def hello() -> Starlette:
@@ -70,14 +76,16 @@ def main() -> None:
     parser.add_argument("--server", choices=SERVERS, default=DEFAULT_SERVER)
     parser.add_argument("--redis-url")
     parser.add_argument("--key", default="bench:hash")
+    parser.add_argument("--body", action="append", default=[], metavar="NAME=PATH")
     args = parser.parse_args()
+    bodies = {name: open(path, "rb").read() for name, _, path in (b.partition("=") for b in args.body)}
     try:
         import uvloop
 
         uvloop.install()  # as `acp-state` does
     except ImportError:
         pass
-    asyncio.run(serve(build(args.redis_url, args.key), args.port, args.server))
+    asyncio.run(serve(build(args.redis_url, args.key, bodies), args.port, args.server))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import httpx
 import redis.asyncio as aioredis
 
 from acp_state import events
@@ -412,21 +413,36 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         log(f"  at rest: {result['at_rest']}")
 
         # 3. reads
-        hello_port = free_port()
-        hello_proc = subprocess.Popen([sys.executable, "-m", "bench.hello_app", "--server", args.server,
-                                       "--port", str(hello_port)], cwd=ROOT, stdout=subprocess.DEVNULL)
-        await wait_port(hello_port)
         port = cluster.apis[0][1]
         big = cwds[0]
         sid = sids[big][0]
-        log("reads: status, a listing page of a 10,000-session workspace, bare hello")
+        status_path = f"/session/{sid}/status"
+        listing_path = f"/workspace/{workspace_id(big)}/sessions?size=100"
+        # The bare app also answers each route's very bytes: the stack's own cost of sending
+        # a body that size (a listing page of 100 rows is ~30 KB, a hello 17 bytes).
+        bodies = {}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            for name, path in (("status", status_path), ("listing", listing_path)):
+                bodies[name] = logs / f"{name}-body.json"
+                bodies[name].write_bytes((await http.get(path)).content)
+        hello_port = free_port()
+        hello_proc = subprocess.Popen([sys.executable, "-m", "bench.hello_app", "--server", args.server,
+                                       "--port", str(hello_port), *(f"--body={n}={p}" for n, p in bodies.items())],
+                                      cwd=ROOT, stdout=subprocess.DEVNULL)
+        await wait_port(hello_port)
+        log("reads: status, a listing page of a 10,000-session workspace, bare hello, bare answers of the same bytes")
         reads = {
             "hello": run_wrk(f"http://127.0.0.1:{hello_port}/"),
-            "status": run_wrk(f"http://127.0.0.1:{port}/session/{sid}/status"),
-            "listing": run_wrk(f"http://127.0.0.1:{port}/workspace/{workspace_id(big)}/sessions?size=100"),
+            "status": run_wrk(f"http://127.0.0.1:{port}{status_path}"),
+            "bare_status_body": run_wrk(f"http://127.0.0.1:{hello_port}/body/status"),
+            "listing": run_wrk(f"http://127.0.0.1:{port}{listing_path}"),
+            "bare_listing_body": run_wrk(f"http://127.0.0.1:{hello_port}/body/listing"),
         }
         reads["status_share_of_hello"] = round(reads["status"]["rps"] / reads["hello"]["rps"], 2)
         reads["listing_share_of_hello"] = round(reads["listing"]["rps"] / reads["hello"]["rps"], 2)
+        reads["status_share_of_bare_same_body"] = round(reads["status"]["rps"] / reads["bare_status_body"]["rps"], 2)
+        reads["listing_share_of_bare_same_body"] = round(reads["listing"]["rps"] / reads["bare_listing_body"]["rps"], 2)
+        reads["listing_body_bytes"] = bodies["listing"].stat().st_size
         reads["workspace_sessions"] = len(sids[big])
         result["reads"] = reads
         log(f"  {reads}")
@@ -563,6 +579,10 @@ def table(result: dict[str, Any]) -> str:
          f"{rd['listing']['rps']:,} ({rd['listing']['p99_ms']} ms)",
          f"{rd['listing_share_of_hello']:.0%} of hello; goal p99 < {g['listing_p99_ms']} ms",
          mark(rd["listing"]["p99_ms"] < g["listing_p99_ms"] and rd["listing_share_of_hello"] >= g["read_share_of_hello"])),
+        ("  each beside the bare stack answering its very bytes", f"status {rd['status_share_of_bare_same_body']:.0%}, "
+         f"listing {rd['listing_share_of_bare_same_body']:.0%}",
+         f"bare: {rd['bare_status_body']['rps']:,} / {rd['bare_listing_body']['rps']:,} req/s "
+         f"(listing p99 {rd['bare_listing_body']['p99_ms']} ms, {rd['listing_body_bytes']:,} B)", ""),
         ("SSE connections on one API: RSS per connection (bytes)", f"{e['api_rss_bytes_per_connection']:,} ({e['connections']:,} open, {e['refused']} refused)",
          f"goal <= {g['sse_rss_bytes_per_connection']:,}; bare Starlette stream {e['baseline_bare_stream_rss_bytes_per_connection']:,}",
          mark(e["api_rss_bytes_per_connection"] <= g["sse_rss_bytes_per_connection"])),
@@ -580,6 +600,7 @@ def table(result: dict[str, Any]) -> str:
         ("  session_died to every SSE client following one (s)", f"{k['session_died_last_s']} ({k['sse_told']}/{k['sse_following']})",
          f"goal <= {g['died_within_s']}",
          mark((k["session_died_last_s"] or 1e9) <= g["died_within_s"] and k["sse_told"] == k["sse_following"])),
+        ("  the victim's lease left at the kill (s)", f"{k['lease_left_at_kill_s']}", "readers: lease left + one round", ""),
         ("  survivors' longest gap between renewals (s)", f"{k['survivor_renewal_gap_max_s']}",
          f"heartbeat every {k['heartbeat_interval_s']} s", mark((k["survivor_renewal_gap_max_s"] or 1e9) < LEASE_MS / 1000 / 2)),
     ]

@@ -133,6 +133,33 @@ async def test_a_background_task_survives_an_error_and_counts_it() -> None:
     assert BACKGROUND_ERRORS.labels("test task")._value.get() == before + 1
 
 
+async def test_a_sweep_tells_each_session_of_its_death_as_of_the_sweep(store: RedisStore, raw: aioredis.Redis) -> None:
+    """The sweeper ends each session of a dead worker with a `session_died` that names it and
+    carries the time it was written (a chaos run caught every sweep's events stamped with
+    the sweeper process's start, as if the sessions had died before their worker did)."""
+    import orjson
+
+    from acp_state.clock import now_ms
+    from acp_state.ids import new_id
+    from acp_state.store import Mode, Transition
+    from acp_state.sweeper import sweep_once
+
+    await store.heartbeat("w-1", {}, LEASE)
+    sids = [new_id() for _ in range(3)]
+    for sid in sids:
+        created = Transition(mode=Mode.CREATE, meta={"sessionId": sid, "workspaceCwd": "/w"}, epoch="e1")
+        await store.apply("0123456789abcdef", sid, "w-1", created)
+        await store.index_session("w-1", "0123456789abcdef", sid, True)
+    await asyncio.sleep(0.05)  # a sweep made at import time would now lie in the past
+    await lapse(raw, "w-1", store_served_for_ms=10 * LEASE)
+    before = now_ms()
+    assert (await sweep_once(store))[0] == 3
+    for sid in sids:
+        [died] = [orjson.loads(e) for e in (await store.replay("0123456789abcdef", sid, 0))[0]]
+        assert (died["type"], died["data"]["sessionId"]) == ("session_died", sid)
+        assert died["_meta"]["serverTimestamp"] >= before
+
+
 async def test_a_retried_reply_gives_nothing_twice(store: RedisStore, raw: aioredis.Redis) -> None:
     """A worker retries a reply whose answer it did not get back. A second copy would be left
     unread once the API took the first, and later be taken back as if nobody had been told."""

@@ -107,6 +107,27 @@ async def test_a_poller_with_the_etag_gets_304_until_something_changes(harness: 
     assert newer["catalogVersion"]["revision"] > body["catalogVersion"]["revision"]
 
 
+async def test_a_listing_poller_with_the_etag_gets_304_until_the_listing_changes(harness: Harness, workspace: str) -> None:
+    """The listing's ETag is the page's own, named once when the page is kept: a read from
+    the cache names the same one, and a change names another."""
+    events = await harness.events()
+    await harness.worker()
+    api = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+    path = f"/workspace/{workspace_id(workspace)}/sessions"
+    first = await api.client.get(path)
+    etag = first.headers["etag"]
+    assert etag.startswith('W/"') and (await api.client.get(path)).headers["etag"] == etag
+    unchanged = await api.client.get(path, headers={"If-None-Match": etag})
+    assert (unchanged.status_code, unchanged.content) == (304, b"")
+
+    done = await prompt(api, sid, "hello")
+    await events.wait_type(sid, "turn_complete", promptId=done["promptId"])
+    changed = await api.client.get(path, headers={"If-None-Match": etag})
+    assert changed.status_code == 200 and changed.headers["etag"] != etag
+    assert changed.json()["sessions"][0]["sessionId"] == sid
+
+
 async def test_live_state_of_several_workspaces_in_one_request(harness: Harness, tmp_path: Path) -> None:
     first, second = tmp_path / "one", tmp_path / "two"
     first.mkdir()

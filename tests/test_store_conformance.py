@@ -172,8 +172,11 @@ async def test_delete_ends_admitted_prompts(store: RedisStore) -> None:
 async def test_a_dead_workers_sessions_are_swept_in_batches(store: RedisStore) -> None:
     """The sweeper's batched removal (more sessions than one SWEEP call takes) ends each
     session as its own APPLY would, in order, fenced, and once."""
+    from acp_state.store import SESSION_ID_SLOT
     from acp_state.store.redis import SWEEP_BATCH
-    from acp_state.sweeper import DIED
+    from acp_state.sweeper import died
+
+    DIED = died(SESSION_ID_SLOT)
 
     first = Session()
     sessions = [first]

@@ -203,6 +203,8 @@ class RedisStore:
         self._batch: list[tuple[list[str], list[str], asyncio.Future[Applied]]] = []
         self._index_writes = PerLoopTurn(self._write_index)
         self._replies = PerLoopTurn(self._send_replies)
+        self._controls = PerLoopTurn(self._send_controls)
+        self._tellings = PerLoopTurn(self._send_tellings)
         self._flushing: asyncio.Task[None] | None = None
         self._readers = _StreamReaders(redis) if is_cluster(redis) else None
         self._live_on_page: dict[str, list[str]] = {}  # ws -> live ids its last listing found
@@ -576,11 +578,18 @@ class RedisStore:
         return sorted(await self.redis.zrange(keys.AGENTS, 0, -1))
 
     async def send_control(self, incarnation: str, command: Create) -> None:
+        """Hand a create to a worker (its control stream); the creates of one loop turn go
+        out in one pipeline."""
+        await self._controls((incarnation, command))
+
+    async def _send_controls(self, controls: list[tuple[str, Create]]) -> list[Exception | None]:
         pipe = self.redis.pipeline(transaction=False)
-        stream = keys.worker_control(incarnation)
-        pipe.xadd(stream, {"c": commands.encode(command)}, maxlen=INBOX_MAXLEN, approximate=True)
-        pipe.pexpire(stream, INBOX_TTL_MS)
-        await pipe.execute()
+        for incarnation, command in controls:
+            stream = keys.worker_control(incarnation)
+            pipe.xadd(stream, {"c": commands.encode(command)}, maxlen=INBOX_MAXLEN, approximate=True)
+            pipe.pexpire(stream, INBOX_TTL_MS)
+        results = await pipe.execute(raise_on_error=False)
+        return [next((r for r in pair if isinstance(r, Exception)), None) for pair in zip(results[::2], results[1::2])]
 
     async def await_reply(
         self, request: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None
@@ -749,8 +758,13 @@ class RedisStore:
     async def mark_told(self, ws: str, sid: str) -> None:
         """A create's answer was taken: its creator knows the session (F.REQUEST goes, and
         readers are told that it now shows)."""
-        key_list = [keys.session(ws, sid), keys.invalidations(ws), keys.catalog_version(ws)]
-        await self._told(key_list, [sid, self.retention.catalog_ms])
+        await self._tellings((ws, sid))
+
+    async def _send_tellings(self, tellings: list[tuple[str, str]]) -> list[Any]:
+        return await self._pipelined(self._told, [
+            ([keys.session(ws, sid), keys.invalidations(ws), keys.catalog_version(ws)], [sid, self.retention.catalog_ms])
+            for ws, sid in tellings
+        ])
 
     async def was_told(self, ws: str, sid: str) -> bool:
         """Whether a create's answer was taken: its catalog row stands, and its session (if
