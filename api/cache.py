@@ -37,7 +37,8 @@ class CachedSession:
     ws: str
     owner: str
     view: SessionView
-    status_body: bytes | None = None
+    status_body: bytes | None = None  # its status answer and ETag, made on its first read
+    status_etag: str = ""
 
 
 @dataclass

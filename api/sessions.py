@@ -22,6 +22,7 @@ from acp_state.summary import live_summary
 from . import workspace_ref
 from .auth import principal_of
 from .cache import CachedSession
+from .etag import weak_etag
 from .locator import not_found
 from .outcomes import effect, idempotency_key, outcome_unknown
 from .responses import ApiError, JSON_TYPE, OrjsonResponse, json_body, unavailable
@@ -500,4 +501,6 @@ async def status(request: Request) -> Response:
     ref = await app_state(request).locator.live(request.path_params["id"], principal_of(request))
     if ref.status_body is None:
         ref.status_body = orjson.dumps(live_summary(ref.view))
-    return Response(ref.status_body, media_type=JSON_TYPE)
+        ref.status_etag = weak_etag(ref.status_body)
+    # Named once per kept state, as a listing page is: a poller's reads hash nothing again.
+    return Response(ref.status_body, media_type=JSON_TYPE, headers={"ETag": ref.status_etag})

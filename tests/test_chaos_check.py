@@ -152,7 +152,7 @@ def scenario(
     if text_500:
         h.http("cancel", end_t + 1.2, 500, "Internal Server Error", key="cancel-1", content_type="text/plain; charset=utf-8")
     h.add("listing", t=end_t + 2, sids=[SID])
-    h.add("keys", node=6390, t=end_t + 3, keys=[[f"acp:{{ws}}:cat", "hash", 60_000], ["acp:{ws}:ev:x", "stream", ttl]])
+    h.add("keys", node=6390, t=end_t + 3, keys=[["acp:{ws}:cat", "hash", 60_000], ["acp:{ws}:ev:x", "stream", ttl]])
     h.add("end", t=end_t + 4)
     return h.records
 
