@@ -180,8 +180,9 @@ async def test_a_reply_nobody_took_is_taken_back_once(store: RedisStore) -> None
     assert await store.reply("req-2", answer) is True
     assert await store.reclaim_replies([("req-2", answer)]) == [ReplyFate.UNTAKEN]
     assert await store.take_reply("req-2") is None  # the API, too late, finds nothing
-    assert await store.abandon_reply("req-2") is None
     assert await store.reclaim_replies([("req-2", answer)]) == [ReplyFate.LOST]  # nothing twice
+    assert await store.abandon_reply("req-2") is None  # an API gave up: it says the create failed
+    assert await store.reclaim_replies([("req-2", answer)]) == [ReplyFate.UNTAKEN]
     assert await store.abandon_reply("req-4") is None  # an API gave up first: the reply says so
     assert await store.reply("req-4", answer) is False
 

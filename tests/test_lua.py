@@ -492,7 +492,7 @@ async def test_reply_abandon_take_and_reclaim(r: aioredis.Redis) -> None:
     assert await run(r, "ABANDON", reply("q1"), [60, m, "given"]) == '{"ok":1}'  # asked again: the same answer
     assert await run(r, "REPLY", reply("q1"), ['{"ok":1}', 60, m, "given"]) == 1  # a late retry pushes nothing
     assert await r.llen(keys.reply("q1")) == 0
-    assert await run(r, "RECLAIM", reply("q1"), ['{"ok":1}', "given"]) == 0  # taken: the worker keeps it
+    assert await run(r, "RECLAIM", reply("q1"), ['{"ok":1}', "given", m]) == 0  # taken: the worker keeps it
 
     assert await run(r, "ABANDON", reply("q3"), [60, m, "given"]) is None  # nothing yet: the marker
     assert await run(r, "REPLY", reply("q3"), ['{"late":1}', 60, m, "given"]) == 0
@@ -507,10 +507,12 @@ async def test_reply_abandon_take_and_reclaim(r: aioredis.Redis) -> None:
     assert await r.llen(keys.reply("q2")) == 0
 
     await run(r, "REPLY", reply("q4"), ['{"ok":4}', 60, m, "given"])
-    assert await run(r, "RECLAIM", reply("q4"), ['{"ok":4}', "given"]) == 1  # nobody took it: taken back
-    assert await run(r, "RECLAIM", reply("q4"), ['{"ok":4}', "given"]) == -1  # once
+    assert await run(r, "RECLAIM", reply("q4"), ['{"ok":4}', "given", m]) == 1  # nobody took it: taken back
+    assert await run(r, "RECLAIM", reply("q4"), ['{"ok":4}', "given", m]) == -1  # once
     assert await run(r, "TAKE", reply("q4"), [m, "given", 60]) is None  # too late for an API
-    assert await run(r, "RECLAIM", reply("q5"), ['{"ok":5}', "given"]) == -1  # lost with its keys
+    assert await run(r, "RECLAIM", reply("q5"), ['{"ok":5}', "given", m]) == -1  # lost with its keys
+    assert await run(r, "ABANDON", reply("q5"), [60, m, "given"]) is None  # and its API gave up since:
+    assert await run(r, "RECLAIM", reply("q5"), ['{"ok":5}', "given", m]) == 1  # it said the create failed
 
 
 # ---- the attention index (APPLY, VOTE, ATTENTION_PAGE, ATTENTION_OF) ---------------------

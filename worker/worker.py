@@ -345,12 +345,12 @@ class Worker:
             if fate is ReplyFate.UNTAKEN:
                 log.warning("nobody took the create's answer; closing the session", extra={"sessionId": session.sid})
                 await session.close("create_abandoned", uncatalog=True)
-            elif fate is ReplyFate.TAKEN:  # its creator was told (a rewrite after a loss must not say otherwise)
-                session.untold_request = None
+            else:  # taken; or lost with its keys, and no API said it gave up: taken before the loss
+                if fate is ReplyFate.LOST:
+                    log.warning("the create's answer was lost with the store; no API gave up on it, so it was "
+                                "taken", extra={"sessionId": session.sid})
+                session.untold_request = None  # its creator was told (a rewrite must not say otherwise)
                 await session.mark_told()
-            else:  # its API marks it told if it took the answer; undoing it could undo a told one
-                log.warning("the create's answer was lost with its keys; the session stays as it is",
-                            extra={"sessionId": session.sid})
 
     # ---- commands -----------------------------------------------------------------------
 

@@ -490,7 +490,9 @@ class RedisStore:
         those creates (their API gave up, and perhaps could not even say so), so the worker
         undoes them. A taken answer is known by its record in the given list, not by its
         absence: an answer lost with its keys is not one somebody took."""
-        calls = [([keys.reply(r), keys.reply_given(r)], [orjson.dumps(payload), GIVEN]) for r, payload in answers]
+        calls = [
+            ([keys.reply(r), keys.reply_given(r)], [orjson.dumps(payload), GIVEN, ABANDONED]) for r, payload in answers
+        ]
         fates = await self._pipelined(self._reclaim, calls)
         for fate in fates:
             if isinstance(fate, Exception):

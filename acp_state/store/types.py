@@ -38,9 +38,9 @@ class ApplyOutcome(enum.IntEnum):
 class ReplyFate(enum.IntEnum):
     """What became of a create's answer, as its worker finds it past the API's wait."""
 
-    UNTAKEN = 1  # nobody took it: taken back now (nobody was told of the session)
+    UNTAKEN = 1  # nobody took it: taken back now, or lost and given up on since (nobody was told)
     TAKEN = 0  # an API took it (it told its client, or said the outcome is unknown)
-    LOST = -1  # gone with its keys (a failover, an expiry): nothing says who knows
+    LOST = -1  # gone with its keys (Redis restarted empty, a failover), and no API gave up on it
 
 
 class AdmissionStatus(enum.StrEnum):
