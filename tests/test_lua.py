@@ -497,19 +497,19 @@ async def test_reply_abandon_take_and_reclaim(r: aioredis.Redis) -> None:
     assert await run(r, "ABANDON", reply("q3"), [60, m, "given"]) is None  # nothing yet: the marker
     assert await run(r, "REPLY", reply("q3"), ['{"late":1}', 60, m, "given"]) == 0
     assert not await r.exists(keys.reply_given("q3"))  # nothing was given
-    assert await run(r, "TAKE", reply("q3"), [m, "given", 60]) == m
+    assert await run(r, "TAKE", reply("q3"), [60, m, "given"]) == m
     assert await r.lrange(keys.reply("q3"), 0, -1) == [m]  # the marker stays
     assert await r.ttl(keys.reply("q3")) > 0  # and so does its TTL
 
     await run(r, "REPLY", reply("q2"), ['{"ok":2}', 60, m, "given"])
-    assert await run(r, "TAKE", reply("q2"), [m, "given", 60]) == '{"ok":2}'
-    assert await run(r, "TAKE", reply("q2"), [m, "given", 60]) == '{"ok":2}'  # its taker may never have answered
+    assert await run(r, "TAKE", reply("q2"), [60, m, "given"]) == '{"ok":2}'
+    assert await run(r, "TAKE", reply("q2"), [60, m, "given"]) == '{"ok":2}'  # its taker may never have answered
     assert await r.llen(keys.reply("q2")) == 0
 
     await run(r, "REPLY", reply("q4"), ['{"ok":4}', 60, m, "given"])
     assert await run(r, "RECLAIM", reply("q4"), ['{"ok":4}', "given", m]) == 1  # nobody took it: taken back
     assert await run(r, "RECLAIM", reply("q4"), ['{"ok":4}', "given", m]) == -1  # once
-    assert await run(r, "TAKE", reply("q4"), [m, "given", 60]) is None  # too late for an API
+    assert await run(r, "TAKE", reply("q4"), [60, m, "given"]) is None  # too late for an API
     assert await run(r, "RECLAIM", reply("q5"), ['{"ok":5}', "given", m]) == -1  # lost with its keys
     assert await run(r, "ABANDON", reply("q5"), [60, m, "given"]) is None  # and its API gave up since:
     assert await run(r, "RECLAIM", reply("q5"), ['{"ok":5}', "given", m]) == 1  # it said the create failed

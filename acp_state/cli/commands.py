@@ -19,8 +19,8 @@ from ..store import MEMORY, RedisStore, Retention, UnsuitableRedis, check_redis
 from ..testing import scripted_agent
 from .serving import DEFAULT_SERVER, SERVERS, listen_address, serve_http, started, until_signal, url_host
 
-# The agent a worker runs when given no --agent: the scripted test double.
 EXIT_SHUTDOWN_OVERRAN = 70  # EX_SOFTWARE: stopped, but a step of the shutdown overran (logged)
+# The agent a worker runs when given no --agent: the scripted test double.
 SCRIPTED_AGENT = f"{sys.executable} -m {scripted_agent.__name__}"
 
 

@@ -628,7 +628,7 @@ class RedisStore:
         """Take a reply without waiting: the reply (one still there, or one taken already
         whose taker may never have answered), ABANDONED if an API gave up on it (the marker
         stays), or None if there is none yet."""
-        reply = await self._take([keys.reply(request), keys.reply_given(request)], [ABANDONED, GIVEN, REPLY_TTL_S])
+        reply = await self._take([keys.reply(request), keys.reply_given(request)], [REPLY_TTL_S, ABANDONED, GIVEN])
         if not reply:
             return None
         return ABANDONED if reply == ABANDONED else orjson.loads(reply)

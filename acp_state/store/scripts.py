@@ -74,9 +74,9 @@ RESIGN = load("resign", "registry")
 
 # Create and close replies (KEYS: the reply list and its given list).
 REPLY = load("reply")
-ABANDON = load("abandon")
-TAKE = load("take")
-RECLAIM = load("reclaim")
+ABANDON = load("abandon", "replies")
+TAKE = load("take", "replies")
+RECLAIM = load("reclaim", "replies")
 
 ALL = {
     "APPLY": APPLY, "SWEEP": SWEEP, "SEND": SEND, "VOTE": VOTE, "ATTACH": ATTACH, "VERSION": VERSION, "TOLD": TOLD, "CURRENT_TURN": CURRENT_TURN, "LIST": LIST,

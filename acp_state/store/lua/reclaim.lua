@@ -9,7 +9,6 @@
 --   3 the abandoned marker
 --   -> 1 untaken (taken back now, or given up on) | 0 taken | -1 lost, nobody gave up on it
 if redis.call('LREM', KEYS[1], 0, ARGV[1]) > 0 then return 1 end
-local taken = redis.call('LINDEX', KEYS[2], 0)
-if taken and taken ~= ARGV[2] then return 0 end
+if taken_answer(2, ARGV[2]) then return 0 end
 if redis.call('LINDEX', KEYS[1], 0) == ARGV[3] then return 1 end
 return -1
