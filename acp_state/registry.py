@@ -60,10 +60,15 @@ class WorkerRegistry:
     async def is_live(self, incarnation: str) -> bool:
         """True while the incarnation's lease deadline lies in the future (Redis's clock),
         or the store was silent within a lease, in which nobody may declare it dead."""
-        if self._deadlines.get(incarnation, 0) > self.redis_now():
+        if self.holds_lease(incarnation):
             return True
         if _monotonic_ms() - self._checked_at >= RECHECK_MS or incarnation not in self._deadlines:
             await self.refresh()
+        return self.holds_lease(incarnation)
+
+    def holds_lease(self, incarnation: str) -> bool:
+        """True while the deadline last read lies in the future; False says nothing (the
+        lease may have been renewed since): ask `is_live`."""
         return self._deadlines.get(incarnation, 0) > self.redis_now()
 
     async def live(self) -> list[str]:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
+from starlette.types import Receive, Scope, Send
 
 from acp_state.registry import WorkerRegistry
 from acp_state.store import STORE_ERRORS, Change, RedisStore
@@ -20,6 +21,7 @@ from . import (
     discovery,
     event_stream,
     history,
+    hot_reads,
     live_feed,
     live_state,
     metrics,
@@ -30,10 +32,11 @@ from . import (
     workers,
     workspaces,
 )
-from .auth import AuthMiddleware
+from .auth import Authenticator, AuthMiddleware
 from .cache import StateCache
 from .etag import ETagMiddleware
 from .locator import SessionLocator
+from .metrics import RequestCounts, RequestMetrics
 from .placement import LiveReports
 from .openapi import openapi_json
 from .responses import (
@@ -89,7 +92,21 @@ def end_streams(app: Starlette) -> None:
         state.attention.end()
 
 
-def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette:
+class ApiApp(Starlette):
+    """The API's Starlette app, whose hottest reads skip its stack while they are current in
+    this process's cache (`hot_reads`); every other request goes through the stack."""
+
+    def __init__(self, authenticator: Authenticator, counts: RequestCounts, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.authenticator = authenticator
+        self.counts = counts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not await hot_reads.answer(getattr(self.state, "acp", None), self.authenticator, self.counts, scope, send):
+            await super().__call__(scope, receive, send)
+
+
+def create_app(settings: Settings, store: RedisStore | None = None) -> ApiApp:
     """Build the app; without `store` it connects to `settings.redis_url` at startup."""
 
     @contextlib.asynccontextmanager
@@ -137,7 +154,10 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette
             if store is None:
                 await own_store.close()
 
-    return Starlette(
+    authenticator, counts = Authenticator(settings.tokens), RequestCounts()
+    return ApiApp(
+        authenticator,
+        counts,
         routes=ROUTES,
         lifespan=lifespan,
         exception_handlers={
@@ -151,8 +171,8 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> Starlette
         },
         middleware=[
             Middleware(event_stream.DirectSend),
-            Middleware(metrics.RequestMetrics),
+            Middleware(RequestMetrics, counts=counts),
             Middleware(ETagMiddleware),
-            Middleware(AuthMiddleware, tokens=settings.tokens),
+            Middleware(AuthMiddleware, authenticator=authenticator),
         ],
     )

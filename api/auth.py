@@ -74,31 +74,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class AuthMiddleware:
-    """Resolves the bearer token to a Principal in `request.state.principal`, or answers 401."""
+class Authenticator:
+    """Who presents the request's bearer token: a Principal, or None (answer 401)."""
 
-    def __init__(self, app: ASGIApp, tokens: list[Token]) -> None:
-        self.app = app
+    def __init__(self, tokens: list[Token]) -> None:
         self.tokens = [(t.secret.encode(), t.principal()) for t in tokens]
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        principal = TRUSTED_LOOPBACK if not self.tokens else self._match(scope)
-        path = scope["path"]
-        if principal is None and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES):
-            response = OrjsonResponse(
-                {"error": "a valid bearer token is required", "code": "unauthorized"},
-                status_code=401,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-            await response(scope, receive, send)
-            return
-        scope.setdefault("state", {})["principal"] = principal or Principal("user", frozenset())
-        await self.app(scope, receive, send)
-
-    def _match(self, scope: Scope) -> Principal | None:
+    def principal(self, scope: Scope) -> Principal | None:
+        if not self.tokens:
+            return TRUSTED_LOOPBACK
         header = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, presented = header.partition(b" ")
         if scheme.lower() != b"bearer":
@@ -110,6 +94,31 @@ class AuthMiddleware:
             if secrets.compare_digest(presented, secret):
                 found = principal
         return found
+
+
+class AuthMiddleware:
+    """Resolves the bearer token to a Principal in `request.state.principal`, or answers 401."""
+
+    def __init__(self, app: ASGIApp, authenticator: Authenticator) -> None:
+        self.app = app
+        self.authenticator = authenticator
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        principal = self.authenticator.principal(scope)
+        path = scope["path"]
+        if principal is None and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES):
+            response = OrjsonResponse(
+                {"error": "a valid bearer token is required", "code": "unauthorized"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+            await response(scope, receive, send)
+            return
+        scope.setdefault("state", {})["principal"] = principal or Principal("user", frozenset())
+        await self.app(scope, receive, send)
 
 
 def _query_token(scope: Scope) -> bytes:

@@ -118,6 +118,13 @@ class StateCache:
 
     # ---- sessions -----------------------------------------------------------------------
 
+    def holds_session(self, sid: str) -> bool:
+        """A copy is kept (it may still have to wait for `session`'s sync)."""
+        return sid in self._sessions
+
+    def holds_page(self, ws: str, offset: int, size: int) -> bool:
+        return (ws, offset, size) in self._pages
+
     async def session(self, sid: str) -> CachedSession | None:
         """The kept session, once every change announced before the call has arrived
         (`sync`): a close acknowledged anywhere is never answered from here afterwards."""

@@ -61,6 +61,17 @@ class SessionLocator:
             raise not_found(sid)
         return entry
 
+    async def cached(self, sid: str, principal: Principal) -> CachedSession | None:
+        """The live session from the cache alone, when it is current there and this caller
+        may see it; None otherwise (not kept, changed, out of scope, or a lease to check
+        against Redis): ask `live`, which answers every case."""
+        if not self.cache.holds_session(sid):
+            return None
+        entry = await self.cache.session(sid)
+        if entry is None or not principal.may(entry.ws) or not self.registry.holds_lease(entry.owner):
+            return None
+        return entry
+
     async def _read(self, sid: str) -> CachedSession:
         if not ids.is_token(sid):
             raise not_found(sid)

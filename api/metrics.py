@@ -23,12 +23,26 @@ DEPLOYMENT_SESSIONS = Gauge(
 LIVE_WORKERS = Gauge("acp_state_live_workers", "Workers holding a valid lease")
 
 
-class RequestMetrics:
-    """Counts every request by route (the endpoint's name, never the raw path) and status."""
+class RequestCounts:
+    """`acp_state_http_requests_total` of one app, by route (the endpoint's name, never the
+    raw path) and status. Each label pair is resolved once: a label lookup takes a lock."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self) -> None:
         self._counters: dict[tuple[str, int], Any] = {}
+
+    def add(self, route: str, status: int) -> None:
+        counter = self._counters.get((route, status))
+        if counter is None:
+            counter = self._counters[(route, status)] = REQUESTS.labels(route, str(status))
+        counter.inc()
+
+
+class RequestMetrics:
+    """Counts every request the app's routes answer."""
+
+    def __init__(self, app: ASGIApp, counts: RequestCounts) -> None:
+        self.app = app
+        self.counts = counts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -45,11 +59,7 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, record)
         finally:
-            key = (getattr(scope.get("endpoint"), "__name__", "unmatched"), status)
-            counter = self._counters.get(key)
-            if counter is None:  # label lookups take a lock: resolve each pair once
-                counter = self._counters[key] = REQUESTS.labels(key[0], str(status))
-            counter.inc()
+            self.counts.add(getattr(scope.get("endpoint"), "__name__", "unmatched"), status)
 
 
 async def metrics(request: Request) -> Response:

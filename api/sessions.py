@@ -499,8 +499,14 @@ async def _await_gone(request: Request, sid: str) -> None:
 async def status(request: Request) -> Response:
     """One read of the store on a cache miss; none while the cached state is current."""
     ref = await app_state(request).locator.live(request.path_params["id"], principal_of(request))
+    body, etag = status_answer(ref)
+    return Response(body, media_type=JSON_TYPE, headers={"ETag": etag})
+
+
+def status_answer(ref: CachedSession) -> tuple[bytes, str]:
+    """The status answer of a kept session and its ETag, made on its first read: a poller's
+    reads hash nothing again, as a listing page's do not."""
     if ref.status_body is None:
         ref.status_body = orjson.dumps(live_summary(ref.view))
         ref.status_etag = weak_etag(ref.status_body)
-    # Named once per kept state, as a listing page is: a poller's reads hash nothing again.
-    return Response(ref.status_body, media_type=JSON_TYPE, headers={"ETag": ref.status_etag})
+    return ref.status_body, ref.status_etag

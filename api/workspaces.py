@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from typing import Mapping
 
 import orjson
 from starlette.requests import Request
@@ -38,7 +39,18 @@ def decode_cursor(cursor: str) -> int:
 async def list_sessions(request: Request) -> Response:
     state = app_state(request)
     ws = workspace_ref.resolve(request, "id")
-    query = request.query_params
+    asked = page_asked(request.query_params)
+    if asked is None:
+        return OrjsonResponse({"sessions": []})  # nothing is ever archived here
+    page = await listing_page(state, ws, *asked)
+    # The page's ETag was computed once, when it was kept (the ETag middleware keeps a
+    # route's own): a poller's repeated reads do not hash the same body again.
+    return Response(page.body, media_type=JSON_TYPE, headers={"ETag": page.etag} if page.etag else None)
+
+
+def page_asked(query: Mapping[str, str]) -> tuple[int, int] | None:
+    """The (offset, size) a listing's query asks for; None for the archived listing, which
+    is always empty; a 400 for anything else."""
     size = parse_decimal(query.get("size", str(DEFAULT_SIZE)), MAX_SIZE)
     if size is None or size < 1:
         raise ApiError(400, f"size must be an integer from 1 to {MAX_SIZE}", "invalid_size")
@@ -46,12 +58,8 @@ async def list_sessions(request: Request) -> Response:
     if archive_state not in ("active", "archived"):
         raise ApiError(400, "archiveState must be 'active' or 'archived'", "invalid_archive_state")
     if archive_state == "archived":
-        return OrjsonResponse({"sessions": []})  # nothing is ever archived here
-    offset = decode_cursor(query["cursor"]) if "cursor" in query else 0
-    page = await listing_page(state, ws, offset, size)
-    # The page's ETag was computed once, when it was kept (the ETag middleware keeps a
-    # route's own): a poller's repeated reads do not hash the same body again.
-    return Response(page.body, media_type=JSON_TYPE, headers={"ETag": page.etag} if page.etag else None)
+        return None
+    return (decode_cursor(query["cursor"]) if "cursor" in query else 0), size
 
 
 async def listing(state: AppState, ws: str, offset: int, size: int) -> bytes:
@@ -101,3 +109,15 @@ async def cached_page(state: AppState, ws: str, offset: int, size: int) -> Cache
     if cached is not None and all([await state.registry.is_live(owner) for owner in cached.owners]):
         return cached
     return None
+
+
+async def current_page(state: AppState, ws: str, offset: int, size: int) -> CachedPage | None:
+    """A kept page from the cache alone, with every owner's lease as last read still held;
+    None otherwise: ask `listing_page`, which answers every case."""
+    cache = state.locator.cache
+    if not cache.holds_page(ws, offset, size):
+        return None
+    page = await cache.page(ws, offset, size)
+    if page is None or page.etag is None or not all(state.registry.holds_lease(owner) for owner in page.owners):
+        return None
+    return page

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from acp_state.cli.serving import DEFAULT_SERVER, SERVERS, serve_http, started, until_signal
+from acp_state.cli.serving import DEFAULT_SERVER, SERVERS, serve_http, settle_heap, started, until_signal
 
 
 def build(redis_url: str | None, key: str, bodies: dict[str, bytes] | None = None) -> Starlette:
@@ -64,6 +64,7 @@ async def serve(app: Starlette, port: int, server_name: str) -> None:
     async def run() -> None:
         serving = asyncio.ensure_future(server.serve())
         await started(server, serving)
+        settle_heap()  # as `acp-state api` does
         print(f"listening on http://127.0.0.1:{server.port} ({server_name})", flush=True)
         await serving
 

@@ -129,7 +129,7 @@ async def test_an_exception_in_the_auth_middleware_is_json_500(
     def broken(self: object, scope: object) -> None:
         raise RuntimeError("auth broke")
 
-    monkeypatch.setattr(auth.AuthMiddleware, "_match", broken)
+    monkeypatch.setattr(auth.Authenticator, "principal", broken)
     with caplog.at_level(logging.ERROR, logger="api.errors"):
         _assert_json(await client.get("/capabilities"), 500, "internal_error")
     assert any(r.exc_info and isinstance(r.exc_info[1], RuntimeError) for r in caplog.records)
@@ -154,7 +154,7 @@ async def test_a_redis_error_in_a_middleware_keeps_its_own_answer(
     def loading(self: object, scope: object) -> None:
         raise redis_errors.BusyLoadingError("Redis is loading the dataset in memory")
 
-    monkeypatch.setattr(auth.AuthMiddleware, "_match", loading)
+    monkeypatch.setattr(auth.Authenticator, "principal", loading)
     response = await client.get("/capabilities")
     _assert_json(response, 503, "store_unavailable")
     assert response.headers["retry-after"] == "1"

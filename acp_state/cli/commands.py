@@ -17,7 +17,7 @@ from .. import logs
 from ..agents import PRESETS, offered_agents, session_modes, with_presets
 from ..store import MEMORY, RedisStore, Retention, UnsuitableRedis, check_redis
 from ..testing import scripted_agent
-from .serving import DEFAULT_SERVER, SERVERS, listen_address, serve_http, started, until_signal, url_host
+from .serving import DEFAULT_SERVER, SERVERS, listen_address, serve_http, settle_heap, started, until_signal, url_host
 
 EXIT_SHUTDOWN_OVERRAN = 70  # EX_SOFTWARE: stopped, but a step of the shutdown overran (logged)
 # The agent a worker runs when given no --agent: the scripted test double.
@@ -105,6 +105,7 @@ async def run_api(args: argparse.Namespace) -> None:
     async def serve() -> None:
         serving = asyncio.ensure_future(server.serve())
         await started(server, serving)
+        settle_heap()
         print(f"acp-state api listening on http://{url_host(settings.host)}:{server.port} ({args.server})", flush=True)
         await serving
 
@@ -123,6 +124,7 @@ async def run_worker(args: argparse.Namespace) -> None:
         ready = asyncio.ensure_future(worker.ready.wait())
         await asyncio.wait([running, ready], return_when=asyncio.FIRST_COMPLETED)
         if ready.done():
+            settle_heap()
             print(f"acp-state worker {worker.incarnation} serving {args.redis_url}", flush=True)
         else:
             ready.cancel()
@@ -158,6 +160,7 @@ async def run_dev(args: argparse.Namespace) -> None:
         await worker.ready.wait()
         serving = asyncio.ensure_future(server.serve())
         await started(server, serving)
+        settle_heap()
         print(
             f"acp-state dev: open http://{url_host(settings.host)}:{server.port}/ (workspace {settings.workspaces[0]})",
             flush=True,

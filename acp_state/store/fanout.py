@@ -273,10 +273,12 @@ class Fanout:
         in time (not watching, the link silent or gone): the caller reads Redis instead.
 
         This is what lets a cache serve a read that comes after a change acknowledged
-        through another process (ZooKeeper's `sync`, Raft's read index). The reads that
-        arrive in one turn of the event loop share one ping, sent at the end of that turn;
-        a read never waits for a ping that was out before it came. Pongs come back in
-        order, so any later ping's answer also answers the earlier ones.
+        through another process (ZooKeeper's `sync`, Raft's read index). A link has one
+        ping out for syncs at a time: the reads that arrive while it is out share the next
+        one, sent as it comes back (so a read waits two round trips at most, and a loaded
+        process sends one ping per round trip, not one per read); a read never counts on a
+        ping that was out before it came. Pongs come back in order, so any later ping's
+        answer also answers the earlier ones.
         """
         if not self.watching(ws):
             return False
@@ -285,8 +287,8 @@ class Fanout:
             return False
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
-        if not link.next_round:
-            loop.call_soon(self._start_round, link)
+        if not link.next_round and not link.rounds:
+            loop.call_soon(self._start_round, link)  # at the end of this turn: its reads share it
         link.next_round.append(waiter)
         return await waiter  # its round answers it within SYNC_TIMEOUT_S, whatever happens
 
@@ -298,7 +300,9 @@ class Fanout:
     async def _round(self, link: _Link, waiting: list[asyncio.Future[bool]]) -> None:
         ok = False
         try:
-            ok = await asyncio.wait_for(self._ping_answered(link), SYNC_TIMEOUT_S)
+            async with asyncio.timeout(SYNC_TIMEOUT_S):  # not wait_for: no task of its own
+                answer = await self._ping(link)
+                ok = answer is not None and await answer
         except Exception:  # silent (a stall) or gone: not current
             log.debug("sync on %s failed", link.name, exc_info=True)
         finally:  # also when cancelled (the link closes): nobody is left waiting
@@ -306,10 +310,8 @@ class Fanout:
                 if not waiter.done():
                     waiter.set_result(ok)
             link.rounds.discard(asyncio.current_task())  # type: ignore[arg-type]
-
-    async def _ping_answered(self, link: _Link) -> bool:
-        answer = await self._ping(link)
-        return answer is not None and await answer
+            if link.next_round and not link.rounds:
+                self._start_round(link)  # the reads that came while this ping was out
 
     async def _ping(self, link: _Link, awaited: bool = True) -> asyncio.Future[bool] | None:
         """Send a numbered ping on the link; the future (when `awaited`) resolves when it
@@ -322,7 +324,11 @@ class Fanout:
         if awaited:
             link.answers[number] = answer
         try:
-            await link.pubsub.ping(f"{FRESH_TOKEN} {number}")
+            # Written as it is, past redis-py's PubSub.execute_command (its retry wrapper and
+            # health check cost more than the ping): a failed write is a dead connection,
+            # which the pump repairs, and this sync reads Redis instead.
+            connection = link.pubsub.connection
+            await connection.send_packed_command(connection.pack_command("PING", f"{FRESH_TOKEN} {number}"), False)
         except Exception:  # a dead connection: its pump notices and repairs it
             log.debug("ping on %s failed", link.name, exc_info=True)
             link.answers.pop(number, None)

@@ -1,0 +1,103 @@
+"""The reads dashboards poll all day, answered straight from this process's cache.
+
+`GET /session/:id/status` and `GET /workspace/:id/sessions` are most of an API process's
+traffic, and a kept answer is a few dict lookups and one shared sync ping; Starlette's
+stack around it (error middleware, routing, request and response objects, our four
+middlewares) cost twice that again in a profile. So a read whose answer is current in the
+cache is sent from here, with the very status, headers and body the routes would give it,
+and counted under the route's name. Everything else, including every miss, every error
+and every check that needs Redis, goes through the app as before: this is a shortcut for
+the one case the routes answer from memory, never a second implementation of them.
+"""
+
+from __future__ import annotations
+
+from starlette.datastructures import QueryParams
+from starlette.types import Scope, Send
+
+from .auth import Authenticator
+from .etag import names
+from .metrics import RequestCounts
+from .responses import JSON_TYPE
+from .sessions import status_answer
+from .state import AppState
+from .workspaces import current_page, page_asked
+
+_JSON_TYPE = JSON_TYPE.encode()
+
+
+async def answer(state: AppState | None, auth: Authenticator, counts: RequestCounts, scope: Scope, send: Send) -> bool:
+    """Answer the request from the cache if it is a hot read held current; False: not
+    answered, nothing sent, the app must serve it."""
+    if state is None or scope["type"] != "http" or scope["method"] != "GET":
+        return False
+    path: str = scope["path"]
+    try:
+        if path.startswith("/session/") and path.endswith("/status"):
+            route, found = "status", await _status(state, auth, scope, path[9:-7])
+        elif path.startswith("/workspace/") and path.endswith("/sessions"):
+            route, found = "list_sessions", await _listing(state, auth, scope, path[11:-9])
+        else:
+            return False
+    except Exception:  # whatever it was, the app meets it again and answers it its way
+        return False
+    if found is None:
+        return False
+    counts.add(route, await _send(scope, send, *found))
+    return True
+
+
+async def _status(state: AppState, auth: Authenticator, scope: Scope, sid: str) -> tuple[bytes, str] | None:
+    principal = auth.principal(scope)
+    if not sid or "/" in sid or principal is None:
+        return None
+    entry = await state.locator.cached(sid, principal)
+    return None if entry is None else status_answer(entry)
+
+
+async def _listing(state: AppState, auth: Authenticator, scope: Scope, selector: str) -> tuple[bytes, str] | None:
+    principal = auth.principal(scope)
+    # Only the id form: a path selector is canonicalized (and may be refused) by the route.
+    if selector not in state.workspaces or principal is None or not principal.may(selector):
+        return None
+    asked = _page_asked(scope["query_string"])
+    if asked is None:
+        return None
+    page = await current_page(state, selector, *asked)
+    return None if page is None or page.etag is None else (page.body, page.etag)
+
+
+def _page_asked(query: bytes) -> tuple[int, int] | None:
+    """`page_asked` of a raw query string, remembered: pollers send the same few queries
+    again and again, and parsing one cost as much as the rest of a kept read."""
+    asked = _ASKED.get(query, _UNKNOWN)
+    if asked is _UNKNOWN:
+        asked = page_asked(QueryParams(query))  # a 400 is raised, never kept: the route answers it
+        if len(_ASKED) >= _ASKED_KEPT:
+            _ASKED.clear()
+        _ASKED[query] = asked
+    return asked  # type: ignore[return-value]
+
+
+_ASKED: dict[bytes, object] = {}
+_ASKED_KEPT = 1024
+_UNKNOWN = object()
+
+
+async def _send(scope: Scope, send: Send, body: bytes, etag: str) -> int:
+    """The route's answer as Starlette and the ETag middleware would send it."""
+    if names(_header(scope, b"if-none-match"), etag):
+        await send({"type": "http.response.start", "status": 304, "headers": [(b"etag", etag.encode())]})
+        await send({"type": "http.response.body", "body": b""})
+        return 304
+    headers = [(b"etag", etag.encode()), (b"content-length", str(len(body)).encode()), (b"content-type", _JSON_TYPE)]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+    return 200
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
