@@ -1,7 +1,8 @@
 """Baseline servers on the same stack as the API (Starlette on the ASGI server `acp-state api
 --server` picks, served by the very code that serves the API: `acp_state.cli.serving.serve_http`,
 on uvloop): `hello` answers a JSON constant; `hgetall` does one Redis HGETALL per request;
-`/sse` is a bare event stream that sends one frame and then waits; `/body/<name>` answers
+`/sse` is a bare event stream that sends one frame and then waits (`/raw-sse` the same,
+below Starlette); `/body/<name>` answers
 the bytes of a file given as `--body name=path` (an API answer of the same size, taken
 from the API in the same run: the stack's own cost of sending it).
 
@@ -24,6 +25,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from acp_state.cli.serving import DEFAULT_SERVER, SERVERS, serve_http, settle_heap, started, until_signal
 
@@ -52,6 +54,27 @@ def build(redis_url: str | None, key: str, bodies: dict[str, bytes] | None = Non
         return Response((bodies or {})[request.path_params["name"]], media_type="application/json")
 
     return Starlette(routes=[Route("/", hgetall if client else hello), Route("/sse", stream), Route("/body/{name}", body)])
+
+
+class RawStreams:
+    """`GET /raw-sse` answered below Starlette, by the ASGI server's own interface alone: a
+    stream's first frame, then nothing until the client leaves. What an open stream costs
+    the server itself, whatever app it serves."""
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/raw-sse":
+            await self.app(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b"retry: 3000\n\n", "more_body": True})
+        try:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        except asyncio.CancelledError:  # the server ends it as the client leaves (granian)
+            pass
 
 
 def hello() -> Starlette:
@@ -86,7 +109,7 @@ def main() -> None:
         uvloop.install()  # as `acp-state` does
     except ImportError:
         pass
-    asyncio.run(serve(build(args.redis_url, args.key, bodies), args.port, args.server))
+    asyncio.run(serve(RawStreams(build(args.redis_url, args.key, bodies)), args.port, args.server))  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

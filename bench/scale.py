@@ -292,6 +292,31 @@ class Streams:
         return json.loads(self.out.read_text())
 
 
+async def bare_stream_rss_bytes(server: str, path: str, count: int, logs: Path) -> int:
+    """RSS growth per open stream of a fresh bare app (bench/hello_app.py) on `server`:
+    `/sse` is Starlette's StreamingResponse, `/raw-sse` the server's ASGI interface alone."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "bench.hello_app", "--server", server, "--port", str(port)],
+                               cwd=ROOT, stdout=subprocess.DEVNULL)
+    try:
+        await wait_port(port)
+        await asyncio.sleep(1)
+        before = rss_bytes(process.pid)
+        streams = Streams(port, [path] * count, logs, name=f"bare{path.replace('/', '-')}")
+        try:
+            await streams.ready()
+            await asyncio.sleep(2)
+            grown = rss_bytes(process.pid) - before
+            await streams.finish()
+        finally:
+            if streams.proc.poll() is None:
+                streams.proc.kill()
+        return round(grown / max(count, 1))
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
 async def emit_one_event_each(store: RedisStore, owners: dict[str, str], targets: list[tuple[str, str]],
                               rate: int) -> dict[int, tuple[int, int]]:
     """One `session_update` event to each target session, written by its owner's APPLY (as
@@ -457,17 +482,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 pipe.hget(keys.session(ws, s), "inc")
             for (ws, s), owner in zip(targets[first:first + 1000], await pipe.execute()):
                 owners[s] = owner
-        log(f"event streams baseline: {len(targets)} bare Starlette streams on the same stack")
-        hello_rss0 = rss_bytes(hello_proc.pid)
-        bare = Streams(hello_port, ["/sse"] * len(targets), logs, name="bare-sse")
-        try:
-            await bare.ready()
-            await asyncio.sleep(2)
-            hello_rss1 = rss_bytes(hello_proc.pid)
-            await bare.finish()
-        finally:
-            if bare.proc.poll() is None:
-                bare.proc.kill()
+        log(f"event streams baselines: {len(targets)} bare streams on the same stack, in Starlette and below it")
+        bare_stream_rss = {path: await bare_stream_rss_bytes(args.server, path, len(targets), logs)
+                           for path in ("/sse", "/raw-sse")}
         api_pid = cluster.apis[0][0].pid
         api_rss0 = rss_bytes(api_pid)
         log(f"event streams: {len(targets)} SSE connections on one API process")
@@ -495,7 +512,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "refused": len(streamed["refused"]), "refused_examples": list(streamed["refused"].values())[:3],
             "api_rss_mb_before": round(api_rss0 / 2**20, 1), "api_rss_mb_with_streams": round(api_rss1 / 2**20, 1),
             "api_rss_bytes_per_connection": round((api_rss1 - api_rss0) / max(streamed["streams"], 1)),
-            "baseline_bare_stream_rss_bytes_per_connection": round((hello_rss1 - hello_rss0) / max(len(targets), 1)),
+            "baseline_bare_stream_rss_bytes_per_connection": bare_stream_rss["/sse"],
+            "baseline_raw_asgi_stream_rss_bytes_per_connection": bare_stream_rss["/raw-sse"],
             "event_rate_per_s": args.event_rate,
             "alone": delivery(alone, streamed["arrivals"]),
             "with_status_reads": delivery(with_reads, streamed["arrivals"]),
@@ -584,7 +602,8 @@ def table(result: dict[str, Any]) -> str:
          f"bare: {rd['bare_status_body']['rps']:,} / {rd['bare_listing_body']['rps']:,} req/s "
          f"(listing p99 {rd['bare_listing_body']['p99_ms']} ms, {rd['listing_body_bytes']:,} B)", ""),
         ("SSE connections on one API: RSS per connection (bytes)", f"{e['api_rss_bytes_per_connection']:,} ({e['connections']:,} open, {e['refused']} refused)",
-         f"goal <= {g['sse_rss_bytes_per_connection']:,}; bare Starlette stream {e['baseline_bare_stream_rss_bytes_per_connection']:,}",
+         f"goal <= {g['sse_rss_bytes_per_connection']:,}; bare Starlette stream {e['baseline_bare_stream_rss_bytes_per_connection']:,}"
+         f", the server's own {e['baseline_raw_asgi_stream_rss_bytes_per_connection']:,}",
          mark(e["api_rss_bytes_per_connection"] <= g["sse_rss_bytes_per_connection"])),
         ("one event to each stream, p50 / p99 (ms)", f"{e['alone']['p50_ms']} / {e['alone']['p99_ms']} ({e['alone']['missing']} missing)",
          f"{e['event_rate_per_s']:,} events/s", ""),
