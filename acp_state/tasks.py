@@ -4,13 +4,18 @@ A heartbeat, a command loop, a sweeper or a repair task that ends on an unexpect
 leaves its process up and useless (a worker that never registers again, an API that never
 sweeps). Each round of such a task runs through `survive`: an error is logged with its
 traceback, counted in `/metrics`, and the loop goes on.
+
+Stopping them is level-triggered (`cancel_until_done`), as trio's cancel scopes are: on
+Python 3.11, `asyncio.wait_for` returns its inner result and drops a cancellation that
+arrives just as that result does, and redis-py writes every command through a `wait_for`.
+A task cancelled once at that moment goes on to its next round as if never asked to stop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterable
 
 from prometheus_client import Counter
 
@@ -19,6 +24,7 @@ log = logging.getLogger("acp_state.tasks")
 BACKGROUND_ERRORS = Counter(
     "acp_state_background_errors_total", "Errors a background task survived, by task", ["task"]
 )
+RECANCEL_S = 0.05  # how soon a task that is still running is cancelled again
 
 
 async def survive(task: str, round_: Callable[[], Awaitable[object]]) -> bool:
@@ -41,3 +47,18 @@ async def wait_or_stop(stop: asyncio.Event, timeout_s: float) -> bool:
     except asyncio.TimeoutError:
         return False
     return True
+
+
+async def cancel_until_done(tasks: Iterable[asyncio.Future[object]]) -> None:
+    """Cancel the tasks, and cancel those still running again every RECANCEL_S, until all
+    have ended (see the module's docstring for the cancellation 3.11 can drop). What they
+    raised is retrieved: they were being stopped."""
+    tasks = list(tasks)
+    pending = set(tasks)
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()

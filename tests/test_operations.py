@@ -93,6 +93,36 @@ async def test_status_table_and_json_logs(harness: Harness, workspace: str) -> N
     assert {"worker registered (lease 900 ms)", "worker stopped"} <= {line["msg"] for line in lines}
 
 
+async def test_a_cancellation_dropped_by_wait_for_does_not_keep_a_task_running() -> None:
+    """Python 3.11's `asyncio.wait_for` drops a cancellation that arrives just as its inner
+    result does, and redis-py writes every command through one: a worker's refresh loop,
+    cancelled once at that moment on SIGTERM, slept on and held the shutdown past its limit
+    (exit 70 in a test run). Stopping cancels again until the task has ended."""
+    from acp_state.tasks import cancel_until_done
+
+    loop = asyncio.get_running_loop()
+    rounds = 0
+
+    async def write() -> None:  # a socket write that completes at once; the stop comes meanwhile
+        if rounds == 3:
+            loop.call_soon(refresh.cancel)
+
+    async def refresh_loop() -> None:
+        nonlocal rounds
+        while True:
+            rounds += 1
+            await asyncio.wait_for(write(), 5)
+            await asyncio.sleep(0.001)
+
+    refresh = asyncio.ensure_future(refresh_loop())
+    while rounds < 6:
+        await asyncio.sleep(0.001)
+    if sys.version_info < (3, 12):
+        assert not refresh.done(), "the one cancellation was dropped: the loop goes on"
+    await asyncio.wait_for(cancel_until_done([refresh]), 5)
+    assert refresh.cancelled()
+
+
 async def test_a_shutdown_step_that_never_ends_is_traced_and_left_behind(caplog) -> None:
     """A worker's SIGTERM must end it even when one of its tasks does not end when cancelled
     (seen twice in a day of tests: a worker that ignored SIGTERM for 20 s and logged nothing).

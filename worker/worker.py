@@ -31,7 +31,7 @@ from acp_state.clock import iso, now_ms
 from acp_state.store import ApplyOutcome, ReplyFate, Standing, Store
 from acp_state.summary import SESSION_STATES
 from acp_state.sweeper import run_sweeper
-from acp_state.tasks import survive
+from acp_state.tasks import cancel_until_done, survive
 from acp_state.votes import Vote
 
 from .agent import AgentProcess
@@ -196,10 +196,7 @@ class Worker:
         still running, and the shutdown goes on; its process then exits at once (`overran`),
         rather than wait on a task that does not end, so SIGTERM always ends the process."""
         log.info("worker stopping: %d sessions, %d agent children", len(self.sessions), len(self.agents))
-        for task in self._tasks:
-            task.cancel()
-        tasks = asyncio.gather(*self._tasks, return_exceptions=True)
-        await within_limit("background tasks", SHUTDOWN_STEP_S, tasks, self.overran)
+        await within_limit("background tasks", SHUTDOWN_STEP_S, cancel_until_done(self._tasks), self.overran)
         for session in self.sessions.values():
             session.write_patience_s = SHUTDOWN_PATIENCE_S  # a store that is away does not hold us up
         closing = asyncio.gather(*(s.close("worker_shutdown") for s in list(self.sessions.values())), return_exceptions=True)

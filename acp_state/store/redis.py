@@ -23,6 +23,7 @@ from ..clock import now_ms
 from ..commands import CANCEL_SENTINEL, Attach, Command, Create, MalformedCommand, Vote
 from ..metrics import REDIS_ROUNDTRIP
 from ..turns import KEPT_ENDED_TURNS, TurnRecord
+from ..tasks import cancel_until_done
 from . import keys, scripts
 from .connection import MEMORY, Client, connect, is_cluster
 from .fanout import Fanout
@@ -1041,9 +1042,7 @@ class _StreamReaders:
                 self.queue.put_nowait(command)
 
     async def stop(self) -> None:
-        for task in self._tasks.values():
-            task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        await cancel_until_done(self._tasks.values())
         self._tasks.clear()
 
 
