@@ -317,7 +317,11 @@ async def bare_stream_rss_bytes(server: str, path: str, count: int, logs: Path) 
         return round(grown / max(count, 1))
     finally:
         process.terminate()
-        process.wait(10)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:  # a baseline's own shutdown is not measured here
+            process.kill()
+            process.wait()
 
 
 async def emit_one_event_each(store: RedisStore, owners: dict[str, str], targets: list[tuple[str, str]],
