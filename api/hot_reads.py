@@ -12,6 +12,8 @@ the one case the routes answer from memory, never a second implementation of the
 
 from __future__ import annotations
 
+from typing import Callable
+
 from starlette.datastructures import QueryParams
 from starlette.types import Scope, Send
 
@@ -43,7 +45,7 @@ async def answer(state: AppState | None, auth: Authenticator, counts: RequestCou
         return False
     if found is None:
         return False
-    counts.add(route, await _send(scope, send, *found))
+    await _send(scope, send, *found, lambda status: counts.add(route, status))
     return True
 
 
@@ -84,16 +86,19 @@ _ASKED_KEPT = 1024
 _UNKNOWN = object()
 
 
-async def _send(scope: Scope, send: Send, body: bytes, etag: str) -> int:
-    """The route's answer as Starlette and the ETag middleware would send it."""
+async def _send(scope: Scope, send: Send, body: bytes, etag: str, count: Callable[[int], None]) -> None:
+    """The route's answer as Starlette and the ETag middleware would send it, counted
+    before it goes (as `RequestMetrics` counts): a client never scrapes a count older than
+    an answer it has."""
     if names(_header(scope, b"if-none-match"), etag):
+        count(304)
         await send({"type": "http.response.start", "status": 304, "headers": [(b"etag", etag.encode())]})
         await send({"type": "http.response.body", "body": b""})
-        return 304
+        return
+    count(200)
     headers = [(b"etag", etag.encode()), (b"content-length", str(len(body)).encode()), (b"content-type", _JSON_TYPE)]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-    return 200
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -48,18 +48,23 @@ class RequestMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status = 500
+        counted = False
+
+        def count(status: int) -> None:
+            nonlocal counted
+            counted = True
+            self.counts.add(getattr(scope.get("endpoint"), "__name__", "unmatched"), status)
 
         async def record(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
+            if message["type"] == "http.response.start" and not counted:
+                count(message["status"])  # before the client can have the answer and scrape
             await send(message)
 
         try:
             await self.app(scope, receive, record)
         finally:
-            self.counts.add(getattr(scope.get("endpoint"), "__name__", "unmatched"), status)
+            if not counted:  # it raised before answering: the server's 500
+                count(500)
 
 
 async def metrics(request: Request) -> Response:
