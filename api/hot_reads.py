@@ -21,11 +21,13 @@ from .auth import Authenticator
 from .etag import names
 from .metrics import RequestCounts
 from .responses import JSON_TYPE
-from .sessions import status_answer
+from .sessions import status, status_answer
 from .state import AppState
-from .workspaces import current_page, page_asked
+from .workspaces import current_page, list_sessions, page_asked
 
 _JSON_TYPE = JSON_TYPE.encode()
+# Counted under the routes' own names, as `RequestMetrics` counts what the routes answer.
+STATUS_ROUTE, LISTING_ROUTE = status.__name__, list_sessions.__name__
 
 
 async def answer(state: AppState | None, auth: Authenticator, counts: RequestCounts, scope: Scope, send: Send) -> bool:
@@ -36,9 +38,9 @@ async def answer(state: AppState | None, auth: Authenticator, counts: RequestCou
     path: str = scope["path"]
     try:
         if path.startswith("/session/") and path.endswith("/status"):
-            route, found = "status", await _status(state, auth, scope, path[9:-7])
+            route, found = STATUS_ROUTE, await _status(state, auth, scope, path[9:-7])
         elif path.startswith("/workspace/") and path.endswith("/sessions"):
-            route, found = "list_sessions", await _listing(state, auth, scope, path[11:-9])
+            route, found = LISTING_ROUTE, await _listing(state, auth, scope, path[11:-9])
         else:
             return False
     except Exception:  # whatever it was, the app meets it again and answers it its way
