@@ -333,11 +333,13 @@ class Fuzzer:
 
 def _forbidden_in_http(headers: dict[str, Any] | None) -> bool:
     """A header value HTTP itself forbids (RFC 9110 5.5: NUL, CR, LF, other controls but
-    HTAB). The HTTP server may refuse the request before the app sees it, with a 400 of its
-    own (granian's has no body), which the app's OpenAPI document cannot describe."""
+    HTAB), or a `Content-Length` that is not a decimal number (8.6: the body cannot be
+    framed). The HTTP server may refuse the request before the app sees it, with a 400 of
+    its own (granian's has no body), which the app's OpenAPI document cannot describe."""
     return any(
         any((ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F for c in str(value))
-        for value in (headers or {}).values()
+        or (name.lower() == "content-length" and not str(value).strip().isdigit())
+        for name, value in (headers or {}).items()
     )
 
 
