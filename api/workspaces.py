@@ -112,8 +112,8 @@ async def cached_page(state: AppState, ws: str, offset: int, size: int) -> Cache
 
 
 async def current_page(state: AppState, ws: str, offset: int, size: int) -> CachedPage | None:
-    """A kept page from the cache alone, with every owner's lease as last read still held;
-    None otherwise: ask `listing_page`, which answers every case."""
+    """A kept page with its ETag, from the cache alone, with every owner's lease as last
+    read still held; None otherwise: ask `listing_page`, which answers every case."""
     cache = state.locator.cache
     if not cache.holds_page(ws, offset, size):
         return None

@@ -129,3 +129,42 @@ async def test_a_kept_answer_goes_with_its_workers_lease(harness: Harness, redis
     assert (gone.status_code, gone.json()["code"]) == (404, "session_not_found")
     (row,) = (await api.client.get(listing_path)).json()["sessions"]
     assert row["sessionId"] == sid and "pendingInteractions" not in row and row["hasActivePrompt"] is False
+
+
+async def test_the_shortcut_answers_a_kept_read_and_leaves_every_other_to_the_app(
+    harness: Harness, redis_server, workspace: str
+) -> None:
+    """The tests above would pass with the shortcut never taken: here it is called itself.
+    A kept status and a kept listing page are sent by it (as the route sent them); a miss,
+    an unknown session, a path selector and another method are left to the app, unsent."""
+    from acp_state.api import hot_reads
+    from acp_state.api.app import create_app
+    from acp_state.api.settings import Settings
+
+    await harness.worker()
+    app = create_app(Settings(redis_url=redis_server.url, workspaces=[workspace]))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            made = await client.post("/session", json={"cwd": workspace}, timeout=60)
+            sid = made.json()["sessionId"]
+            status_path, listing_path = f"/session/{sid}/status", f"/workspace/{workspace_id(workspace)}/sessions"
+            by_app = {path: await client.get(path) for path in (status_path, listing_path)}  # read and kept
+
+        async def shortcut(path: str, method: str = "GET") -> tuple[bool, list[dict]]:
+            sent: list[dict] = []
+
+            async def send(message: dict) -> None:
+                sent.append(message)
+
+            scope = {"type": "http", "method": method, "path": path, "headers": [], "query_string": b""}
+            return await hot_reads.answer(app.state.acp, app.authenticator, app.counts, scope, send), sent
+
+        for path in (status_path, listing_path):
+            answered, sent = await shortcut(path)
+            assert answered and [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+            assert sent[0]["status"] == 200 and sent[1]["body"] == by_app[path].content
+            assert dict(sent[0]["headers"])[b"etag"].decode() == by_app[path].headers["etag"]
+        for path, method in ((f"/session/{sid}/status", "HEAD"), ("/session/00000000-0000-4000-8000-000000000000/status", "GET"),
+                             (f"/workspace/{workspace}/sessions", "GET"), (f"/session/{sid}/transcript", "GET")):
+            assert await shortcut(path, method) == (False, []), (method, path)
