@@ -16,11 +16,14 @@ import logging
 from . import events
 from .clock import now_ms
 from .metrics import SWEEPS, SWEPT_SESSIONS
-from .store import SESSION_ID_SLOT, ApplyOutcome, EndAdmitted, Mode, SweeperStore, Transition
+from .store import SESSION_ID_SLOT, ApplyOutcome, DeadClaims, EndAdmitted, Mode, SweeperStore, Transition
 from .tasks import survive, wait_or_stop
 
 log = logging.getLogger("acp_state.sweeper")
 WORKER_LOST = "worker_lost"
+# A sweeper waiting for a lease to lapse asks this long after its deadline (Redis's clock
+# and ours tick apart by the round trip).
+LAPSE_MARGIN_S = 0.005
 
 
 def died(sid: str) -> Transition:
@@ -34,13 +37,13 @@ def died(sid: str) -> Transition:
     )
 
 
-async def sweep_once(store: SweeperStore) -> tuple[int, int]:
+async def sweep_once(store: SweeperStore) -> tuple[int, DeadClaims]:
     """Sweep every dead incarnation this process is handed; returns the sessions removed and
-    the shortest registered lease (ms, 0 if none). The workspaces of one incarnation are
-    swept side by side, each in batched calls (`Store.sweep`)."""
+    the round's claims. The workspaces of one incarnation are swept side by side, each in
+    batched calls (`Store.sweep`)."""
     removed = 0
-    shortest_lease, claimed = await store.claim_dead_workers()
-    for incarnation in claimed:
+    claims = await store.claim_dead_workers()
+    for incarnation in claims.claimed:
         entries = await store.worker_index(incarnation)
         started = now_ms()
         by_workspace: dict[str, list[str]] = {}
@@ -58,7 +61,7 @@ async def sweep_once(store: SweeperStore) -> tuple[int, int]:
         await store.forget_worker(incarnation, set(by_workspace))
         SWEEPS.inc()
         log.info("swept dead worker %s: %d sessions in %d ms", incarnation, len(entries), now_ms() - started)
-    return removed, shortest_lease
+    return removed, claims
 
 
 async def run_sweeper(store: SweeperStore, interval_s: float, stop: asyncio.Event) -> None:
@@ -66,13 +69,17 @@ async def run_sweeper(store: SweeperStore, interval_s: float, stop: asyncio.Even
 
     Each round is also a tick of the store's clock (the CLAIM_DEAD script), by which the store
     tells a silence of its own from a worker's, so the pace quickens to a sixth of the
-    shortest registered lease: well inside the half-lease silence that counts as a stall."""
+    shortest registered lease: well inside the half-lease silence that counts as a stall.
+    A lease due to lapse sooner than that is waited for: a live worker renews long before
+    its deadline, so only a dead one's comes this close, and its sessions go at once."""
     pace = interval_s
 
     async def round_() -> None:
         nonlocal pace
-        _, shortest_lease = await sweep_once(store)
-        pace = min(interval_s, shortest_lease / 6000) if shortest_lease else interval_s
+        _, claims = await sweep_once(store)
+        pace = min(interval_s, claims.shortest_lease_ms / 6000) if claims.shortest_lease_ms else interval_s
+        if claims.next_lapse_ms is not None:
+            pace = min(pace, claims.next_lapse_ms / 1000 + LAPSE_MARGIN_S)
 
     while not stop.is_set():
         await survive("sweeper", round_)

@@ -51,14 +51,17 @@ async def test_changes_reach_the_cache_before_the_events_they_announce(
     publisher = connect(redis_server.url)
     assert await fanout.watch("fanout-test2")
     listener = await fanout.subscribe("acp:{fanout-test2}:ev:s1")
-    # What the APPLY script does: announce on the change channel, then publish the event.
-    await publisher.eval(
-        "redis.call('SPUBLISH', KEYS[1], 's1 7 g1') return redis.call('SPUBLISH', KEYS[2], ARGV[1])",
-        2, "acp:{fanout-test2}:inv", "acp:{fanout-test2}:ev:s1", orjson.dumps({"id": 1, "type": "ping"}),
-    )
-    delivery = await asyncio.wait_for(listener.queue.get(), 10)
-    seen.append(f"event {delivery.event_id}")
-    assert seen == ["change s1 at 7 of g1", "event 1"]
+    # What the APPLY script does: announce on the change channel, then publish the event;
+    # then what SWEEP does: announce a batch of sessions in one message (a revision each).
+    for announced, event_id in (("s1 7 g1", 1), ("s0,s1 9 g1", 2)):
+        await publisher.eval(
+            "redis.call('SPUBLISH', KEYS[1], ARGV[1]) return redis.call('SPUBLISH', KEYS[2], ARGV[2])",
+            2, "acp:{fanout-test2}:inv", "acp:{fanout-test2}:ev:s1", announced,
+            orjson.dumps({"id": event_id, "type": "ping"}),
+        )
+        delivery = await asyncio.wait_for(listener.queue.get(), 10)
+        seen.append(f"event {delivery.event_id}")
+    assert seen == ["change s1 at 7 of g1", "event 1", "change s0 at 8 of g1", "change s1 at 9 of g1", "event 2"]
     await publisher.aclose()
 
 

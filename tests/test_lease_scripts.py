@@ -56,18 +56,29 @@ async def test_a_first_heartbeat_registers_and_the_next_holds(store: RedisStore,
 async def test_a_lapsed_worker_is_claimed_once_and_tombstoned(store: RedisStore, raw: aioredis.Redis) -> None:
     await store.heartbeat("w-1", {}, LEASE)
     await lapse(raw, "w-1", store_served_for_ms=10 * LEASE)
-    shortest, claimed = await store.claim_dead_workers()
-    assert (shortest, claimed) == (LEASE, ["w-1"])
-    assert (await store.claim_dead_workers())[1] == []  # exactly one sweeper gets it
+    claims = await store.claim_dead_workers()
+    assert (claims.shortest_lease_ms, claims.claimed, claims.next_lapse_ms) == (LEASE, ["w-1"], None)
+    assert (await store.claim_dead_workers()).claimed == []  # exactly one sweeper gets it
     assert await raw.zscore(keys.DEAD, "w-1") is not None
     assert await store.heartbeat("w-1", {}, LEASE) is Standing.DEAD  # dead stays dead
     assert await raw.zscore(keys.WORKERS, "w-1") is None
 
 
+async def test_a_claim_says_when_the_soonest_live_lease_lapses(store: RedisStore, raw: aioredis.Redis) -> None:
+    """So a sweeper can wait for a dead worker's deadline instead of finding it up to a round late."""
+    assert (await store.claim_dead_workers()).next_lapse_ms is None
+    await store.heartbeat("w-1", {}, 4 * LEASE)
+    await store.heartbeat("w-2", {}, LEASE)
+    assert 0 < (await store.claim_dead_workers()).next_lapse_ms <= LEASE
+    await lapse(raw, "w-2", store_served_for_ms=10 * LEASE)
+    claims = await store.claim_dead_workers()
+    assert claims.claimed == ["w-2"] and LEASE < claims.next_lapse_ms <= 4 * LEASE
+
+
 async def test_no_worker_is_declared_dead_within_a_lease_of_a_store_stall(store: RedisStore, raw: aioredis.Redis) -> None:
     await store.heartbeat("w-1", {}, LEASE)
     await lapse(raw, "w-1", store_served_for_ms=LEASE // 2)
-    assert (await store.claim_dead_workers())[1] == []
+    assert (await store.claim_dead_workers()).claimed == []
     # The worker renews in that grace: it was late, not dead.
     assert await store.heartbeat("w-1", {}, LEASE) is Standing.LATE
 
@@ -79,31 +90,31 @@ async def test_a_silence_of_the_store_is_recorded_as_a_stall(store: RedisStore, 
     # and the worker's deadline passed meanwhile: the next lease decision sees the silence.
     await raw.zadd(keys.WORKERS, {"w-1": now - 1})
     await raw.hset(keys.CLOCK, mapping={"tick": now - LEASE, "stall": now - 100 * LEASE})
-    assert (await store.claim_dead_workers())[1] == []
+    assert (await store.claim_dead_workers()).claimed == []
     assert int(await raw.hget(keys.CLOCK, "stall")) >= now
 
 
 async def test_a_restarted_empty_store_counts_as_a_stall(store: RedisStore, raw: aioredis.Redis) -> None:
     await raw.zadd(keys.WORKERS, {"w-1": await redis_ms(raw) - 1})
     await raw.zadd(keys.LEASES, {"w-1": LEASE})
-    assert (await store.claim_dead_workers())[1] == []  # no clock at all: it just came back
+    assert (await store.claim_dead_workers()).claimed == []  # no clock at all: it just came back
 
 
 async def test_a_claim_whose_sweeper_died_is_handed_out_again(store: RedisStore, raw: aioredis.Redis) -> None:
     await store.heartbeat("w-1", {}, LEASE)
     await lapse(raw, "w-1", store_served_for_ms=10 * LEASE)
-    assert (await store.claim_dead_workers())[1] == ["w-1"]
+    assert (await store.claim_dead_workers()).claimed == ["w-1"]
     await raw.zadd(keys.SWEEPS, {"w-1": await redis_ms(raw) - 1})  # its claim lapsed
-    assert (await store.claim_dead_workers())[1] == ["w-1"]
+    assert (await store.claim_dead_workers()).claimed == ["w-1"]
     await store.forget_worker("w-1", set())
-    assert (await store.claim_dead_workers())[1] == []
+    assert (await store.claim_dead_workers()).claimed == []
     assert await raw.zscore(keys.DEAD, "w-1") is not None  # the tombstone stays
 
 
 async def test_a_resigned_incarnation_is_swept_at_once(store: RedisStore, raw: aioredis.Redis) -> None:
     await store.heartbeat("w-1", {}, LEASE)
     await store.resign("w-1")
-    assert (await store.claim_dead_workers())[1] == ["w-1"]
+    assert (await store.claim_dead_workers()).claimed == ["w-1"]
     assert await store.heartbeat("w-1", {}, LEASE) is Standing.DEAD
 
 

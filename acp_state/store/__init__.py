@@ -28,6 +28,7 @@ from .types import (
     CatalogVersion,
     Change,
     CreateRecord,
+    DeadClaims,
     EndAdmitted,
     LeaseView,
     ListedSession,
@@ -44,7 +45,7 @@ from .types import (
 
 __all__ = [
     "ABANDONED", "SESSION_ID_SLOT", "Admission", "AdmissionStatus", "Applied", "ApplyOutcome", "AttentionCursor", "AttentionEntry", "CatalogRow", "CatalogVersion", "Change",
-    "CreateRecord", "Delivery", "EndAdmitted", "Fanout", "LeaseReader", "LeaseView",
+    "CreateRecord", "DeadClaims", "Delivery", "EndAdmitted", "Fanout", "LeaseReader", "LeaseView",
     "ListedSession", "LoadSnapshot", "MEMORY", "Mode", "PendingInteraction", "ReaderStore",
     "RedisStore", "ReplyFate", "Retention", "STORE_ERRORS", "SessionView", "Standing", "Store",
     "Subscription", "SweeperStore", "Transition", "UnsuitableRedis", "VoteOutcome",

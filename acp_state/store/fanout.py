@@ -48,6 +48,16 @@ FRESH_TOKEN = "acp-state-fresh"
 SYNC_TIMEOUT_S = 1.0
 
 
+def changes(ws: str, message: str) -> list[Change]:
+    """The changes one message of a workspace's change channel announces (changes.lua):
+    `<sid>[,<sid>...] <revision> <generation>`, one revision per session named, the last at
+    `revision`."""
+    sids, revision, generation = (message.split(" ") + ["0", ""])[:3]
+    named = sids.split(",")
+    first = int(revision) - len(named) + 1
+    return [Change(ws, sid, first + n, generation) for n, sid in enumerate(named)]
+
+
 @dataclass(frozen=True)
 class Delivery:
     """One event as it arrived: its id, its type and the envelope JSON as published."""
@@ -435,8 +445,8 @@ class Fanout:
         if kind == "smessage":
             if channel.endswith(":inv"):
                 if self.on_change is not None:
-                    sid, revision, generation = (message["data"].split(" ") + ["0", ""])[:3]
-                    self.on_change(Change(keys.workspace_of_channel(channel), sid, int(revision), generation))
+                    for change in changes(keys.workspace_of_channel(channel), message["data"]):
+                        self.on_change(change)
                 return
             try:
                 envelope = orjson.loads(message["data"])

@@ -17,6 +17,7 @@ from .types import (
     AttentionEntry,
     CatalogVersion,
     CreateRecord,
+    DeadClaims,
     LeaseView,
     ListedSession,
     LoadSnapshot,
@@ -105,7 +106,7 @@ class ReaderStore(LeaseReader, Protocol):
 class SweeperStore(Protocol):
     """Declaring workers dead and removing what they left."""
 
-    async def claim_dead_workers(self) -> tuple[int, list[str]]: ...
+    async def claim_dead_workers(self) -> DeadClaims: ...
     async def worker_index(self, incarnation: str) -> list[tuple[str, str]]: ...
     async def sweep(self, ws: str, incarnation: str, sids: list[str], transition: Transition) -> list[ApplyOutcome]: ...
     async def forget_worker(self, incarnation: str, workspaces: set[str]) -> None: ...

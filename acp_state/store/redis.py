@@ -41,6 +41,7 @@ from .types import (
     CatalogRow,
     CatalogVersion,
     CreateRecord,
+    DeadClaims,
     LeaseView,
     ListedSession,
     LoadSnapshot,
@@ -956,14 +957,14 @@ class RedisStore:
 
     # ---- sweeper -----------------------------------------------------------------------
 
-    async def claim_dead_workers(self) -> tuple[int, list[str]]:
+    async def claim_dead_workers(self) -> DeadClaims:
         """Declare dead, and claim for sweeping, the workers whose lease lapsed while the
-        store served (scripts.CLAIM_DEAD); each is handed to exactly one caller. Also returns
-        the shortest registered lease (ms; 0 when no worker is registered)."""
-        shortest, *claimed = await self._claim_dead(
+        store served (scripts.CLAIM_DEAD); each is handed to exactly one caller."""
+        shortest, next_lapse, *claimed = await self._claim_dead(
             keys.REGISTRY_KEYS, [SWEEP_CLAIM_MS, TOMBSTONE_MS, REGISTRY_TTL_MS, SWEEP_CLAIM_LIMIT]
         )
-        return int(float(shortest)), claimed
+        lapse = int(float(next_lapse))
+        return DeadClaims(claimed, int(float(shortest)), lapse if lapse >= 0 else None)
 
     async def worker_index(self, incarnation: str) -> list[tuple[str, str]]:
         members = await self.redis.smembers(keys.worker_sessions(incarnation))

@@ -96,6 +96,17 @@ class LeaseView:
 
 
 @dataclass(frozen=True)
+class DeadClaims:
+    """One sweeper round's claim (SweeperStore.claim_dead_workers): the dead workers handed
+    to this caller, the shortest registered lease (ms, 0 if none), and how long until the
+    soonest live lease lapses (ms, None if none does)."""
+
+    claimed: list[str]
+    shortest_lease_ms: int
+    next_lapse_ms: int | None
+
+
+@dataclass(frozen=True)
 class Applied:
     """The result of one state transition."""
 

@@ -9,16 +9,21 @@ local function new_generation()
   return t[1] .. string.format('%06d', tonumber(t[2]))
 end
 -- `version` and `channel` are indexes in KEYS: a script touches only the keys it declares.
--- The message is `<sessionId> <revision> <generation>`: a follower that sees a revision
--- skipped knows it missed a change, and one that sees another generation knows that the
--- revisions it holds no longer count.
-local function changed(version, channel, sid, ttl_ms)
+-- The message is `<sessionId>[,<sessionId>...] <revision> <generation>`: one change per
+-- session named, the last of them at `revision` (a sweep announces a whole batch in one). A
+-- follower that sees a revision skipped knows it missed a change, and one that sees another
+-- generation knows that the revisions it holds no longer count.
+local function changed_all(version, channel, sids, ttl_ms)
+  if #sids == 0 then return end
   local generation = redis.call('HGET', KEYS[version], {{VER.GENERATION}})
   if not generation then
     generation = new_generation()
     redis.call('HSET', KEYS[version], {{VER.GENERATION}}, generation)
   end
-  local revision = redis.call('HINCRBY', KEYS[version], {{VER.REVISION}}, 1)
+  local revision = redis.call('HINCRBY', KEYS[version], {{VER.REVISION}}, #sids)
   redis.call('PEXPIRE', KEYS[version], ttl_ms)
-  redis.call('SPUBLISH', KEYS[channel], sid .. ' ' .. revision .. ' ' .. generation)
+  redis.call('SPUBLISH', KEYS[channel], table.concat(sids, ',') .. ' ' .. revision .. ' ' .. generation)
+end
+local function changed(version, channel, sid, ttl_ms)
+  changed_all(version, channel, {sid}, ttl_ms)
 end

@@ -3,6 +3,9 @@
 -- their `session_died`). Each session gets the very transition APPLY would give it (the
 -- transition prelude), fenced by the dead incarnation: every prompt it had admitted its
 -- `turn_error`, then its `session_died`. `@SID@` in the ops stands for each session's id.
+-- The sessions it will remove are announced first, as APPLY does, but in one message on the
+-- workspace's change channel: one per session loaded every API process as much as the
+-- sweep itself.
 --   KEYS: 1 live set, 2 catalog hash, 3 catalog order zset, 4 single-scope key,
 --         5 the workspace's change channel, 6 its catalog version, 7 its attention index,
 --         8 its attention details; then 5 per session, in ARGV's order: its hash, event
@@ -10,12 +13,19 @@
 --   ARGV: 1 incarnation, 2 ops JSON, 3 the session hash's TTL ms, 4... the session ids
 --   -> each session's outcome (APPLY's `applied`), in ARGV's order
 local inc, template, ttl_ms = ARGV[1], ARGV[2], ARGV[3]
+-- A delete applies exactly where the dead incarnation still owns the session.
+local owned = {}
+for i = 4, #ARGV do
+  local hash = KEYS[8 + (i - 4) * 5 + 1]
+  if redis.call('HGET', hash, {{F.OWNER}}) == inc then owned[#owned + 1] = ARGV[i] end
+end
+changed_all(6, 5, owned, cjson.decode(template).verttl)
 local outcomes = {}
 for i = 4, #ARGV do
   local sid = ARGV[i]
   local ops = cjson.decode((string.gsub(template, '@SID@', function() return sid end)))
   local base = 8 + (i - 4) * 5
   local at = {base + 1, base + 2, 1, 2, 3, 4, base + 3, 5, 6, base + 4, base + 5, 7, 8}
-  outcomes[#outcomes + 1] = transition(at, inc, ops, ttl_ms)[1]
+  outcomes[#outcomes + 1] = transition(at, inc, ops, ttl_ms, true)[1]
 end
 return outcomes
