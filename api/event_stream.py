@@ -16,7 +16,6 @@ from typing import Any, AsyncIterator
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from acp_state import ids
@@ -70,7 +69,7 @@ def _event_id_and_type(raw: str) -> tuple[int, str]:
     return int(envelope["id"]), envelope["type"]
 
 
-async def stream_events(request: Request) -> Response:
+async def stream_events(request: Request) -> EventStreamResponse:
     state = app_state(request)
     sid = request.path_params["id"]
     last_id = parse_last_event_id(request.headers.get("last-event-id"))
@@ -119,51 +118,84 @@ class DirectSend:
         await self.app(scope, receive, send)
 
 
-class EventStreamResponse(StreamingResponse):
-    """A streaming response that drops a client whose socket stays full for `send_timeout`:
-    a reader that stopped costs a bounded buffer (the transport's) and never slows others.
-    One watch per process times the sends (not a timer per frame)."""
+class EventStreamResponse:
+    """An event stream as a plain ASGI response: one coroutine for its whole life.
+
+    Starlette's `StreamingResponse` runs a task group of two tasks per stream (one waits for
+    the client to leave) on a server of ASGI spec 2.3, such as granian: with ten thousand
+    open streams, more memory than the rest of the stream. Here the client's leaving is heard
+    by a callback on the server's `receive()` (a future on granian: no task at all), and
+    ends the stream as a client that stops reading does: `_SEND_WATCH` drops one whose
+    socket stays full for `send_timeout`, so a stopped reader costs a bounded buffer (the
+    transport's) and never slows others."""
 
     def __init__(self, body: AsyncIterator[bytes], send_timeout: float, headers: dict[str, str]) -> None:
-        super().__init__(body, headers=headers)
-        # Set here, not as `media_type`: Starlette would add `; charset=utf-8`, the reference does not.
-        self.headers["content-type"] = "text/event-stream"
+        self.body = body
+        # `content-type` as is, last (Starlette adds `; charset=utf-8`, the reference does not).
+        self.raw_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        self.raw_headers.append((b"content-type", b"text/event-stream"))
         self.send_timeout = send_timeout
         self.sending_since: float | None = None  # loop time a send began, while it waits
-        self.timed_out = False
+        self.ending: str | None = None  # why this stream ends itself (it cancels its task)
         self.task: asyncio.Task[Any] | None = None
-        self._direct: Send | None = None
+        self._receiving: asyncio.Future[Any] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self._direct = scope.get(DIRECT_SEND)
-        await super().__call__(scope, receive, send)
-
-    async def stream_response(self, send: Send) -> None:
         loop = asyncio.get_running_loop()
+        direct = scope.get(DIRECT_SEND)
         self.task = asyncio.current_task()
         _SEND_WATCH.add(self)
+        self._listen(receive)
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            async for chunk in self.body_iterator:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for chunk in self.body:
                 self.sending_since = loop.time()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 self.sending_since = None
-                send = self._direct or send  # the middlewares have seen what they look at
+                send = direct or send  # the middlewares have seen what they look at
             self.sending_since = loop.time()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            if not self.timed_out or self.task is None:
+            if self.ending is None:
                 raise
-            self.task.uncancel()
-            log.info("dropping an SSE client that stopped reading")
+            while self.task.uncancel():  # ours, maybe asked more than once: the stream ends here
+                pass
+            log.debug("SSE stream ended: %s", self.ending)
         finally:
+            self.task = None
             _SEND_WATCH.discard(self)
-            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            if self._receiving is not None:
+                self._receiving.cancel()
+            await self.body.aclose()  # type: ignore[attr-defined]
+
+    def end(self, why: str) -> None:
+        """End the stream from outside its task: the client left, or stopped reading."""
+        if self.task is not None and self.ending is None:
+            self.ending = why
+            self.task.cancel()
+
+    def _listen(self, receive: Receive) -> None:
+        """Hear the client leave: each `receive()` gets a callback, and the next is asked
+        for only when one came back (a request's body, then its disconnect)."""
+
+        def heard(message: asyncio.Future[Any]) -> None:
+            self._receiving = None
+            if self.task is None or message.cancelled():
+                return
+            if message.exception() is not None or message.result()["type"] == "http.disconnect":
+                self.end("the client left")
+                return
+            self._receiving = asyncio.ensure_future(receive())
+            self._receiving.add_done_callback(heard)
+
+        self._receiving = asyncio.ensure_future(receive())
+        self._receiving.add_done_callback(heard)
 
 
 class _SendWatch:
-    """Ends the streams whose send has waited longer than their timeout, as
-    `asyncio.timeout` would (it cancels the stream's task), from one loop for the process."""
+    """Ends the streams whose send has waited longer than their timeout, from one loop for
+    the process (not a timer per frame). A stream ending itself is cancelled again each
+    round until it has ended: a cancellation can be dropped (see `acp_state.tasks`)."""
 
     def __init__(self) -> None:
         self._streams: set[EventStreamResponse] = set()
@@ -187,9 +219,11 @@ class _SendWatch:
         now = asyncio.get_running_loop().time()
         for stream in list(self._streams):
             since = stream.sending_since
-            if since is not None and now - since > stream.send_timeout and not stream.timed_out and stream.task:
-                stream.timed_out = True
+            if stream.ending is not None and stream.task is not None:
                 stream.task.cancel()
+            elif since is not None and now - since > stream.send_timeout:
+                log.info("dropping an SSE client that stopped reading")
+                stream.end("the client stopped reading")
 
 
 _SEND_WATCH = _SendWatch()

@@ -3,6 +3,8 @@ session watched from its first completed turn. (Fixtures stay in conftest.py.)""
 
 from __future__ import annotations
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.harness import ApiProcess, Harness, SseClient
 
 
@@ -39,3 +41,13 @@ async def watched_session_after_a_turn(harness: Harness, workspace: str, text: s
     first = await prompt(api, sid, text)
     await live.wait_for(is_type("turn_complete", promptId=first["promptId"]))
     return api, sid, live
+
+
+def samples(text: str, name: str) -> dict[tuple, float]:
+    """The samples of metric `name` in a `/metrics` text, by their sorted labels."""
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                found[tuple(sorted(sample.labels.items()))] = sample.value
+    return found

@@ -10,7 +10,7 @@ import orjson
 from acp_state.store import keys
 from acp_state.ids import workspace_id
 from tests.harness import Harness, SseClient
-from tests.helpers import create, is_type, prompt
+from tests.helpers import create, is_type, prompt, samples
 
 
 async def test_sse_frames_and_replay_through_any_api(harness: Harness, workspace: str) -> None:
@@ -135,6 +135,32 @@ async def test_slow_sse_client_is_dropped_without_slowing_others(harness: Harnes
     assert received < total / 2, "the server stopped writing to the stalled client"
     writer.close()
     await healthy.close()
+
+
+async def test_a_client_that_leaves_frees_its_stream_at_once(harness: Harness, workspace: str) -> None:
+    """A stream is ended, and its subscription dropped, as its client leaves, with no event
+    to write: granian accepts writes into a closed connection without a word, so a stream
+    that only learned of it by writing would stay open for good."""
+    await harness.worker()
+    api = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+
+    async def open_streams() -> float:
+        return samples((await api.client.get("/metrics")).text, "acp_state_sse_clients")[()]
+
+    clients = [await SseClient(api, sid).start() for _ in range(3)]
+    for client in clients:
+        await client.wait_for(lambda f: f["event"] == "session_snapshot")
+    assert await open_streams() == 3
+    for client in clients[:2]:
+        await client.close()
+    deadline = asyncio.get_running_loop().time() + 10
+    while await open_streams() != 1 and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    assert await open_streams() == 1
+    accepted = await prompt(api, sid, "#burst 3")  # the one left still streams
+    await clients[2].wait_for(is_type("turn_complete", promptId=accepted["promptId"]))
+    await clients[2].close()
 
 
 async def wait_for_log(path, text: str, timeout: float = 30) -> None:

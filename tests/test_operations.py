@@ -8,21 +8,11 @@ import sys
 
 import httpx
 import orjson
-from prometheus_client.parser import text_string_to_metric_families
 
 from acp_state.summary import SESSION_STATES, state_of
 from tests.conftest import free_port
 from tests.harness import ROOT, Harness
-from tests.helpers import create, prompt, status
-
-
-def samples(text: str, name: str) -> dict[tuple, float]:
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                found[tuple(sorted(sample.labels.items()))] = sample.value
-    return found
+from tests.helpers import create, prompt, samples, status
 
 
 async def test_metrics_match_the_status_routes(harness: Harness, workspace: str) -> None:
