@@ -94,7 +94,8 @@ def end_streams(app: Starlette) -> None:
 
 class ApiApp(Starlette):
     """The API's Starlette app, whose hottest reads skip its stack while they are current in
-    this process's cache (`hot_reads`); every other request goes through the stack."""
+    this process's cache (`hot_reads`), and whose session event streams run below it
+    (`event_stream.answer`); every other request goes through the stack."""
 
     def __init__(self, authenticator: Authenticator, counts: RequestCounts, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -102,8 +103,12 @@ class ApiApp(Starlette):
         self.counts = counts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not await hot_reads.answer(getattr(self.state, "acp", None), self.authenticator, self.counts, scope, send):
-            await super().__call__(scope, receive, send)
+        state = getattr(self.state, "acp", None)
+        if await hot_reads.answer(state, self.authenticator, self.counts, scope, send):
+            return
+        if await event_stream.answer(state, self.authenticator, self.counts, scope, receive, send):
+            return
+        await super().__call__(scope, receive, send)
 
 
 def create_app(settings: Settings, store: RedisStore | None = None) -> ApiApp:

@@ -12,22 +12,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Mapping
 
 import orjson
+from starlette.datastructures import Headers, QueryParams
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from acp_state import ids
 from acp_state.clock import now_ms
-from acp_state.store import SessionView, Subscription
+from acp_state.store import STORE_ERRORS, SessionView, Subscription
 from acp_state.tasks import survive
 from acp_state.summary import live_summary
 
-from .auth import principal_of
+from .auth import Authenticator, Principal, principal_of
 from .locator import not_found
-from .responses import parse_decimal
-from .state import app_state
+from .metrics import RequestCounts
+from .responses import ApiError, parse_decimal
+from .state import AppState, app_state
 
 log = logging.getLogger("api.events")
 
@@ -70,15 +72,24 @@ def _event_id_and_type(raw: str) -> tuple[int, str]:
 
 
 async def stream_events(request: Request) -> EventStreamResponse:
-    state = app_state(request)
-    sid = request.path_params["id"]
-    last_id = parse_last_event_id(request.headers.get("last-event-id"))
+    return await open_stream(
+        app_state(request), request.path_params["id"], principal_of(request), request.headers, request.query_params
+    )
+
+
+async def open_stream(
+    state: AppState, sid: str, principal: Principal, headers: Mapping[str, str], query: Mapping[str, str]
+) -> EventStreamResponse:
+    """Session `sid`'s event stream for `principal`, subscribed, its state read: ready to
+    send. ApiError 404 if the principal may not see the session, or it is neither live nor
+    asked for from an event id (a replay of a session that ended)."""
+    last_id = parse_last_event_id(headers.get("last-event-id"))
     # The reference's SDK sends the epoch as a header beside Last-Event-ID; ours as a query.
-    epoch_hint = request.query_params.get("eventEpoch") or request.headers.get("x-qwen-event-epoch")
-    queued = parse_decimal(request.query_params.get("maxQueued"), MAX_SAFE_INTEGER)
+    epoch_hint = query.get("eventEpoch") or headers.get("x-qwen-event-epoch")
+    queued = parse_decimal(query.get("maxQueued"), MAX_SAFE_INTEGER)
     buffer = min(2048, max(16, queued)) if queued is not None else 256
 
-    ws = await state.locator.workspace_of(sid, principal_of(request)) if ids.is_token(sid) else None
+    ws = await state.locator.workspace_of(sid, principal) if ids.is_token(sid) else None
     if ws is None:
         raise not_found(sid)
     subscription = await state.fanout.subscribe_session(ws, sid, buffer)
@@ -91,13 +102,39 @@ async def stream_events(request: Request) -> EventStreamResponse:
     except BaseException:
         await state.fanout.unsubscribe(subscription)
         raise
-    body = _generate(request, ws, sid, view, live, last_id, epoch_hint, subscription)
+    body = _generate(state, ws, sid, view, live, last_id, epoch_hint, subscription)
     # The reference's headers: its SDK reads the epoch before the first frame, and the
     # stream id names this one connection (a resumed stream gets a new one).
-    headers = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no", "X-Qwen-SSE-Stream-Id": str(uuid.uuid4())}
+    sent = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no", "X-Qwen-SSE-Stream-Id": str(uuid.uuid4())}
     if view is not None:
-        headers["X-Qwen-Event-Epoch"] = view.epoch
-    return EventStreamResponse(body, state.settings.sse_send_timeout_s, headers)
+        sent["X-Qwen-Event-Epoch"] = view.epoch
+    return EventStreamResponse(body, state.settings.sse_send_timeout_s, sent)
+
+
+async def answer(state: AppState | None, auth: Authenticator, counts: RequestCounts, scope: Scope, receive: Receive,
+                 send: Send) -> bool:
+    """Serve `GET /session/:id/events` below Starlette's stack; False: not served, nothing
+    sent, the app must serve it. An open stream holds every frame of the stack it was
+    called through for its whole life: with ten thousand open, Starlette's error
+    middleware, routing, our four middlewares and their send wrappers were a fifth of a
+    stream's memory. The stream gets the same token check and the same count as the route;
+    anything the route would refuse (no token, no such session, a store error) is left to
+    the app, which answers it its way."""
+    if state is None or scope["type"] != "http" or scope["method"] != "GET":
+        return False
+    path: str = scope["path"]
+    if not (path.startswith("/session/") and path.endswith("/events")):
+        return False
+    sid, principal = path[9:-7], auth.principal(scope)
+    if not sid or "/" in sid or principal is None:
+        return False
+    try:
+        response = await open_stream(state, sid, principal, Headers(scope=scope), QueryParams(scope["query_string"]))
+    except (ApiError, *STORE_ERRORS):
+        return False
+    counts.add(stream_events.__name__, 200)  # under the route's name, as its answer starts (RequestMetrics)
+    await response(scope, receive, send)
+    return True
 
 
 DIRECT_SEND = "acp.direct_send"
@@ -132,7 +169,9 @@ class EventStreamResponse:
     def __init__(self, body: AsyncIterator[bytes], send_timeout: float, headers: dict[str, str]) -> None:
         self.body = body
         # `content-type` as is, last (Starlette adds `; charset=utf-8`, the reference does not).
-        self.raw_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        self.raw_headers: list[tuple[bytes, bytes]] | None = [
+            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
+        ]
         self.raw_headers.append((b"content-type", b"text/event-stream"))
         self.send_timeout = send_timeout
         self.sending_since: float | None = None  # loop time a send began, while it waits
@@ -146,12 +185,17 @@ class EventStreamResponse:
         self.task = asyncio.current_task()
         _SEND_WATCH.add(self)
         self._listen(receive)
+        # An open stream is kept for hours, ten thousand at once: nothing is held through its
+        # waits that only one step needed (the headers once sent, the last frame).
+        headers, self.raw_headers = self.raw_headers, None
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            del headers
             async for chunk in self.body:
                 self.sending_since = loop.time()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 self.sending_since = None
+                del chunk
                 send = direct or send  # the middlewares have seen what they look at
             self.sending_since = loop.time()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -230,7 +274,7 @@ _SEND_WATCH = _SendWatch()
 
 
 async def _generate(
-    request: Request,
+    state: AppState,
     ws: str,
     sid: str,
     view: SessionView | None,
@@ -239,7 +283,6 @@ async def _generate(
     epoch_hint: str | None,
     subscription: Subscription,
 ) -> AsyncIterator[bytes]:
-    state = app_state(request)
     store, fanout = state.store, state.fanout
     seq = view.last_event_id if view is not None else 0
     epoch = view.epoch if view is not None else ""
@@ -273,16 +316,20 @@ async def _generate(
             )
             if ended or not live:
                 return
+        # An open stream keeps this frame for hours: let go of what only the opening needed,
+        # and of each event once sent (one may be large).
+        view = snapshot = frames = data = None
         while True:
-            try:
-                delivery = subscription.queue.get_nowait()
-            except asyncio.QueueEmpty:
+            delivery = frames = chunk = None
+            if subscription.queue.empty():
                 try:
                     async with asyncio.timeout(KEEPALIVE_S):  # no task per event, unlike wait_for
                         delivery = await subscription.queue.get()
                 except TimeoutError:
                     yield b": keepalive\n\n"
                     continue
+            else:  # not `except QueueEmpty:`, which would keep that exception for the whole wait
+                delivery = subscription.queue.get_nowait()
             if delivery is None and subscription.closed:
                 return  # this process is shutting down: the client resumes elsewhere (Last-Event-ID)
             if delivery is None or delivery.event_type == RESTORED:

@@ -163,6 +163,64 @@ async def test_a_client_that_leaves_frees_its_stream_at_once(harness: Harness, w
     await clients[2].close()
 
 
+async def test_the_stream_is_served_below_the_stack_and_anything_it_would_refuse_is_left_to_the_app(
+    harness: Harness, redis_server, workspace: str
+) -> None:
+    """The tests above would pass with the streams served by the route: here the shortcut is
+    called itself. A session's stream is sent by it, counted under the route's name, and
+    ends as its client leaves; an unknown session, another method and another route are
+    left to the app, with nothing sent."""
+    import httpx
+    from prometheus_client import REGISTRY
+
+    from acp_state.api import event_stream
+    from acp_state.api.app import create_app
+    from acp_state.api.settings import Settings
+
+    await harness.worker()
+    app = create_app(Settings(redis_url=redis_server.url, workspaces=[workspace]))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            sid = (await client.post("/session", json={"cwd": workspace}, timeout=60)).json()["sessionId"]
+        sent: list[dict] = []
+        snapshot_sent, left = asyncio.Event(), asyncio.Event()
+        messages = [{"type": "http.request", "body": b"", "more_body": False}]
+
+        async def receive() -> dict:
+            if messages:
+                return messages.pop()
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+            if b"session_snapshot" in message.get("body", b""):
+                snapshot_sent.set()
+
+        def scope(path: str, method: str = "GET") -> dict:
+            return {"type": "http", "method": method, "path": path, "headers": [], "query_string": b""}
+
+        def served(path: str, method: str = "GET") -> asyncio.Task[bool]:
+            return asyncio.ensure_future(event_stream.answer(app.state.acp, app.authenticator, app.counts, scope(path, method), receive, send))
+
+        def counted() -> float:
+            return REGISTRY.get_sample_value("acp_state_http_requests_total", {"route": "stream_events", "status": "200"}) or 0
+
+        before = counted()
+        stream = served(f"/session/{sid}/events")
+        await asyncio.wait_for(snapshot_sent.wait(), 10)
+        assert sent[0]["status"] == 200 and dict(sent[0]["headers"])[b"content-type"] == b"text/event-stream"
+        assert counted() == before + 1
+        left.set()
+        assert await asyncio.wait_for(stream, 10) is True
+        assert app.state.acp.fanout.listeners == 0
+        sent.clear()
+        for path, method in ((f"/session/{sid}/events", "HEAD"), ("/session/00000000-0000-4000-8000-000000000000/events", "GET"),
+                             (f"/session/{sid}/transcript", "GET")):
+            assert await served(path, method) is False and sent == [], (method, path)
+
+
 async def wait_for_log(path, text: str, timeout: float = 30) -> None:
     """The API process says what it did in its log; wait until it said `text`."""
     deadline = asyncio.get_running_loop().time() + timeout
