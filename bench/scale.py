@@ -215,17 +215,20 @@ async def recovery(store_redis: aioredis.Redis, victim: AcpProcess, victim_inc: 
                         series.append((time.monotonic() - killed, score))
             await asyncio.sleep(0.05)
 
-    async def watch_readers() -> float:
+    async def watch_readers() -> tuple[float, float]:
         """Rounds of status reads of the sample, back to back: when the first round that
-        found none of them began (one round's length is the figure's resolution)."""
+        found none of them began, and how long the round before it took (the figure's
+        resolution: a lease that ended during a round is seen ended by the next)."""
         async def statuses(reader: Http, part: list[tuple[str, str]]) -> list[int]:
             return [(await reader.request("GET", f"/session/{sid}/status"))[0] for _, sid in part]
 
+        last_round = 0.0
         while True:
             checked = time.monotonic()
             found = await asyncio.gather(*(statuses(r, sample[n::len(readers)]) for n, r in enumerate(readers)))
             if all(status == 404 for part in found for status in part):
-                return checked - killed
+                return checked - killed, last_round
+            last_round = time.monotonic() - checked
 
     async def watch_keys() -> float:
         """Rounds of EXISTS on the keys still there: a swept key never comes back, and
@@ -243,7 +246,7 @@ async def recovery(store_redis: aioredis.Redis, victim: AcpProcess, victim_inc: 
     watcher = asyncio.ensure_future(watch_renewals())
     try:
         limit_s = LEASE_MS / 1000 * 4 + 30
-        unseen_at, gone_at = await asyncio.wait_for(asyncio.gather(watch_readers(), watch_keys()), limit_s)
+        (unseen_at, reader_round), gone_at = await asyncio.wait_for(asyncio.gather(watch_readers(), watch_keys()), limit_s)
     finally:
         stop_watch.set()
         await watcher
@@ -256,6 +259,7 @@ async def recovery(store_redis: aioredis.Redis, victim: AcpProcess, victim_inc: 
     return {
         "victim_sessions": len(victim_sids),
         "readers_stop_seeing_s": round(unseen_at, 2) if unseen_at is not None else None,
+        "readers_round_s": round(reader_round, 2),
         "lease_left_at_kill_s": round(lease_left_s, 2) if lease_left_s is not None else None,
         "keys_gone_s": round(gone_at, 2) if gone_at is not None else None,
         "survivor_renewal_gap_max_s": round(max(gaps), 2) if gaps else None,
@@ -293,6 +297,27 @@ class Streams:
         await asyncio.to_thread(self.proc.stdout.readline)
         await asyncio.to_thread(self.proc.wait, 120)
         return json.loads(self.out.read_text())
+
+
+READ_ROUNDS = 3
+
+
+def interleaved(urls: dict[str, str], rounds: int = READ_ROUNDS) -> dict[str, dict[str, Any]]:
+    """`run_wrk` on each URL in turn, `rounds` times over: per URL, the run of median
+    requests/s. A shared machine's speed drifts within a minute (the hello alone moved by a
+    third between runs), so shares are taken round by round (`paired_share`)."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in urls}
+    for _ in range(rounds):
+        for name, url in urls.items():
+            runs[name].append(run_wrk(url))
+    return {name: {**sorted(each, key=lambda run: run["rps"])[len(each) // 2], "rps_of_rounds": [run["rps"] for run in each]}
+            for name, each in runs.items()}
+
+
+def paired_share(reads: dict[str, Any], name: str, baseline: str) -> float:
+    """The median over rounds of `name`'s requests/s over `baseline`'s of the same round."""
+    shares = sorted(a / b for a, b in zip(reads[name]["rps_of_rounds"], reads[baseline]["rps_of_rounds"]))
+    return round(shares[len(shares) // 2], 2)
 
 
 async def bare_stream_rss_bytes(server: str, path: str, count: int, logs: Path) -> int:
@@ -463,17 +488,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                       cwd=ROOT, stdout=subprocess.DEVNULL)
         await wait_port(hello_port)
         log("reads: status, a listing page of a 10,000-session workspace, bare hello, bare answers of the same bytes")
-        reads = {
-            "hello": run_wrk(f"http://127.0.0.1:{hello_port}/"),
-            "status": run_wrk(f"http://127.0.0.1:{port}{status_path}"),
-            "bare_status_body": run_wrk(f"http://127.0.0.1:{hello_port}/body/status"),
-            "listing": run_wrk(f"http://127.0.0.1:{port}{listing_path}"),
-            "bare_listing_body": run_wrk(f"http://127.0.0.1:{hello_port}/body/listing"),
-        }
-        reads["status_share_of_hello"] = round(reads["status"]["rps"] / reads["hello"]["rps"], 2)
-        reads["listing_share_of_hello"] = round(reads["listing"]["rps"] / reads["hello"]["rps"], 2)
-        reads["status_share_of_bare_same_body"] = round(reads["status"]["rps"] / reads["bare_status_body"]["rps"], 2)
-        reads["listing_share_of_bare_same_body"] = round(reads["listing"]["rps"] / reads["bare_listing_body"]["rps"], 2)
+        reads: dict[str, Any] = interleaved({
+            "hello": f"http://127.0.0.1:{hello_port}/",
+            "status": f"http://127.0.0.1:{port}{status_path}",
+            "bare_status_body": f"http://127.0.0.1:{hello_port}/body/status",
+            "listing": f"http://127.0.0.1:{port}{listing_path}",
+            "bare_listing_body": f"http://127.0.0.1:{hello_port}/body/listing",
+        })
+        reads["status_share_of_hello"] = paired_share(reads, "status", "hello")
+        reads["listing_share_of_hello"] = paired_share(reads, "listing", "hello")
+        reads["status_share_of_bare_same_body"] = paired_share(reads, "status", "bare_status_body")
+        reads["listing_share_of_bare_same_body"] = paired_share(reads, "listing", "bare_listing_body")
         reads["listing_body_bytes"] = bodies["listing"].stat().st_size
         reads["workspace_sessions"] = len(sids[big])
         result["reads"] = reads
@@ -620,13 +645,15 @@ def table(result: dict[str, Any]) -> str:
         ("status p99 meanwhile (ms)", f"{e['status_during']['p99_ms']}", f"goal < {g['status_p99_during_sse_ms']}",
          mark(e["status_during"]["p99_ms"] < g["status_p99_during_sse_ms"])),
         (f"kill -9 of a worker with {k['victim_sessions']:,}: readers stop seeing them (s)", f"{k['readers_stop_seeing_s']}",
-         f"goal <= lease {g['readers_stop_seeing_s']}", mark((k["readers_stop_seeing_s"] or 1e9) <= g["readers_stop_seeing_s"])),
+         f"goal: as the lease left ends, within a round of reads ({k['readers_round_s']} s)",
+         mark((k["readers_stop_seeing_s"] or 1e9) <= (k["lease_left_at_kill_s"] or 0) + k["readers_round_s"]
+              and (k["lease_left_at_kill_s"] or 1e9) <= g["readers_stop_seeing_s"])),
         ("  every key of theirs gone (s)", f"{k['keys_gone_s']}", f"goal <= {g['died_within_s']}",
          mark((k["keys_gone_s"] or 1e9) <= g["died_within_s"])),
         ("  session_died to every SSE client following one (s)", f"{k['session_died_last_s']} ({k['sse_told']}/{k['sse_following']})",
          f"goal <= {g['died_within_s']}",
          mark((k["session_died_last_s"] or 1e9) <= g["died_within_s"] and k["sse_told"] == k["sse_following"])),
-        ("  the victim's lease left at the kill (s)", f"{k['lease_left_at_kill_s']}", "readers: lease left + one round", ""),
+        ("  the victim's lease left at the kill (s)", f"{k['lease_left_at_kill_s']}", f"goal <= lease {g['readers_stop_seeing_s']}", ""),
         ("  survivors' longest gap between renewals (s)", f"{k['survivor_renewal_gap_max_s']}",
          f"heartbeat every {k['heartbeat_interval_s']} s", mark((k["survivor_renewal_gap_max_s"] or 1e9) < LEASE_MS / 1000 / 2)),
     ]
