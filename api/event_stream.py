@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import orjson
 from starlette.datastructures import Headers, QueryParams
@@ -35,6 +35,8 @@ log = logging.getLogger("api.events")
 
 RETRY_MS = 3000
 KEEPALIVE_S = 15.0
+KEEPALIVE = object()  # put in a stream's buffer: send a keepalive
+KEEPALIVE_FRAME = b": keepalive\n\n"
 MAX_SAFE_INTEGER = 2**53 - 1
 ENDING_TYPES = ("session_closed", "session_died")
 RESTORED = "session_restored"  # the first event of an epoch the worker rewrote
@@ -108,7 +110,13 @@ async def open_stream(
     sent = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no", "X-Qwen-SSE-Stream-Id": str(uuid.uuid4())}
     if view is not None:
         sent["X-Qwen-Event-Epoch"] = view.epoch
-    return EventStreamResponse(body, state.settings.sse_send_timeout_s, sent)
+    return EventStreamResponse(body, state.settings.sse_send_timeout_s, sent, lambda: _keepalive(subscription))
+
+
+def _keepalive(subscription: Subscription) -> None:
+    """Wake the stream for a keepalive, unless it has something to send anyway."""
+    if subscription.queue.empty():
+        subscription.queue.put_nowait(KEEPALIVE)
 
 
 async def answer(state: AppState | None, auth: Authenticator, counts: RequestCounts, scope: Scope, receive: Receive,
@@ -166,7 +174,10 @@ class EventStreamResponse:
     socket stays full for `send_timeout`, so a stopped reader costs a bounded buffer (the
     transport's) and never slows others."""
 
-    def __init__(self, body: AsyncIterator[bytes], send_timeout: float, headers: dict[str, str]) -> None:
+    def __init__(
+        self, body: AsyncIterator[bytes], send_timeout: float, headers: dict[str, str],
+        keepalive: Callable[[], None] | None = None,
+    ) -> None:
         self.body = body
         # `content-type` as is, last (Starlette adds `; charset=utf-8`, the reference does not).
         self.raw_headers: list[tuple[bytes, bytes]] | None = [
@@ -178,10 +189,15 @@ class EventStreamResponse:
         self.ending: str | None = None  # why this stream ends itself (it cancels its task)
         self.task: asyncio.Task[Any] | None = None
         self._receiving: asyncio.Future[Any] | None = None
+        # Called every KEEPALIVE_S by the send watch: it wakes the body for a keepalive (the
+        # push hubs send their own).
+        self.keepalive = keepalive
+        self.keepalive_due = 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()
         direct = scope.get(DIRECT_SEND)
+        self.keepalive_due = loop.time() + KEEPALIVE_S
         self.task = asyncio.current_task()
         _SEND_WATCH.add(self)
         self._listen(receive)
@@ -237,9 +253,10 @@ class EventStreamResponse:
 
 
 class _SendWatch:
-    """Ends the streams whose send has waited longer than their timeout, from one loop for
-    the process (not a timer per frame). A stream ending itself is cancelled again each
-    round until it has ended: a cancellation can be dropped (see `acp_state.tasks`)."""
+    """Ends the streams whose send has waited longer than their timeout, and wakes those
+    due a keepalive, from one loop for the process (not a timer per frame or per wait). A
+    stream ending itself is cancelled again each round until it has ended: a cancellation
+    can be dropped (see `acp_state.tasks`)."""
 
     def __init__(self) -> None:
         self._streams: set[EventStreamResponse] = set()
@@ -255,7 +272,7 @@ class _SendWatch:
 
     async def _watch(self) -> None:
         while self._streams:
-            step = min(1.0, min(stream.send_timeout for stream in self._streams) / 4)
+            step = min(1.0, KEEPALIVE_S, min(stream.send_timeout for stream in self._streams) / 4)
             await asyncio.sleep(step)
             await survive("sse send watch", self._round)
 
@@ -268,6 +285,9 @@ class _SendWatch:
             elif since is not None and now - since > stream.send_timeout:
                 log.info("dropping an SSE client that stopped reading")
                 stream.end("the client stopped reading")
+            elif stream.keepalive is not None and now >= stream.keepalive_due:
+                stream.keepalive_due = now + KEEPALIVE_S
+                stream.keepalive()
 
 
 _SEND_WATCH = _SendWatch()
@@ -321,15 +341,11 @@ async def _generate(
         view = snapshot = frames = data = None
         while True:
             delivery = frames = chunk = None
-            if subscription.queue.empty():
-                try:
-                    async with asyncio.timeout(KEEPALIVE_S):  # no task per event, unlike wait_for
-                        delivery = await subscription.queue.get()
-                except TimeoutError:
-                    yield b": keepalive\n\n"
-                    continue
-            else:  # not `except QueueEmpty:`, which would keep that exception for the whole wait
-                delivery = subscription.queue.get_nowait()
+            # No timer per wait: the send watch wakes an idle stream for its keepalive.
+            delivery = await subscription.queue.get()
+            if delivery is KEEPALIVE:
+                yield KEEPALIVE_FRAME
+                continue
             if delivery is None and subscription.closed:
                 return  # this process is shutting down: the client resumes elsewhere (Last-Event-ID)
             if delivery is None or delivery.event_type == RESTORED:

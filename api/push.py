@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from acp_state.tasks import survive
 
-from .event_stream import KEEPALIVE_S, RETRY_MS, EventStreamResponse
+from .event_stream import KEEPALIVE_FRAME, KEEPALIVE_S, RETRY_MS, EventStreamResponse
 from .responses import unavailable
 
 log = logging.getLogger("api.push")
@@ -30,7 +30,6 @@ LINGER_S = 60.0
 # any sweeper removed them): well inside the shortest lease.
 OWNER_CHECK_S = 0.25
 RETRY_AFTER_FAILURE_S = 0.5
-KEEPALIVE = b": keepalive\n\n"
 STREAM_HEADERS = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"}
 
 
@@ -163,7 +162,7 @@ class Hub:
     async def _keepalive(self) -> None:
         """A comment line to every stream, so proxies and clients see the connection live."""
         for listener in list(self.listeners):
-            listener.push(KEEPALIVE)
+            listener.push(KEEPALIVE_FRAME)
 
     def end(self) -> None:
         """Shutdown begins: every stream ends now (its client reconnects elsewhere)."""

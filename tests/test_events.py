@@ -6,6 +6,7 @@ import asyncio
 import socket
 
 import orjson
+import pytest
 
 from acp_state.store import keys
 from acp_state.ids import workspace_id
@@ -164,12 +165,12 @@ async def test_a_client_that_leaves_frees_its_stream_at_once(harness: Harness, w
 
 
 async def test_the_stream_is_served_below_the_stack_and_anything_it_would_refuse_is_left_to_the_app(
-    harness: Harness, redis_server, workspace: str
+    harness: Harness, redis_server, workspace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The tests above would pass with the streams served by the route: here the shortcut is
-    called itself. A session's stream is sent by it, counted under the route's name, and
-    ends as its client leaves; an unknown session, another method and another route are
-    left to the app, with nothing sent."""
+    called itself. A session's stream is sent by it, counted under the route's name, kept
+    alive while idle, and ends as its client leaves; an unknown session, another method and
+    another route are left to the app, with nothing sent."""
     import httpx
     from prometheus_client import REGISTRY
 
@@ -184,7 +185,7 @@ async def test_the_stream_is_served_below_the_stack_and_anything_it_would_refuse
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
             sid = (await client.post("/session", json={"cwd": workspace}, timeout=60)).json()["sessionId"]
         sent: list[dict] = []
-        snapshot_sent, left = asyncio.Event(), asyncio.Event()
+        snapshot_sent, kept_alive, left = asyncio.Event(), asyncio.Event(), asyncio.Event()
         messages = [{"type": "http.request", "body": b"", "more_body": False}]
 
         async def receive() -> dict:
@@ -197,6 +198,8 @@ async def test_the_stream_is_served_below_the_stack_and_anything_it_would_refuse
             sent.append(message)
             if b"session_snapshot" in message.get("body", b""):
                 snapshot_sent.set()
+            if message.get("body") == b": keepalive\n\n":
+                kept_alive.set()
 
         def scope(path: str, method: str = "GET") -> dict:
             return {"type": "http", "method": method, "path": path, "headers": [], "query_string": b""}
@@ -208,10 +211,15 @@ async def test_the_stream_is_served_below_the_stack_and_anything_it_would_refuse
             return REGISTRY.get_sample_value("acp_state_http_requests_total", {"route": "stream_events", "status": "200"}) or 0
 
         before = counted()
+        monkeypatch.setattr(event_stream, "KEEPALIVE_S", 0.1)
         stream = served(f"/session/{sid}/events")
         await asyncio.wait_for(snapshot_sent.wait(), 10)
         assert sent[0]["status"] == 200 and dict(sent[0]["headers"])[b"content-type"] == b"text/event-stream"
         assert counted() == before + 1
+        kept_alive.clear()
+        for _ in range(2):  # an idle stream: a comment line every KEEPALIVE_S
+            await asyncio.wait_for(kept_alive.wait(), 10)
+            kept_alive.clear()
         left.set()
         assert await asyncio.wait_for(stream, 10) is True
         assert app.state.acp.fanout.listeners == 0

@@ -241,7 +241,9 @@ async def test_sweep_gives_each_session_what_apply_would(r: aioredis.Redis) -> N
     ops = apply_ops(sid="@SID@", mode="delete", uncatalog_untold=True, events=[died],
                     orphan=events.body("turn_error", {"sessionId": "@SID@", "promptId": "@PID@"}, "@PID@"))
     sids = [idle, busy, foreign, missing]
+    await r.set(keys.single(WS), busy)  # the workspace's single-scope session
     assert await run(r, "SWEEP", sweep_keys(sids), [INC, ops, TTL, *sids]) == [1, 1, -1, 0]
+    assert not await r.exists(keys.single(WS))
 
     def logged(sid: str) -> Any:
         return r.xrange(keys.events(WS, sid))

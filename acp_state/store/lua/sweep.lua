@@ -13,19 +13,48 @@
 --   ARGV: 1 incarnation, 2 ops JSON, 3 the session hash's TTL ms, 4... the session ids
 --   -> each session's outcome (APPLY's `applied`), in ARGV's order
 local inc, template, ttl_ms = ARGV[1], ARGV[2], ARGV[3]
--- A delete applies exactly where the dead incarnation still owns the session.
-local owned = {}
+-- One read of each hash serves its transition; a delete applies exactly where the dead
+-- incarnation still owns the session.
+local flats, owned = {}, {}
 for i = 4, #ARGV do
   local hash = KEYS[8 + (i - 4) * 5 + 1]
-  if redis.call('HGET', hash, {{F.OWNER}}) == inc then owned[#owned + 1] = ARGV[i] end
+  local flat = redis.call('HGETALL', hash)
+  flats[i] = flat
+  for j = 1, #flat, 2 do
+    if flat[j] == {{F.OWNER}} then
+      if flat[j + 1] == inc then owned[#owned + 1] = ARGV[i] end
+      break
+    end
+  end
 end
 changed_all(6, 5, owned, cjson.decode(template).verttl)
+-- The ops decoded once; each session's copy has its id in every string that names it.
+local function with_sid(value, sid)
+  if type(value) == 'string' then
+    return (string.gsub(value, '@SID@', function() return sid end))
+  elseif type(value) == 'table' then
+    local copy = {}
+    for k, v in pairs(value) do copy[k] = with_sid(v, sid) end
+    return copy
+  end
+  return value
+end
+local decoded = cjson.decode(template)
+local batch = {removed = {}}
 local outcomes = {}
 for i = 4, #ARGV do
   local sid = ARGV[i]
-  local ops = cjson.decode((string.gsub(template, '@SID@', function() return sid end)))
+  local ops = with_sid(decoded, sid)
   local base = 8 + (i - 4) * 5
   local at = {base + 1, base + 2, 1, 2, 3, 4, base + 3, 5, 6, base + 4, base + 5, 7, 8}
-  outcomes[#outcomes + 1] = transition(at, inc, ops, ttl_ms, true)[1]
+  batch.flat = flats[i]
+  outcomes[#outcomes + 1] = transition(at, inc, ops, ttl_ms, batch)[1]
+end
+if #batch.removed > 0 then
+  redis.call('SREM', KEYS[1], unpack(batch.removed))
+  local single = redis.call('GET', KEYS[4])
+  for _, sid in ipairs(batch.removed) do
+    if sid == single then redis.call('DEL', KEYS[4]) end
+  end
 end
 return outcomes

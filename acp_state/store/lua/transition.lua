@@ -7,10 +7,12 @@
 --          10 the session's turn records, 11 the ids of its ended turns,
 --          12 the workspace's attention index, 13 its details (the attention prelude)
 --   inc: the writer's incarnation; ops: the decoded ops (see RedisStore._ops); ttl_ms: the
---   session hash's TTL (refreshed by every transition); announced: the caller has announced
---   this change on the workspace's change channel already (SWEEP: one message a batch)
+--   session hash's TTL (refreshed by every transition); batch (SWEEP's deletes only, else
+--   nil): what the caller does once for many sessions, {flat = this session hash's HGETALL,
+--   removed = the ids it removes from the live set and the single-scope key itself}, the
+--   change being announced by the caller too
 --   -> {applied, last event id, epoch} (see apply.lua)
-local function transition(at, inc, ops, ttl_ms, announced)
+local function transition(at, inc, ops, ttl_ms, batch)
   local hash, log, live, catalog, order, single = KEYS[at[1]], KEYS[at[2]], KEYS[at[3]], KEYS[at[4]], KEYS[at[5]], KEYS[at[6]]
   local transcript, turns, ended = KEYS[at[7]], KEYS[at[10]], KEYS[at[11]]
   -- A delete reads the whole hash once and keeps its changes to it here, as the hash goes
@@ -19,7 +21,7 @@ local function transition(at, inc, ops, ttl_ms, announced)
   local deleting, held, names = ops.mode == 'delete', nil, {}
   if deleting then
     held = {}
-    local flat = redis.call('HGETALL', hash)
+    local flat = batch and batch.flat or redis.call('HGETALL', hash)
     for i = 1, #flat, 2 do
       held[flat[i]] = flat[i + 1]
       names[#names + 1] = flat[i]
@@ -80,7 +82,7 @@ local function transition(at, inc, ops, ttl_ms, announced)
   if ops.incr and not deleting then
     for k, n in pairs(ops.incr) do redis.call('HINCRBY', hash, k, n) end
   end
-  if not announced then changed(at[9], at[8], ops.sid, ops.verttl) end
+  if not batch then changed(at[9], at[8], ops.sid, ops.verttl) end
   local seq = tonumber(get({{F.SEQ}}) or '0')
   local epoch = get({{F.EPOCH}}) or ''
   local bodies = ops.events or {}
@@ -157,8 +159,12 @@ local function transition(at, inc, ops, ttl_ms, announced)
     local untold = ops.uncatalog_untold and held[{{F.REQUEST}}] ~= nil
     for _, name in ipairs(fields) do attention_unset(at[12], at[13], ops.sid, name) end
     redis.call('DEL', hash, turns, ended)
-    redis.call('SREM', live, ops.sid)
-    if redis.call('GET', single) == ops.sid then redis.call('DEL', single) end
+    if batch then
+      batch.removed[#batch.removed + 1] = ops.sid
+    else
+      redis.call('SREM', live, ops.sid)
+      if redis.call('GET', single) == ops.sid then redis.call('DEL', single) end
+    end
     if ops.uncatalog or untold then
       redis.call('HDEL', catalog, ops.sid)
       redis.call('ZREM', order, ops.sid)
