@@ -216,37 +216,49 @@ async def recovery(store_redis: aioredis.Redis, victim: AcpProcess, victim_inc: 
             await asyncio.sleep(0.05)
 
     async def watch_readers() -> tuple[float, float]:
-        """Rounds of status reads of the sample, back to back: when the first round that
-        found none of them began, and how long the round before it took (the figure's
-        resolution: a lease that ended during a round is seen ended by the next)."""
-        async def statuses(reader: Http, part: list[tuple[str, str]]) -> list[int]:
-            return [(await reader.request("GET", f"/session/{sid}/status"))[0] for _, sid in part]
+        """Status reads of the sample, each reader going round its part until every one of
+        them answers 404: when the last read that still found one live was sent, and when
+        its answer came (the API may have been busy in between)."""
+        last_live: tuple[float, float] = (0.0, 0.0)
 
-        last_round = 0.0
-        while True:
-            checked = time.monotonic()
-            found = await asyncio.gather(*(statuses(r, sample[n::len(readers)]) for n, r in enumerate(readers)))
-            if all(status == 404 for part in found for status in part):
-                return checked - killed, last_round
-            last_round = time.monotonic() - checked
+        async def read(reader: Http, part: list[tuple[str, str]]) -> None:
+            nonlocal last_live
+            gone: set[str] = set()
+            while len(gone) < len(part):
+                for _, sid in part:
+                    sent = time.monotonic() - killed
+                    if (await reader.request("GET", f"/session/{sid}/status"))[0] == 404:
+                        gone.add(sid)
+                    else:
+                        gone.discard(sid)
+                        last_live = max(last_live, (sent, time.monotonic() - killed))
+
+        await asyncio.gather(*(read(r, sample[n::len(readers)]) for n, r in enumerate(readers)))
+        return last_live
 
     async def watch_keys() -> float:
-        """Rounds of EXISTS on the keys still there: a swept key never comes back, and
-        asking for all 25,000 each round loaded the Redis and the two cores being measured."""
-        remaining = [keys.session(ws, sid) for ws, sid in victim_sids] + [keys.worker_sessions(victim_inc)]
+        """When no key of the victim's sessions is left. The sweeper deletes the worker's
+        session index last, once every session is gone (`forget_worker`): that one key is
+        watched every 50 ms, and when it is gone every session key is checked, which must
+        find none (else the watch goes on). Asking for all 25,000 every round loaded the
+        very Redis and cores being measured: the readers' rounds took 1.9 s in that run."""
+        index = keys.worker_sessions(victim_inc)
+        remaining = [keys.session(ws, sid) for ws, sid in victim_sids]
         while True:
-            pipe = store_redis.pipeline(transaction=False)
-            for key in remaining:
-                pipe.exists(key)
-            remaining = [key for key, there in zip(remaining, await pipe.execute()) if there]
-            if not remaining:
-                return time.monotonic() - killed
+            if not await store_redis.exists(index):
+                at = time.monotonic() - killed
+                pipe = store_redis.pipeline(transaction=False)
+                for key in remaining:
+                    pipe.exists(key)
+                remaining = [key for key, there in zip(remaining, await pipe.execute()) if there]
+                if not remaining:
+                    return at
             await asyncio.sleep(0.05)
 
     watcher = asyncio.ensure_future(watch_renewals())
     try:
         limit_s = LEASE_MS / 1000 * 4 + 30
-        (unseen_at, reader_round), gone_at = await asyncio.wait_for(asyncio.gather(watch_readers(), watch_keys()), limit_s)
+        (seen_sent, seen_answered), gone_at = await asyncio.wait_for(asyncio.gather(watch_readers(), watch_keys()), limit_s)
     finally:
         stop_watch.set()
         await watcher
@@ -258,8 +270,8 @@ async def recovery(store_redis: aioredis.Redis, victim: AcpProcess, victim_inc: 
         gaps += [b - a for a, b in zip(renewals, renewals[1:])]
     return {
         "victim_sessions": len(victim_sids),
-        "readers_stop_seeing_s": round(unseen_at, 2) if unseen_at is not None else None,
-        "readers_round_s": round(reader_round, 2),
+        "readers_stop_seeing_s": round(seen_sent, 2),
+        "readers_last_live_answer_s": round(seen_answered, 2),
         "lease_left_at_kill_s": round(lease_left_s, 2) if lease_left_s is not None else None,
         "keys_gone_s": round(gone_at, 2) if gone_at is not None else None,
         "survivor_renewal_gap_max_s": round(max(gaps), 2) if gaps else None,
@@ -300,6 +312,9 @@ class Streams:
 
 
 READ_ROUNDS = 3
+# A reader takes the latest moment Redis can have read its clock in a lease view's round
+# trip (acp_state/registry.py), erring towards "live" by up to that round trip.
+READER_LENIENCY_S = 0.1
 
 
 def interleaved(urls: dict[str, str], rounds: int = READ_ROUNDS) -> dict[str, dict[str, Any]]:
@@ -644,9 +659,10 @@ def table(result: dict[str, Any]) -> str:
          mark((e["with_status_reads"]["p99_ms"] or 1e9) < g["sse_event_p99_ms"] and not e["with_status_reads"]["missing"])),
         ("status p99 meanwhile (ms)", f"{e['status_during']['p99_ms']}", f"goal < {g['status_p99_during_sse_ms']}",
          mark(e["status_during"]["p99_ms"] < g["status_p99_during_sse_ms"])),
-        (f"kill -9 of a worker with {k['victim_sessions']:,}: readers stop seeing them (s)", f"{k['readers_stop_seeing_s']}",
-         f"goal: as the lease left ends, within a round of reads ({k['readers_round_s']} s)",
-         mark((k["readers_stop_seeing_s"] or 1e9) <= (k["lease_left_at_kill_s"] or 0) + k["readers_round_s"]
+        (f"kill -9 of a worker with {k['victim_sessions']:,}: readers stop seeing them (s)",
+         f"{k['readers_stop_seeing_s']} (its answer {k['readers_last_live_answer_s']})",
+         f"goal: by the end of the lease left, {k['lease_left_at_kill_s']} (+ {READER_LENIENCY_S})",
+         mark(k["readers_stop_seeing_s"] <= (k["lease_left_at_kill_s"] or 0) + READER_LENIENCY_S
               and (k["lease_left_at_kill_s"] or 1e9) <= g["readers_stop_seeing_s"])),
         ("  every key of theirs gone (s)", f"{k['keys_gone_s']}", f"goal <= {g['died_within_s']}",
          mark((k["keys_gone_s"] or 1e9) <= g["died_within_s"])),
