@@ -268,7 +268,9 @@ class _SendWatch:
 
     def add(self, stream: EventStreamResponse) -> None:
         self._streams.add(stream)
-        if self._task is None or self._task.done():
+        # A watch left on another loop (an app served again in one process, as tests do)
+        # never runs on this one.
+        if self._task is None or self._task.done() or self._task.get_loop() is not asyncio.get_running_loop():
             self._task = asyncio.ensure_future(self._watch())
 
     def discard(self, stream: EventStreamResponse) -> None:
@@ -281,8 +283,12 @@ class _SendWatch:
             await survive("sse send watch", self._round)
 
     async def _round(self) -> None:
-        now = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         for stream in list(self._streams):
+            if stream.task is not None and stream.task.get_loop() is not loop:
+                self._streams.discard(stream)  # left by a loop that was closed under it
+                continue
             since = stream.sending_since
             if stream.ending is not None and stream.task is not None:
                 stream.task.cancel()
