@@ -27,8 +27,9 @@ for i = 4, #ARGV do
     end
   end
 end
-changed_all(6, 5, owned, cjson.decode(template).verttl)
--- The ops decoded once; each session's copy has its id in every string that names it.
+local decoded = cjson.decode(template)
+changed_all(6, 5, owned, decoded.verttl)
+-- Each session's copy of the ops (decoded once) has its id in every string that names it.
 local function with_sid(value, sid)
   if type(value) == 'string' then
     return (string.gsub(value, '@SID@', function() return sid end))
@@ -39,7 +40,6 @@ local function with_sid(value, sid)
   end
   return value
 end
-local decoded = cjson.decode(template)
 local batch = {removed = {}}
 local outcomes = {}
 for i = 4, #ARGV do
