@@ -19,14 +19,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client import Counter
-
+from acp_state.metrics import Tally
 from acp_state.store import SessionView
 
 log = logging.getLogger("acp_state.api.cache")
 
-CACHE_HITS = Counter("acp_state_state_cache_hits_total", "Session reads served from this process's cache")
-CACHE_MISSES = Counter("acp_state_state_cache_misses_total", "Session reads that went to Redis")
+CACHE_HITS = Tally("acp_state_state_cache_hits_total", "Session reads served from this process's cache")
+CACHE_MISSES = Tally("acp_state_state_cache_misses_total", "Session reads that went to Redis")
 
 MAX_SESSIONS = 100_000
 MAX_PAGES = 10_000

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Gauge, generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from acp_state.metrics import Tally
 
 from .auth import principal_of
 from .responses import ApiError
 from .state import app_state
 
-REQUESTS = Counter("acp_state_http_requests_total", "HTTP requests answered", ["route", "status"])
+REQUESTS = Tally("acp_state_http_requests_total", "HTTP requests answered", ("route", "status"))
 SSE_CLIENTS = Gauge("acp_state_sse_clients", "SSE event streams open on this process")
 DEPLOYMENT_SESSIONS = Gauge(
     "acp_state_deployment_sessions",
@@ -25,16 +25,10 @@ LIVE_WORKERS = Gauge("acp_state_live_workers", "Workers holding a valid lease")
 
 class RequestCounts:
     """`acp_state_http_requests_total` of one app, by route (the endpoint's name, never the
-    raw path) and status. Each label pair is resolved once: a label lookup takes a lock."""
-
-    def __init__(self) -> None:
-        self._counters: dict[tuple[str, int], Any] = {}
+    raw path) and status."""
 
     def add(self, route: str, status: int) -> None:
-        counter = self._counters.get((route, status))
-        if counter is None:
-            counter = self._counters[(route, status)] = REQUESTS.labels(route, str(status))
-        counter.inc()
+        REQUESTS.inc(route, status)
 
 
 class RequestMetrics:
