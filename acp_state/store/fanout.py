@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -46,6 +46,10 @@ FRESH_TOKEN = "acp-state-fresh"
 # A read served from a cache first waits for a ping sent on its change link after the read
 # began (`sync`); a link that does not answer within this long is not trusted for the read.
 SYNC_TIMEOUT_S = 1.0
+# Sync pings a link may have out at once. A read waits for the first ping written after it
+# began, not for the one already out to come back first; past this many (Redis slow or
+# stalled), reads share the ping written as the oldest comes back.
+MAX_PINGS_OUT = 8
 
 
 def changes(ws: str, message: str) -> list[Change]:
@@ -147,8 +151,23 @@ class _PubSub(PubSub):
         return await super().handle_message(response, ignore_subscribe_messages)
 
 
+@dataclass
+class _Round:
+    """The ping out for syncs on a link, and the reads it will answer."""
+
+    number: int
+    waiting: list[asyncio.Future[bool]]
+    timer: asyncio.TimerHandle
+
+
 class _Link:
-    """One pub/sub connection (the server's, or one cluster node's) and the task reading it."""
+    """One pub/sub connection (the server's, or one cluster node's) and the task reading it.
+
+    It also runs the syncs of the reads that count on it (`sync`): the reads that arrive in
+    one turn of the event loop share one ping, written at the end of that turn, and each
+    waits for its own ping only (pings are pipelined, up to MAX_PINGS_OUT). All of it runs
+    in callbacks, with no task and no timeout context per round.
+    """
 
     def __init__(self, name: str, pubsub: Any) -> None:
         self.name = name
@@ -157,26 +176,88 @@ class _Link:
         self.leaving: Counter[str] = Counter()  # our SUNSUBSCRIBEs not yet confirmed
         self.connected = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        self.heard = asyncio.get_running_loop().time()  # the node's last answer to a ping
+        # Its loop, kept: asyncio.get_running_loop() makes a getpid() system call each time,
+        # as much as the rest of a sync's bookkeeping.
+        self.loop = asyncio.get_running_loop()
+        self.heard = self.loop.time()  # the node's last answer to a ping
         self.lapsed = False  # it was found silent for longer than FRESH_S
+        self.closed = False  # failed or closed: no sync counts on it any more
         self.pings_sent = 0  # our pings are numbered; their answers come back in order
-        self.answers: dict[int, asyncio.Future[bool]] = {}  # ping number -> its answer
-        self.next_round: list[asyncio.Future[bool]] = []  # syncs waiting for the next ping
-        self.rounds: set[asyncio.Task[None]] = set()  # pings out for syncs
+        self.rounds: deque[_Round] = deque()  # the pings out for syncs, oldest first
+        self.next_round: list[asyncio.Future[bool]] = []  # syncs waiting for their ping
+        self.round_due = False  # a call to write the next round's ping is scheduled
+
+    def ping(self) -> int | None:
+        """Write a numbered ping; its number, or None when it could not be written.
+
+        Written as it is, past redis-py's PubSub.execute_command and the connection's
+        awaited send (its retry wrapper, health check and drain cost more than the ping): a
+        failed write is a dead connection, which the pump notices and repairs."""
+        connection = self.pubsub.connection
+        if self.closed or not self.connected.is_set() or connection is None or not connection.is_connected:
+            return None
+        self.pings_sent += 1
+        try:
+            connection._writer.writelines(connection.pack_command("PING", f"{FRESH_TOKEN} {self.pings_sent}"))
+        except Exception:
+            log.debug("ping on %s failed", self.name, exc_info=True)
+            return None
+        return self.pings_sent
+
+    def sync(self) -> asyncio.Future[bool]:
+        """Resolves True once a ping written after this call came back (False: it did not
+        within SYNC_TIMEOUT_S, or the link failed)."""
+        waiter: asyncio.Future[bool] = self.loop.create_future()
+        if self.closed:
+            waiter.set_result(False)
+            return waiter
+        self.next_round.append(waiter)
+        if not self.round_due:
+            self.round_due = True
+            self.loop.call_soon(self._start_round)  # at the end of this turn: its reads share it
+        return waiter
+
+    def _start_round(self) -> None:
+        self.round_due = False
+        if not self.next_round or len(self.rounds) >= MAX_PINGS_OUT:
+            return  # nothing waits, or too many out: the next answer starts it
+        waiting, self.next_round = self.next_round, []
+        number = self.ping()
+        if number is None:
+            _resolve(waiting, False)
+            return
+        timer = self.loop.call_later(SYNC_TIMEOUT_S, self.answered, number, False)
+        self.rounds.append(_Round(number, waiting, timer))
 
     def answered(self, number: int, ok: bool = True) -> None:
-        """Every ping up to `number` came back (or, with ok False, never will)."""
-        for sent in [n for n in self.answers if n <= number]:
-            answer = self.answers.pop(sent)
-            if not answer.done():
-                answer.set_result(ok)
+        """Every ping up to `number` came back (or, with ok False, never will: silent, a
+        stall). A read never counts on a ping that was out before it came."""
+        while self.rounds and self.rounds[0].number <= number:
+            out = self.rounds.popleft()
+            out.timer.cancel()
+            _resolve(out.waiting, ok)
+        if self.next_round and not self.round_due:
+            self._start_round()  # reads held back while too many pings were out
+
+    def fail(self) -> None:
+        """The connection failed or closes: every sync waiting on it is answered False."""
+        self.closed = True
+        self.answered(self.pings_sent, ok=False)
+        waiting, self.next_round = self.next_round, []
+        _resolve(waiting, False)
 
     def fresh(self) -> bool:
         if self.lapsed:
             return False
-        if asyncio.get_running_loop().time() - self.heard > FRESH_S:
+        if self.loop.time() - self.heard > FRESH_S:
             self.lapsed = True
         return not self.lapsed
+
+
+def _resolve(waiters: list[asyncio.Future[bool]], ok: bool) -> None:
+    for waiter in waiters:
+        if not waiter.done():  # a read that gave up (cancelled) is skipped
+            waiter.set_result(ok)
 
 
 class Fanout:
@@ -283,67 +364,18 @@ class Fanout:
         in time (not watching, the link silent or gone): the caller reads Redis instead.
 
         This is what lets a cache serve a read that comes after a change acknowledged
-        through another process (ZooKeeper's `sync`, Raft's read index). A link has one
-        ping out for syncs at a time: the reads that arrive while it is out share the next
-        one, sent as it comes back (so a read waits two round trips at most, and a loaded
-        process sends one ping per round trip, not one per read); a read never counts on a
-        ping that was out before it came. Pongs come back in order, so any later ping's
-        answer also answers the earlier ones.
+        through another process (ZooKeeper's `sync`, Raft's read index). The reads that
+        arrive in one turn of the event loop share one ping, written at the end of the
+        turn, and wait for that ping alone: one round trip, not the rest of a ping already
+        out as well (`_Link`). A read never counts on a ping that was out before it came.
+        Pongs come back in order, so any later ping's answer also answers the earlier ones.
         """
         if not self.watching(ws):
             return False
         link = self._link_of.get(keys.invalidations(ws))
         if link is None:
             return False
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[bool] = loop.create_future()
-        if not link.next_round and not link.rounds:
-            loop.call_soon(self._start_round, link)  # at the end of this turn: its reads share it
-        link.next_round.append(waiter)
-        return await waiter  # its round answers it within SYNC_TIMEOUT_S, whatever happens
-
-    def _start_round(self, link: _Link) -> None:
-        waiting, link.next_round = link.next_round, []
-        if waiting:
-            link.rounds.add(asyncio.ensure_future(self._round(link, waiting)))
-
-    async def _round(self, link: _Link, waiting: list[asyncio.Future[bool]]) -> None:
-        ok = False
-        try:
-            async with asyncio.timeout(SYNC_TIMEOUT_S):  # not wait_for: no task of its own
-                answer = await self._ping(link)
-                ok = answer is not None and await answer
-        except Exception:  # silent (a stall) or gone: not current
-            log.debug("sync on %s failed", link.name, exc_info=True)
-        finally:  # also when cancelled (the link closes): nobody is left waiting
-            for waiter in waiting:
-                if not waiter.done():
-                    waiter.set_result(ok)
-            link.rounds.discard(asyncio.current_task())  # type: ignore[arg-type]
-            if link.next_round and not link.rounds:
-                self._start_round(link)  # the reads that came while this ping was out
-
-    async def _ping(self, link: _Link, awaited: bool = True) -> asyncio.Future[bool] | None:
-        """Send a numbered ping on the link; the future (when `awaited`) resolves when it
-        comes back. None: it was not sent."""
-        if not link.connected.is_set():
-            return None
-        link.pings_sent += 1
-        number = link.pings_sent
-        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        if awaited:
-            link.answers[number] = answer
-        try:
-            # Written as it is, past redis-py's PubSub.execute_command (its retry wrapper and
-            # health check cost more than the ping): a failed write is a dead connection,
-            # which the pump repairs, and this sync reads Redis instead.
-            connection = link.pubsub.connection
-            await connection.send_packed_command(connection.pack_command("PING", f"{FRESH_TOKEN} {number}"), False)
-        except Exception:  # a dead connection: its pump notices and repairs it
-            log.debug("ping on %s failed", link.name, exc_info=True)
-            link.answers.pop(number, None)
-            return None
-        return answer
+        return await link.sync()  # answered within SYNC_TIMEOUT_S, whatever happens
 
     async def watch(self, ws: str) -> bool:
         """Follow a workspace's changes; False when too many workspaces are followed."""
@@ -420,7 +452,7 @@ class Fanout:
                 raise
             except Exception as error:  # dead, or a subscription refused (MOVED): start over
                 log.warning("pub/sub connection %s failed (%r); re-subscribing", link.name, error)
-                link.answered(link.pings_sent, ok=False)
+                link.fail()
                 if self._links.get(link.name) is link:
                     del self._links[link.name]
                 self._retired.append(link)
@@ -496,7 +528,7 @@ class Fanout:
             subscription.deliver(None)
 
     def _heard(self, link: _Link) -> None:
-        link.heard = asyncio.get_running_loop().time()
+        link.heard = link.loop.time()
         if link.lapsed:  # changes may have gone out elsewhere while its node was silent
             link.lapsed = False
             log.info("pub/sub connection %s answers again; the caches start over", link.name)
@@ -512,7 +544,7 @@ class Fanout:
     async def _ping_once(self) -> None:
         for link in list(self._links.values()):
             link.fresh()  # a silence is noted even while no read asks
-            await self._ping(link, awaited=False)  # its answer counts in `_heard`
+            link.ping()  # its answer counts in `_heard`
 
     async def _repair_loop(self) -> None:
         while self._broken and not self._stopped:
@@ -532,13 +564,7 @@ class Fanout:
                 self._broken.discard(channel)
 
     async def _close(self, link: _Link) -> None:
-        link.answered(link.pings_sent, ok=False)
-        for round_ in list(link.rounds):
-            round_.cancel()
-        for waiter in link.next_round:
-            if not waiter.done():
-                waiter.set_result(False)
-        link.next_round.clear()
+        link.fail()
         if link.task is not None and link.task is not asyncio.current_task():
             link.task.cancel()
             await asyncio.gather(link.task, return_exceptions=True)
