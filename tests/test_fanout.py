@@ -154,6 +154,37 @@ async def test_cached_reads_that_arrive_together_share_one_ping(fanout: Fanout) 
     assert link.pings_sent - before <= 2, "one ping for the reads that arrived together (and one for late ones)"
 
 
+async def test_a_read_waits_for_its_own_ping_not_for_one_already_out(own_redis: RedisServer) -> None:
+    """Reads that begin in later turns of the loop each have their ping written at once,
+    while earlier pings are still out (a read waits one round trip, not two), up to
+    MAX_PINGS_OUT; the reads held back past that get theirs as the oldest comes back."""
+    from acp_state.store.fanout import MAX_PINGS_OUT, SYNC_TIMEOUT_S
+
+    fanout = Fanout(connect(own_redis.url))
+    ws = "fanout-test9"
+    assert await fanout.watch(ws)
+    link = fanout._link_of[keys.invalidations(ws)]
+    before = link.pings_sent
+    own_redis.process.send_signal(signal.SIGSTOP)  # nothing comes back while the reads begin
+    started = time.monotonic()
+    try:
+        reads = []
+        for n in range(MAX_PINGS_OUT + 2):
+            reads.append(asyncio.ensure_future(fanout.sync(ws)))
+            if n < MAX_PINGS_OUT:
+                await _until(lambda: link.pings_sent == before + n + 1, timeout=5)
+            else:
+                await _until(lambda: len(link.next_round) == n + 1 - MAX_PINGS_OUT and not link.round_due, timeout=5)
+        assert link.pings_sent == before + MAX_PINGS_OUT, "one ping per turn, while earlier ones are out"
+        assert len(link.next_round) == 2, "the reads past the limit wait for a ping to come back"
+        assert time.monotonic() - started < SYNC_TIMEOUT_S, "the stall outlasted the test's premise"
+    finally:
+        own_redis.process.send_signal(signal.SIGCONT)
+    assert await asyncio.wait_for(asyncio.gather(*reads), 10) == [True] * len(reads)
+    assert link.pings_sent == before + MAX_PINGS_OUT + 1, "the held-back reads shared one more ping"
+    await fanout.stop()
+
+
 async def test_a_stalled_redis_stops_cached_reads(own_redis: RedisServer) -> None:
     """While Redis does not answer, nothing can say the cache is current: the read goes to
     Redis (and waits or fails there) instead of being answered from memory."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -186,6 +187,9 @@ class _Link:
         self.rounds: deque[_Round] = deque()  # the pings out for syncs, oldest first
         self.next_round: list[asyncio.Future[bool]] = []  # syncs waiting for their ping
         self.round_due = False  # a call to write the next round's ping is scheduled
+        # Read directly while syncs wait (`Fanout._next_message`): redis-py's own connections
+        # only, not the embedded default's (fakeredis reads differently).
+        self.direct = not pubsub.connection_pool.connection_class.__module__.startswith("fakeredis")
 
     def ping(self) -> int | None:
         """Write a numbered ping; its number, or None when it could not be written.
@@ -447,7 +451,7 @@ class Fanout:
             try:
                 # redis-py pings an idle connection (health check), and reconnects and
                 # re-subscribes by itself when it can: the repeated confirmations say so.
-                message = await link.pubsub.get_message(timeout=5.0)
+                message = await self._next_message(link)
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # dead, or a subscription refused (MOVED): start over
@@ -465,6 +469,24 @@ class Fanout:
             except Exception:  # one bad message (or listener) must not end the connection's pump
                 BACKGROUND_ERRORS.labels("fan-out delivery").inc()
                 log.exception("delivering a message of %s failed", link.name)
+
+    async def _next_message(self, link: _Link) -> dict[str, Any] | None:
+        """The link's next message (None: none within 5 s, or a health check's answer).
+
+        While syncs wait for their pongs, a message is due within SYNC_TIMEOUT_S (or the
+        syncs give up on it), and the connection is read directly: redis-py's get_message
+        wraps every read in a health check, a retry wrapper and a timeout context, which
+        cost a loaded process about as much as the rest of a sync's round. An error there
+        ends the link as any other does: the repair subscribes its channels again. An idle
+        link reads through get_message, whose health checks keep it known alive."""
+        pubsub = link.pubsub
+        connection = pubsub.connection
+        if not link.rounds or not link.direct or connection is None or not connection.is_connected:
+            return await pubsub.get_message(timeout=5.0)
+        response = await connection.read_response(timeout=math.inf, disconnect_on_error=False, push_request=True)
+        if connection.health_check_interval and response in pubsub.health_check_response:
+            return None
+        return await pubsub.handle_message(response)  # type: ignore[no-any-return]
 
     def _handle(self, link: _Link, message: dict[str, Any]) -> None:
         kind, channel = message["type"], message["channel"]
