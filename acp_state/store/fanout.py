@@ -21,10 +21,11 @@ from typing import Any, Callable
 
 import orjson
 from redis.asyncio.client import PubSub
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import keys
-from .connection import Client, is_cluster, node_client
+from .connection import HEALTH_CHECK_S, Client, is_cluster, node_client
 from .types import Change
 from ..tasks import BACKGROUND_ERRORS, survive
 
@@ -187,8 +188,8 @@ class _Link:
         self.rounds: deque[_Round] = deque()  # the pings out for syncs, oldest first
         self.next_round: list[asyncio.Future[bool]] = []  # syncs waiting for their ping
         self.round_due = False  # a call to write the next round's ping is scheduled
-        # Read directly while syncs wait (`Fanout._next_message`): redis-py's own connections
-        # only, not the embedded default's (fakeredis reads differently).
+        # Read directly (`Fanout._next_message`): redis-py's own connections only, not the
+        # embedded default's (fakeredis reads differently).
         self.direct = not pubsub.connection_pool.connection_class.__module__.startswith("fakeredis")
 
     def ping(self) -> int | None:
@@ -438,7 +439,7 @@ class Fanout:
             link = _Link(name, pubsub)
             self._links[name] = link
             link.task = asyncio.ensure_future(self._pump(link))
-            if self._cluster and self._pinger is None:
+            if self._pinger is None:
                 self._pinger = asyncio.ensure_future(self._ping_loop())
         link.channels.add(channel)
         self._link_of[channel] = link
@@ -471,19 +472,26 @@ class Fanout:
                 log.exception("delivering a message of %s failed", link.name)
 
     async def _next_message(self, link: _Link) -> dict[str, Any] | None:
-        """The link's next message (None: none within 5 s, or a health check's answer).
+        """The link's next message (None: a health check's answer, or nothing for a while).
 
-        While syncs wait for their pongs, a message is due within SYNC_TIMEOUT_S (or the
-        syncs give up on it), and the connection is read directly: redis-py's get_message
-        wraps every read in a health check, a retry wrapper and a timeout context, which
-        cost a loaded process about as much as the rest of a sync's round. An error there
-        ends the link as any other does: the repair subscribes its channels again. An idle
-        link reads through get_message, whose health checks keep it known alive."""
+        The connection is read directly: redis-py's get_message wraps every read in a
+        health check, a retry wrapper and a timeout context, which cost a loaded process
+        about as much as the rest of a sync's round, and every event of every stream goes
+        through here. What those did is done otherwise: the link is pinged when idle
+        (`_ping_loop`), and a read that fails goes to get_message, whose retry reconnects.
+        A connection redis-py has not opened yet, and the embedded default's (fakeredis
+        reads differently), go through get_message too."""
         pubsub = link.pubsub
         connection = pubsub.connection
-        if not link.rounds or not link.direct or connection is None or not connection.is_connected:
+        if not link.direct or connection is None or not connection.is_connected:
             return await pubsub.get_message(timeout=5.0)
-        response = await connection.read_response(timeout=math.inf, disconnect_on_error=False, push_request=True)
+        try:
+            response = await connection.read_response(timeout=math.inf, disconnect_on_error=False, push_request=True)
+        except (RedisConnectionError, RedisTimeoutError):
+            # redis-py's own recovery: it reconnects and subscribes again (the repeated
+            # confirmations say so), or raises, and the pump starts the link over.
+            log.info("pub/sub connection %s broke; reconnecting", link.name)
+            return await pubsub.get_message(timeout=5.0)
         if connection.health_check_interval and response in pubsub.health_check_response:
             return None
         return await pubsub.handle_message(response)  # type: ignore[no-any-return]
@@ -558,9 +566,13 @@ class Fanout:
                 self.on_reset()
 
     async def _ping_loop(self) -> None:
-        """Ping every cluster link, so a silent node is noticed within FRESH_S (`watching`)."""
+        """Ping every link: on a cluster every PING_S, so a silent node is noticed within
+        FRESH_S (`watching`); on one server when it would be idle (HEALTH_CHECK_S), so a
+        dead connection is noticed and replaced (the pump's direct reads skip redis-py's
+        own health check)."""
+        period = PING_S if self._cluster else HEALTH_CHECK_S
         while not self._stopped:
-            await asyncio.sleep(PING_S)
+            await asyncio.sleep(period)
             await survive("fan-out ping", self._ping_once)
 
     async def _ping_once(self) -> None:
