@@ -185,6 +185,21 @@ async def test_a_read_waits_for_its_own_ping_not_for_one_already_out(own_redis: 
     await fanout.stop()
 
 
+async def test_an_idle_link_on_one_server_is_pinged(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pump reads its connection past redis-py's health check, so the fan-out pings an
+    idle link itself: a dead connection is noticed (its write or read fails) and replaced."""
+    import acp_state.store.fanout as fanout_module
+
+    monkeypatch.setattr(fanout_module, "HEALTH_CHECK_S", 0.05)
+    fanout = Fanout(connect(redis_server.url))
+    ws = "fanout-test10"
+    assert await fanout.watch(ws)
+    link = fanout._link_of[keys.invalidations(ws)]
+    sent, heard = link.pings_sent, link.heard
+    await _until(lambda: link.pings_sent >= sent + 2 and link.heard > heard, timeout=5)
+    await fanout.stop()
+
+
 async def test_a_stalled_redis_stops_cached_reads(own_redis: RedisServer) -> None:
     """While Redis does not answer, nothing can say the cache is current: the read goes to
     Redis (and waits or fails there) instead of being answered from memory."""
