@@ -10,6 +10,7 @@ is filled from the log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from typing import Any, AsyncIterator, Callable, Mapping
@@ -219,6 +220,10 @@ class EventStreamResponse:
                 send = direct or send  # the middlewares have seen what they look at
             self.sending_since = loop.time()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except STORE_ERRORS as error:  # Redis went away mid-stream: end it; the client reconnects and resumes
+            log.warning("SSE stream ended by a store error (%r)", error)
+            with contextlib.suppress(Exception):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if self.ending is None:
                 raise

@@ -103,3 +103,57 @@ async def test_heartbeat_is_one_script_whose_cost_does_not_grow_with_sessions(ow
     assert empty.get("hset", 0) <= 3 and loaded.get("hset", 0) <= 3, (empty, loaded)
     assert empty["evalsha"] == 1
     assert sum(empty.values()) < 20, empty
+
+
+async def test_a_session_a_rewrite_could_not_index_is_indexed_at_the_next_heartbeat(monkeypatch) -> None:
+    """Redis came back empty and the worker rewrote its sessions, but a session's index
+    write failed (a pooled connection to the old server). Seen in a chaos run: that session
+    stayed unfindable by the API processes that had not cached its workspace, and unknown
+    to the sweeper, so a prompt acknowledged on it had no terminal once its worker died.
+    The rewrite indexes first and writes the session only then; the next heartbeat tries
+    again. (The store is the embedded one: the fault is injected in its client.)"""
+    from prometheus_client import REGISTRY
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from acp_state.agents import DEFAULT_AGENT
+    from acp_state.store import RedisStore, keys
+    from acp_state.store.connection import connect
+    from acp_state.worker.worker import Worker, WorkerConfig
+
+    store = RedisStore(connect("memory://rewrite-index"))
+    bridge = Worker(store, WorkerConfig(agents={DEFAULT_AGENT: "x"}))
+    REGISTRY.unregister(bridge._collector)  # one process-wide registry; not scraped here
+
+    class Held:
+        """What a rewrite uses of a LiveSession."""
+
+        closed = False
+
+        def __init__(self) -> None:
+            self.incarnation, self.ws, self.sid = bridge.incarnation, "ws1", "s1"
+            self.republished = 0
+
+        async def republish(self) -> None:
+            self.republished += 1
+
+    session = Held()
+    bridge.sessions[session.sid] = session  # type: ignore[assignment]
+    failures = [RedisConnectionError("Connection closed by server.")]
+    index_session = store.index_session
+
+    async def flaky_index(*args: object) -> None:
+        if failures:
+            raise failures.pop()
+        await index_session(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "index_session", flaky_index)
+    await bridge._rewrite([session])  # type: ignore[list-item]
+    assert session.republished == 0, "not written where the sweeper could not find it"
+    assert await store.locate(session.sid) is None
+
+    await bridge._renew()
+    assert session.republished == 1
+    assert await store.locate(session.sid) == session.ws
+    assert f"{session.ws}/{session.sid}" in await store.redis.smembers(keys.worker_sessions(bridge.incarnation))
+    await bridge._renew()
+    assert session.republished == 1, "once indexed, never again"

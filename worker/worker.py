@@ -118,6 +118,7 @@ class Worker:
         self._read: dict[str, str] = {}  # streams read since their handled commands were dropped
         self._forgotten_at = 0.0
         self._registered = False
+        self._unrewritten: set[str] = set()  # sessions a rewrite could not index yet
         # The longest this process was frozen (SIGSTOP, a blocked event loop) since its
         # last accepted renewal: what tells "the store lost us" from "we may have been swept".
         self._frozen_s = 0.0
@@ -239,6 +240,7 @@ class Worker:
 
     async def _renew(self) -> None:
         frozen_s = self._frozen_s
+        retry = set(self._unrewritten)
         standing = await self.store.heartbeat(self.incarnation, self.report(), self.config.lease_ms)
         LEASE_RENEWALS.inc()
         if standing is Standing.DEAD:
@@ -261,15 +263,36 @@ class Worker:
         elif standing is Standing.LATE:
             log.warning("lease renewed after its deadline (nobody had declared it dead)")
         self._registered = True
+        self._unrewritten.intersection_update(self.sessions)
+        again = retry & self._unrewritten  # not indexed by an earlier renewal's rewrite, nor by this one's
+        if again:
+            await self._rewrite([self.sessions[sid] for sid in again])
         if self._frozen_s == frozen_s:  # (a freeze during this renewal counts next time)
             self._frozen_s = 0.0
 
     async def _rewrite(self, sessions: list[LiveSession]) -> None:
-        """Write sessions the store lost again, under new event epochs, and index them."""
-        await asyncio.gather(*(s.republish() for s in sessions))
-        for s in sessions:
-            if not s.closed:
-                await self.store.index_session(s.incarnation, s.ws, s.sid, True)
+        """Write sessions the store lost again, under new event epochs.
+
+        Each is indexed first, as a create is, so the sweeper finds whatever of it is
+        written should this incarnation die meanwhile (the index also holds the session's
+        locator, without which no other API process finds it). A session whose index
+        could not be written is tried again at the next heartbeat: a store back from a
+        restart can still fail a write or two (a pooled connection to the old server)."""
+
+        async def one(session: LiveSession) -> None:
+            if session.closed:
+                return
+            try:
+                await self.store.index_session(session.incarnation, session.ws, session.sid, True)
+            except Exception as error:  # (redis-py can fail oddly on a connection torn mid-write)
+                log.warning("could not index a session to rewrite (%r); again at the next heartbeat", error,
+                            extra={"sessionId": session.sid})
+                self._unrewritten.add(session.sid)
+                return
+            self._unrewritten.discard(session.sid)
+            await session.republish()
+
+        await asyncio.gather(*(one(s) for s in sessions))
 
     async def _rejoin(self, reason: str) -> None:
         """Our incarnation is dead: end what it hosted, then join as a new one with nothing."""
