@@ -320,21 +320,40 @@ READ_SECONDS = 3
 READER_LENIENCY_S = 0.1
 
 
-def interleaved(urls: dict[str, str], rounds: int = READ_ROUNDS) -> dict[str, dict[str, Any]]:
+def interleaved(urls: dict[str, str], pids: dict[str, int], rounds: int = READ_ROUNDS) -> dict[str, dict[str, Any]]:
     """`run_wrk` on each URL in turn, `rounds` times over: per URL, the run of median
-    requests/s. A shared machine's speed drifts within a minute (the hello alone moved by a
-    third between runs), so shares are taken round by round (`paired_share`)."""
+    requests/s, and the CPU its server process spent per request (`pids`: the process
+    serving each URL; granian's threads included). A shared machine's speed drifts within
+    a minute (the hello alone moved by a third between runs), so shares are taken round by
+    round (`paired_share`); CPU per request drifts much less than requests/s."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in urls}
     for _ in range(rounds):
         for name, url in urls.items():
-            runs[name].append(run_wrk(url, READ_SECONDS))
-    return {name: {**sorted(each, key=lambda run: run["rps"])[len(each) // 2], "rps_of_rounds": [run["rps"] for run in each]}
+            before = cpu_s(pids[name])
+            run = run_wrk(url, READ_SECONDS)
+            run["cpu_us_per_request"] = round((cpu_s(pids[name]) - before) * 1e6 / max(run["requests"], 1), 1)
+            runs[name].append(run)
+    return {name: {**sorted(each, key=lambda run: run["rps"])[len(each) // 2],
+                   "rps_of_rounds": [run["rps"] for run in each],
+                   "cpu_us_per_request_of_rounds": [run["cpu_us_per_request"] for run in each]}
             for name, each in runs.items()}
 
 
 def paired_share(reads: dict[str, Any], name: str, baseline: str) -> float:
     """The median over rounds of `name`'s requests/s over `baseline`'s of the same round."""
     shares = sorted(a / b for a, b in zip(reads[name]["rps_of_rounds"], reads[baseline]["rps_of_rounds"]))
+    return round(shares[len(shares) // 2], 2)
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def cpu_share(reads: dict[str, Any], name: str, baseline: str) -> float:
+    """Requests per CPU-second of `name`'s server over `baseline`'s, the median over rounds:
+    what each would answer with a core to itself."""
+    shares = sorted(b / a for a, b in zip(reads[name]["cpu_us_per_request_of_rounds"],
+                                          reads[baseline]["cpu_us_per_request_of_rounds"]))
     return round(shares[len(shares) // 2], 2)
 
 
@@ -502,18 +521,28 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 bodies[name].write_bytes((await http.get(path)).content)
         hello_port = free_port()
         hello_proc = subprocess.Popen([sys.executable, "-m", "bench.hello_app", "--server", args.server,
-                                       "--port", str(hello_port), *(f"--body={n}={p}" for n, p in bodies.items())],
+                                       "--port", str(hello_port), "--ping-url", redis_server.url,
+                                       *(f"--body={n}={p}" for n, p in bodies.items())],
                                       cwd=ROOT, stdout=subprocess.DEVNULL)
         await wait_port(hello_port)
         log("reads: status, a listing page of a 10,000-session workspace, bare hello, bare answers of the same bytes")
-        reads: dict[str, Any] = interleaved({
-            "hello": f"http://127.0.0.1:{hello_port}/",
+        bare = f"http://127.0.0.1:{hello_port}"
+        urls = {
+            "hello": f"{bare}/",
             "status": f"http://127.0.0.1:{port}{status_path}",
-            "bare_status_body": f"http://127.0.0.1:{hello_port}/body/status",
+            "bare_status_body": f"{bare}/body/status",
+            "bare_status_body_after_ping": f"{bare}/raw-ping/status",
             "listing": f"http://127.0.0.1:{port}{listing_path}",
-            "bare_listing_body": f"http://127.0.0.1:{hello_port}/body/listing",
-        })
+            "bare_listing_body": f"{bare}/body/listing",
+        }
+        api_pid = cluster.apis[0][0].pid
+        reads: dict[str, Any] = interleaved(urls, {name: api_pid if not url.startswith(bare) else hello_proc.pid
+                                                   for name, url in urls.items()})
         reads["status_share_of_hello"] = paired_share(reads, "status", "hello")
+        reads["status_share_of_bare_after_ping"] = paired_share(reads, "status", "bare_status_body_after_ping")
+        reads["bare_after_ping_share_of_hello"] = paired_share(reads, "bare_status_body_after_ping", "hello")
+        reads["status_cpu_share_of_hello"] = cpu_share(reads, "status", "hello")
+        reads["listing_cpu_share_of_hello"] = cpu_share(reads, "listing", "hello")
         reads["listing_share_of_hello"] = paired_share(reads, "listing", "hello")
         reads["status_share_of_bare_same_body"] = paired_share(reads, "status", "bare_status_body")
         reads["listing_share_of_bare_same_body"] = paired_share(reads, "listing", "bare_listing_body")
@@ -535,7 +564,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         log(f"event streams baselines: {len(targets)} bare streams on the same stack, in Starlette and below it")
         bare_stream_rss = {path: await bare_stream_rss_bytes(args.server, path, len(targets), logs)
                            for path in ("/sse", "/raw-sse")}
-        api_pid = cluster.apis[0][0].pid
         api_rss0 = rss_bytes(api_pid)
         log(f"event streams: {len(targets)} SSE connections on one API process")
         streams = Streams(port, [f"/session/{s}/events" for _, s in targets], logs)
@@ -647,6 +675,12 @@ def table(result: dict[str, Any]) -> str:
          f"{rd['listing']['rps']:,} ({rd['listing']['p99_ms']} ms)",
          f"{rd['listing_share_of_hello']:.0%} of hello; goal p99 < {g['listing_p99_ms']} ms",
          mark(rd["listing"]["p99_ms"] < g["listing_p99_ms"] and rd["listing_share_of_hello"] >= g["read_share_of_hello"])),
+        ("  per CPU-second of the serving process, share of the hello's", f"status {rd['status_cpu_share_of_hello']:.0%}, "
+         f"listing {rd['listing_cpu_share_of_hello']:.0%}",
+         f"CPU per request: hello {_median(rd['hello']['cpu_us_per_request_of_rounds'])} µs, status "
+         f"{_median(rd['status']['cpu_us_per_request_of_rounds'])} µs, listing {_median(rd['listing']['cpu_us_per_request_of_rounds'])} µs", ""),
+        ("  status beside a bare read of its bytes after one Redis ping", f"{rd['status_share_of_bare_after_ping']:.0%}",
+         f"that bare read: {rd['bare_status_body_after_ping']['rps']:,} req/s, {rd['bare_after_ping_share_of_hello']:.0%} of the hello", ""),
         ("  each beside the bare stack answering its very bytes", f"status {rd['status_share_of_bare_same_body']:.0%}, "
          f"listing {rd['listing_share_of_bare_same_body']:.0%}",
          f"bare: {rd['bare_status_body']['rps']:,} / {rd['bare_listing_body']['rps']:,} req/s "
