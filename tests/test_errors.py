@@ -142,7 +142,7 @@ async def test_an_exception_in_the_metrics_middleware_is_json_500(
         raise RuntimeError("metrics broke")
 
     # Counting happens on the way out: it fails after the route raised, before any answer.
-    monkeypatch.setattr(metrics.REQUESTS, "labels", broken)
+    monkeypatch.setattr(metrics.REQUESTS, "inc", broken)
     _assert_json(await client.get("/boom"), 500, "internal_error")
 
 

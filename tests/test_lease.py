@@ -112,17 +112,18 @@ async def test_a_session_a_rewrite_could_not_index_is_indexed_at_the_next_heartb
     to the sweeper, so a prompt acknowledged on it had no terminal once its worker died.
     The rewrite indexes first and writes the session only then; the next heartbeat tries
     again. (The store is the embedded one: the fault is injected in its client.)"""
-    from prometheus_client import REGISTRY
+    from prometheus_client import CollectorRegistry
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     from acp_state.agents import DEFAULT_AGENT
     from acp_state.store import RedisStore, keys
     from acp_state.store.connection import connect
+    from acp_state.worker import worker as worker_module
     from acp_state.worker.worker import Worker, WorkerConfig
 
+    monkeypatch.setattr(worker_module, "REGISTRY", CollectorRegistry())  # its gauges, apart from other tests' workers
     store = RedisStore(connect("memory://rewrite-index"))
     bridge = Worker(store, WorkerConfig(agents={DEFAULT_AGENT: "x"}))
-    REGISTRY.unregister(bridge._collector)  # one process-wide registry; not scraped here
 
     class Held:
         """What a rewrite uses of a LiveSession."""
