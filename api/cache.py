@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Awaitable, Callable, Protocol
 
 from acp_state.metrics import Tally
 from acp_state.store import SessionView
@@ -31,6 +31,11 @@ MAX_SESSIONS = 100_000
 MAX_PAGES = 10_000
 
 
+# The headers of a kept answer as the hot reads send it (`hot_reads`): of its 200 and of
+# its 304. Made once per kept answer and never changed after: the server only reads them.
+Heads = tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]
+
+
 @dataclass
 class CachedSession:
     ws: str
@@ -38,6 +43,7 @@ class CachedSession:
     view: SessionView
     status_body: bytes | None = None  # its status answer and ETag, made on its first read
     status_etag: str = ""
+    status_heads: Heads | None = None
 
 
 @dataclass
@@ -45,6 +51,7 @@ class CachedPage:
     body: bytes
     owners: frozenset[str]
     etag: str | None = None
+    heads: Heads | None = None
 
 
 # The page key of a workspace's live state, beside its listing pages (offset, size).
@@ -56,12 +63,16 @@ class ChangeFeed(Protocol):
 
     def watching(self, ws: str) -> bool: ...
     async def watch(self, ws: str) -> bool: ...
-    async def sync(self, ws: str) -> bool: ...
+    def sync(self, ws: str) -> Awaitable[bool]: ...
 
 
 class StateCache:
     def __init__(self, feed: ChangeFeed) -> None:
         self._feed = feed
+        # True once every change of a workspace announced before the call has arrived;
+        # False: that cannot be said now (read Redis). The feed's own, not a wrapper: it is
+        # on every kept read's path.
+        self.sync: Callable[[str], Awaitable[bool]] = feed.sync
         self._sessions: OrderedDict[str, CachedSession] = OrderedDict()
         self._pages: OrderedDict[tuple[str, int, int], CachedPage] = OrderedDict()
         # A read may be kept only if its key was not invalidated after the read began:
@@ -117,23 +128,28 @@ class StateCache:
 
     # ---- sessions -----------------------------------------------------------------------
 
-    def holds_session(self, sid: str) -> bool:
-        """A copy is kept (it may still have to wait for `session`'s sync)."""
-        return sid in self._sessions
+    def kept(self, sid: str) -> CachedSession | None:
+        """The copy kept of a session, as it stands: it may be older than a change
+        acknowledged elsewhere until its workspace's `sync` comes back, and a change that
+        arrives meanwhile drops it. `session` waits for that; a hot path that cannot
+        afford the extra coroutine awaits `sync` itself and takes `kept` again after."""
+        return self._sessions.get(sid)
 
-    def holds_page(self, ws: str, offset: int, size: int) -> bool:
-        return (ws, offset, size) in self._pages
+    @staticmethod
+    def counted(entry: CachedSession | None) -> CachedSession | None:
+        """A read of a kept session served (a hit) or sent to Redis (a miss)."""
+        (CACHE_MISSES if entry is None else CACHE_HITS).inc()
+        return entry
 
     async def session(self, sid: str) -> CachedSession | None:
         """The kept session, once every change announced before the call has arrived
         (`sync`): a close acknowledged anywhere is never answered from here afterwards."""
-        entry = self._sessions.get(sid)
+        entry = self.kept(sid)
         if entry is not None:
             # Its changes may not reach us now: read Redis. Else take the entry again: a
             # change that arrived during the sync dropped it.
-            entry = self._sessions.get(sid) if await self._feed.sync(entry.ws) else None
-        (CACHE_MISSES if entry is None else CACHE_HITS).inc()
-        return entry
+            entry = self.kept(sid) if await self.sync(entry.ws) else None
+        return self.counted(entry)
 
     def keep_session(self, sid: str, started: int, entry: CachedSession) -> None:
         if not self._current(entry.ws, sid, started):
@@ -144,11 +160,16 @@ class StateCache:
 
     # ---- listing pages ------------------------------------------------------------------
 
+    def kept_page(self, ws: str, offset: int, size: int) -> CachedPage | None:
+        """The page kept, as it stands: serve it only once `sync(ws)` came back and it is
+        still kept then (as `kept`)."""
+        return self._pages.get((ws, offset, size))
+
     async def page(self, ws: str, offset: int, size: int) -> CachedPage | None:
         """A kept page, once every change announced before the call has arrived."""
-        if (ws, offset, size) not in self._pages or not await self._feed.sync(ws):
+        if self.kept_page(ws, offset, size) is None or not await self.sync(ws):
             return None
-        return self._pages.get((ws, offset, size))
+        return self.kept_page(ws, offset, size)
 
     def keep_page(self, ws: str, offset: int, size: int, started: int, page: CachedPage) -> None:
         if not self._current(ws, ws, started):

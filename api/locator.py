@@ -65,9 +65,12 @@ class SessionLocator:
         """The live session from the cache alone, when it is current there and this caller
         may see it; None otherwise (not kept, changed, out of scope, or a lease to check
         against Redis): ask `live`, which answers every case."""
-        if not self.cache.holds_session(sid):
+        cache = self.cache
+        entry = cache.kept(sid)
+        if entry is None:
             return None
-        entry = await self.cache.session(sid)
+        # `cache.session`, without a coroutine of its own: this is every hot status read.
+        entry = cache.counted(cache.kept(sid) if await cache.sync(entry.ws) else None)
         if entry is None or not principal.may(entry.ws) or not self.registry.holds_lease(entry.owner):
             return None
         return entry

@@ -115,9 +115,9 @@ async def current_page(state: AppState, ws: str, offset: int, size: int) -> Cach
     """A kept page with its ETag, from the cache alone, with every owner's lease as last
     read still held; None otherwise: ask `listing_page`, which answers every case."""
     cache = state.locator.cache
-    if not cache.holds_page(ws, offset, size):
+    if cache.kept_page(ws, offset, size) is None or not await cache.sync(ws):  # `cache.page`, one coroutine less
         return None
-    page = await cache.page(ws, offset, size)
+    page = cache.kept_page(ws, offset, size)
     if page is None or page.etag is None or not all(state.registry.holds_lease(owner) for owner in page.owners):
         return None
     return page

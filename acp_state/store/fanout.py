@@ -285,7 +285,7 @@ class Fanout:
         self._subscriptions: dict[str, set[Subscription]] = {}
         # Every channel this process means to be subscribed to, set while Redis confirms it.
         self._confirmed: dict[str, asyncio.Event] = {}
-        self._watched: set[str] = set()  # workspaces whose change channel we follow
+        self._watched: dict[str, str] = {}  # workspaces whose changes we follow -> their channel
         self._interrupted: set[str] = set()  # subscriptions lost and not yet confirmed again
         self._lock = asyncio.Lock()
         self._broken: set[str] = set()  # subscriptions to make again
@@ -351,22 +351,27 @@ class Fanout:
     def watching(self, ws: str) -> bool:
         """True while this process is subscribed to the workspace's change channel (on a
         cluster: and its node answered a ping lately)."""
-        if ws not in self._watched:
-            return False
-        channel = keys.invalidations(ws)
+        return self._change_link(ws) is not None
+
+    def _change_link(self, ws: str) -> _Link | None:
+        """The link the workspace's changes arrive on, while they can be counted on."""
+        channel = self._watched.get(ws)
+        if channel is None:
+            return None
         confirmed = self._confirmed.get(channel)
         if confirmed is None or not confirmed.is_set():
-            return False
-        if not self._cluster:
-            return True  # one server: a stalled server takes no change either
+            return None
         link = self._link_of.get(channel)
-        return link is not None and link.fresh()
+        if link is None or (self._cluster and not link.fresh()):
+            return None  # one server: a stalled server takes no change either
+        return link
 
-    async def sync(self, ws: str) -> bool:
-        """True once every change of the workspace announced before this call has reached
-        `on_change`: a ping sent on its change link after the call came back, and Redis
-        answers a connection's commands and pushes in order. False when that cannot be said
-        in time (not watching, the link silent or gone): the caller reads Redis instead.
+    def sync(self, ws: str) -> asyncio.Future[bool]:
+        """Resolves True once every change of the workspace announced before this call has
+        reached `on_change`: a ping sent on its change link after the call came back, and
+        Redis answers a connection's commands and pushes in order. False when that cannot
+        be said in time (not watching, the link silent or gone): the caller reads Redis
+        instead.
 
         This is what lets a cache serve a read that comes after a change acknowledged
         through another process (ZooKeeper's `sync`, Raft's read index). The reads that
@@ -374,21 +379,23 @@ class Fanout:
         turn, and wait for that ping alone: one round trip, not the rest of a ping already
         out as well (`_Link`). A read never counts on a ping that was out before it came.
         Pongs come back in order, so any later ping's answer also answers the earlier ones.
+        A plain call returning the link's future, not a coroutine: it is on every cached
+        read's path. Answered within SYNC_TIMEOUT_S, whatever happens.
         """
-        if not self.watching(ws):
-            return False
-        link = self._link_of.get(keys.invalidations(ws))
-        if link is None:
-            return False
-        return await link.sync()  # answered within SYNC_TIMEOUT_S, whatever happens
+        link = self._change_link(ws)
+        if link is not None:
+            return link.sync()
+        unsure: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        unsure.set_result(False)
+        return unsure
 
     async def watch(self, ws: str) -> bool:
         """Follow a workspace's changes; False when too many workspaces are followed."""
         if ws not in self._watched:
             if len(self._watched) >= MAX_WATCHED:
                 return False
-            self._watched.add(ws)
-        await self._ensure(keys.invalidations(ws))
+            self._watched[ws] = keys.invalidations(ws)
+        await self._ensure(self._watched[ws])
         return True
 
     # ---- connections --------------------------------------------------------------------
