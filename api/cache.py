@@ -14,6 +14,7 @@ checked against the owner's lease deadline.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -80,6 +81,9 @@ class StateCache:
         self._clock = 0
         self._invalidated: OrderedDict[str, int] = OrderedDict()
         self._cleared_at = 0  # reads that began before this are never kept
+        # Listing pages being read from Redis now, each read once for all its concurrent
+        # readers (`workspaces.listing_page`).
+        self.page_reads: dict[tuple[str, int, int], asyncio.Future[None]] = {}
 
     # ---- the change feed ----------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Mapping
 
@@ -70,10 +71,35 @@ async def listing(state: AppState, ws: str, offset: int, size: int) -> bytes:
 async def listing_page(state: AppState, ws: str, offset: int, size: int) -> CachedPage:
     """One page of the workspace's listing, its JSON and its ETag, from this process's cache
     while no change of the workspace was announced and every live row's owner still holds
-    its lease."""
+    its lease.
+
+    A page not kept is read from Redis once for the readers that ask for it meanwhile: a
+    change in a workspace sends every poller of its first page here at the same moment,
+    and each reading the same rows held them all for as long as all the reads took. A
+    reader that waited for another's read takes the page through `cached_page` again,
+    whose sync makes it current for that reader too (a change announced before it voids
+    the page); if that read was not kept (it raced a change), the reader reads for itself:
+    a reader waits once, never in a queue."""
+    cache = state.locator.cache
+    key = (ws, offset, size)
     cached = await cached_page(state, ws, offset, size)
+    reading = cache.page_reads.get(key)
+    if cached is None and reading is not None:
+        await asyncio.wait([reading])  # its outcome is not ours: a failed or cancelled read only ends the wait
+        cached = await cached_page(state, ws, offset, size)
     if cached is not None:
         return cached
+    if key in cache.page_reads:
+        return await _read_page(state, ws, offset, size)
+    reading = cache.page_reads[key] = asyncio.get_running_loop().create_future()
+    try:
+        return await _read_page(state, ws, offset, size)
+    finally:
+        del cache.page_reads[key]
+        reading.set_result(None)
+
+
+async def _read_page(state: AppState, ws: str, offset: int, size: int) -> CachedPage:
     token = await state.locator.cache.begin_read(ws, ws)
     page = await state.store.list_page(ws, offset, size)
     sessions, owners = [], set()

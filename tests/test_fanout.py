@@ -200,6 +200,29 @@ async def test_an_idle_link_on_one_server_is_pinged(redis_server: RedisServer, m
     await fanout.stop()
 
 
+async def test_an_idle_link_on_one_server_keeps_the_caches(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On one server a silent link means a silent server, which takes no change either: its
+    idle pings must not count as a node coming back from a stall. They did, and every
+    API process on one Redis emptied its caches each HEALTH_CHECK_S (a listing poller's p99
+    then met dozens of concurrent rebuilds of its page)."""
+    import acp_state.store.fanout as fanout_module
+
+    monkeypatch.setattr(fanout_module, "HEALTH_CHECK_S", 0.3)
+    monkeypatch.setattr(fanout_module, "FRESH_S", 0.1)  # idle between pings far longer than this
+    resets: list[float] = []
+    fanout = Fanout(connect(redis_server.url), on_reset=lambda: resets.append(time.monotonic()))
+    ws = "fanout-test11"
+    assert await fanout.watch(ws)
+    link = fanout._link_of[keys.invalidations(ws)]
+    sent = link.pings_sent
+    await _until(lambda: link.pings_sent >= sent + 3 and link.heard > 0, timeout=5)
+    heard = link.heard
+    await _until(lambda: link.heard > heard, timeout=5)  # an idle ping's answer came back
+    assert resets == [], "an idle ping's answer emptied the caches"
+    assert fanout.watching(ws)
+    await fanout.stop()
+
+
 async def test_a_stalled_redis_stops_cached_reads(own_redis: RedisServer) -> None:
     """While Redis does not answer, nothing can say the cache is current: the read goes to
     Redis (and waits or fails there) instead of being answered from memory."""

@@ -382,3 +382,46 @@ async def test_a_burst_of_concurrent_requests_is_served_not_refused(harness: Har
         listed += [row["sessionId"] for row in page["sessions"]]
         cursor = f"&cursor={page['nextCursor']}" if "nextCursor" in page else None
     assert sorted(listed) == sorted(sids)
+
+
+async def scripts_run(redis_client) -> int:
+    """Scripts Redis ran so far (a listing page's read is one)."""
+    stats = await redis_client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval", "evalsha_ro"))
+
+
+async def test_concurrent_readers_of_a_page_not_kept_read_redis_once(harness: Harness, redis_client, workspace: str) -> None:
+    """A change in a workspace sends every poller of its first page to Redis at the same
+    moment: they share one read of the page rather than each reading the same rows, and
+    each still gets the page as it stands after the change."""
+    import httpx
+
+    events = await harness.events()
+    await harness.worker()
+    api = await harness.api()
+    sids = [(await create(api, workspace))["sessionId"] for _ in range(4)]
+    path = f"/workspace/{workspace_id(workspace)}/sessions?size=10"
+    readers = 40
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{api.port}", timeout=30, limits=httpx.Limits(max_connections=None)
+    ) as client:
+        async def all_read() -> list[httpx.Response]:
+            return await asyncio.gather(*(client.get(path) for _ in range(readers)))
+
+        kept = (await all_read())[0].json()  # every reader's connection open, the page kept
+        done = await prompt(api, sids[0], "a change")
+        await events.wait_type(sids[0], "turn_complete", promptId=done["promptId"])
+        before = await scripts_run(redis_client)
+        # Redis holds every command for a moment: the readers all arrive before any read of
+        # the page can end, as a crowd of pollers does on a busy process.
+        await redis_client.execute_command("CLIENT", "PAUSE", 500, "ALL")
+        answers = await all_read()
+        reads = await scripts_run(redis_client) - before
+    assert [a.status_code for a in answers] == [200] * readers
+    pages = {a.content for a in answers}
+    assert len(pages) == 1, "every reader got the same page"
+    changed = [row for row in answers[0].json()["sessions"] if row["sessionId"] == sids[0]][0]
+    earlier = [row for row in kept["sessions"] if row["sessionId"] == sids[0]][0]
+    assert changed != earlier, "the page after the change, not the one kept before it"
+    # A heartbeat or a sweep may run a script meanwhile; forty readers each reading cost forty.
+    assert reads <= 5, f"{readers} concurrent readers of one page ran {reads} scripts"

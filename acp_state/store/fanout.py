@@ -584,7 +584,8 @@ class Fanout:
 
     async def _ping_once(self) -> None:
         for link in list(self._links.values()):
-            link.fresh()  # a silence is noted even while no read asks
+            if self._cluster:
+                link.fresh()  # a silence is noted even while no read asks
             link.ping()  # its answer counts in `_heard`
 
     async def _repair_loop(self) -> None:
