@@ -30,21 +30,46 @@ end
 local decoded = cjson.decode(template)
 changed_all(6, 5, owned, decoded.verttl)
 -- Each session's copy of the ops (decoded once) has its id in every string that names it.
-local function with_sid(value, sid)
+-- This runs for each of a dead worker's 25,000 sessions, so the strings are split at
+-- `@SID@` once, and a session's copy shares everything that names no session.
+local function template_of(value)
   if type(value) == 'string' then
-    return (string.gsub(value, '@SID@', function() return sid end))
+    local at = string.find(value, '@SID@', 1, true)
+    if not at then return nil end
+    local parts, from = {}, 1
+    while at do
+      parts[#parts + 1] = string.sub(value, from, at - 1)
+      from = at + 5
+      at = string.find(value, '@SID@', from, true)
+    end
+    parts[#parts + 1] = string.sub(value, from)
+    return {parts = parts}
   elseif type(value) == 'table' then
-    local copy = {}
-    for k, v in pairs(value) do copy[k] = with_sid(v, sid) end
-    return copy
+    local children = nil
+    for k, v in pairs(value) do
+      local child = template_of(v)
+      if child then
+        children = children or {}
+        children[k] = child
+      end
+    end
+    if children then return {value = value, children = children} end
   end
-  return value
+  return nil
 end
+local function with_sid(template, sid)
+  if template.parts then return table.concat(template.parts, sid) end
+  local copy = {}
+  for k, v in pairs(template.value) do copy[k] = v end
+  for k, child in pairs(template.children) do copy[k] = with_sid(child, sid) end
+  return copy
+end
+local template = template_of(decoded)  -- never nil: `sid` itself is `@SID@`
 local batch = {removed = {}}
 local outcomes = {}
 for i = 4, #ARGV do
   local sid = ARGV[i]
-  local ops = with_sid(decoded, sid)
+  local ops = with_sid(template, sid)
   local base = 8 + (i - 4) * 5
   local at = {base + 1, base + 2, 1, 2, 3, 4, base + 3, 5, 6, base + 4, base + 5, 7, 8}
   batch.flat = flats[i]
