@@ -189,6 +189,10 @@ async def test_the_reaper_ignores_sigterm_and_kills_only_groups_it_still_knows()
         )
 
     kept, forgotten = stubborn_group(), stubborn_group()
+    # Each ignores SIGTERM only once its interpreter ran that line: a group the reaper
+    # signalled before then died of the SIGTERM, not of the SIGKILL under test.
+    while not (_ignores_sigterm(kept.pid) and _ignores_sigterm(forgotten.pid)):
+        await asyncio.sleep(0.01)
     reaper = subprocess.Popen(
         [sys.executable, "-m", "acp_state.worker.reaper", "0.2"], stdin=subprocess.PIPE, cwd=str(ROOT)
     )
