@@ -164,16 +164,11 @@ class StateCache:
 
     # ---- listing pages ------------------------------------------------------------------
 
-    def kept_page(self, ws: str, offset: int, size: int) -> CachedPage | None:
-        """The page kept, as it stands: serve it only once `sync(ws)` came back and it is
-        still kept then (as `kept`)."""
-        return self._pages.get((ws, offset, size))
-
     async def page(self, ws: str, offset: int, size: int) -> CachedPage | None:
         """A kept page, once every change announced before the call has arrived."""
-        if self.kept_page(ws, offset, size) is None or not await self.sync(ws):
+        if (ws, offset, size) not in self._pages or not await self.sync(ws):
             return None
-        return self.kept_page(ws, offset, size)
+        return self._pages.get((ws, offset, size))
 
     def keep_page(self, ws: str, offset: int, size: int, started: int, page: CachedPage) -> None:
         if not self._current(ws, ws, started):

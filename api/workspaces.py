@@ -140,10 +140,7 @@ async def cached_page(state: AppState, ws: str, offset: int, size: int) -> Cache
 async def current_page(state: AppState, ws: str, offset: int, size: int) -> CachedPage | None:
     """A kept page with its ETag, from the cache alone, with every owner's lease as last
     read still held; None otherwise: ask `listing_page`, which answers every case."""
-    cache = state.locator.cache
-    if cache.kept_page(ws, offset, size) is None or not await cache.sync(ws):  # `cache.page`, one coroutine less
-        return None
-    page = cache.kept_page(ws, offset, size)
+    page = await state.locator.cache.page(ws, offset, size)
     if page is None or page.etag is None or not all(state.registry.holds_lease(owner) for owner in page.owners):
         return None
     return page

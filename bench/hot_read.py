@@ -83,7 +83,7 @@ async def run(rounds: int, reads: int) -> dict[str, Any]:
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
                 sid = (await client.post("/session", json={"cwd": workspace}, timeout=60)).json()["sessionId"]
                 status = await client.get(f"/session/{sid}/status")  # read once: kept from now on
-            state = app.state.acp
+            state = app.acp
             assert state is not None
             ws = workspace_id(workspace)
             body = status.content

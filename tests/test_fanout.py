@@ -215,7 +215,7 @@ async def test_an_idle_link_on_one_server_keeps_the_caches(redis_server: RedisSe
     assert await fanout.watch(ws)
     link = fanout._link_of[keys.invalidations(ws)]
     sent = link.pings_sent
-    await _until(lambda: link.pings_sent >= sent + 3 and link.heard > 0, timeout=5)
+    await _until(lambda: link.pings_sent >= sent + 3, timeout=5)
     heard = link.heard
     await _until(lambda: link.heard > heard, timeout=5)  # an idle ping's answer came back
     assert resets == [], "an idle ping's answer emptied the caches"
