@@ -16,3 +16,10 @@ def iso(ms: int | None = None) -> str:
     t = time.gmtime(ms // 1000)  # whole seconds: no float rounding, and a third of strftime's cost
     return (f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T"
             f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}.{ms % 1000:03d}Z")
+
+
+def from_iso(value: str) -> int:
+    """Epoch ms of an ISO-8601 string as `iso` writes it (any offset is read, `Z` too)."""
+    from datetime import datetime
+
+    return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)

@@ -76,6 +76,14 @@ class Create:
     request_id: str = _field("req")
     # The agent the session runs (a name the worker offers); None: the worker's default.
     agent: str | None = _field(types=(str, _NONE), default=None, omit_none=True)
+    # Resume the session (ACP `session/load` of `agent_sid`) instead of starting a new one:
+    # a load of a persisted session, or a drain's move (`move_from`: the incarnation handing
+    # it over, which still holds it). `carry`: the session state the new owner goes on from
+    # (see `acp_state.moves.Carry`).
+    load: bool | None = _field(types=(bool, _NONE), default=None, omit_none=True)
+    agent_sid: str | None = _field("agentSessionId", types=(str, _NONE), default=None, omit_none=True)
+    move_from: str | None = _field("from", types=(str, _NONE), default=None, omit_none=True)
+    carry: dict[str, Any] | None = _field(types=(dict, _NONE), default=None, omit_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,8 +145,31 @@ class Attach:
     client_id: str = _field("clientId")
 
 
-Command = Create | Prompt | Cancel | Close | Vote | Attach
-_BY_TYPE: dict[str, type[Command]] = {cls.TYPE: cls for cls in (Create, Prompt, Cancel, Close, Vote, Attach)}
+@dataclass(frozen=True, kw_only=True)
+class Drain:
+    """Drain this worker (control feed; `acp-state drain`, or its own SIGTERM): no more
+    creates or loads, running turns get `grace_s` to finish, then every session moves to
+    another worker."""
+
+    TYPE: ClassVar[str] = "drain"
+    grace_s: float | None = _field("graceS", types=(int, float, _NONE), default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Moving:
+    """The owner's own marker in its inbox, written when it started moving the session to
+    `target` (the MOVE script): every command sent to it before the move is read by then;
+    those sent after wait in the session's parked stream for the new owner."""
+
+    TYPE: ClassVar[str] = "moving"
+    sid: str = _field()
+    target: str = _field()
+
+
+Command = Create | Prompt | Cancel | Close | Vote | Attach | Drain | Moving
+_BY_TYPE: dict[str, type[Command]] = {
+    cls.TYPE: cls for cls in (Create, Prompt, Cancel, Close, Vote, Attach, Drain, Moving)
+}
 
 
 # ---- the wire form -----------------------------------------------------------------------
@@ -193,6 +224,11 @@ async def send_create(store: ReaderStore, incarnation: str, command: Create) -> 
     await store.send_control(incarnation, command)
 
 
+async def send_drain(store: ReaderStore, incarnation: str, command: Drain) -> None:
+    """To worker `incarnation`'s control stream; its report says `draining` once it began."""
+    await store.send_control(incarnation, command)
+
+
 async def send_prompt(
     store: ReaderStore, ws: str, incarnation: str, command: Prompt, admit_limit: int, idempotency_key: str | None = None
 ) -> Admission:
@@ -238,6 +274,8 @@ class CommandHandler(Protocol):
     def on_close(self, command: Close) -> None: ...
     def on_vote(self, command: Vote) -> None: ...
     def on_attach(self, command: Attach) -> None: ...
+    def on_drain(self, command: Drain) -> None: ...
+    def on_moving(self, command: Moving) -> None: ...
 
 
 def dispatch(handler: CommandHandler, command: Command) -> None:
@@ -255,5 +293,9 @@ def dispatch(handler: CommandHandler, command: Command) -> None:
             handler.on_vote(command)
         case Attach():
             handler.on_attach(command)
+        case Drain():
+            handler.on_drain(command)
+        case Moving():
+            handler.on_moving(command)
         case _:
             raise TypeError(f"not a command: {command!r}")

@@ -57,6 +57,8 @@ def live_summary(view: SessionView) -> dict[str, Any]:
     if view.turn_error is not None:
         summary["turnError"] = view.turn_error
     summary["pendingInteractions"] = pending
+    if view.moving:  # acp-state's own: a drain is handing it to another worker
+        summary["moving"] = True
     return summary
 
 
@@ -76,6 +78,8 @@ def live_state_row(view: SessionView) -> dict[str, Any]:
     row["isWaitingForUserQuestion"] = any(p["kind"] == USER_QUESTION for p in pending)
     if turn_ended(view):
         row["updatedAt"] = view.updated_at
+    if view.moving:
+        row["moving"] = True
     return row
 
 
@@ -90,6 +94,8 @@ def persisted_row(row: dict[str, Any]) -> dict[str, Any]:
     if row.get("displayName"):
         listed["displayName"] = row["displayName"]
     listed.update(clientCount=0, hasActivePrompt=False, isArchived=False)
+    if isinstance(row.get("resumable"), bool):  # acp-state's own: whether a load can resume it
+        listed["resumable"] = row["resumable"]
     return listed
 
 

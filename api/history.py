@@ -20,6 +20,7 @@ from acp_state.summary import live_summary
 from .auth import principal_of
 from .locator import not_found
 from .responses import ApiError, OrjsonResponse, json_body, parse_decimal
+from .resume import resume
 from .sessions import client_id_header
 from .state import app_state
 
@@ -84,7 +85,8 @@ async def transcript(request: Request) -> Response:
 
 
 async def load(request: Request) -> Response:
-    """`POST /session/:id/load` for a live session, with `historyReplay: "response"`."""
+    """`POST /session/:id/load`, with `historyReplay: "response"`: a live session is
+    attached; a persisted one is resumed first (api/resume.py), then answered alike."""
     state = app_state(request)
     sid = request.path_params["id"]
     client_id = client_id_header(request) or ids.new_client_id()
@@ -92,7 +94,16 @@ async def load(request: Request) -> Response:
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", "invalid_request")
     page_size = _page_size(body.get("historyPageSize"))
-    ref = await state.locator.live(sid, principal_of(request))
+    principal = principal_of(request)
+    attached = True
+    try:
+        ref = await state.locator.live(sid, principal)
+    except ApiError as error:
+        if error.status != 404:
+            raise
+        # Not live: a persisted session is resumed on a live worker (its agent's history).
+        ref, resumed = await resume(state, sid, principal, client_id)
+        attached = not resumed
     if not await commands.send_attach(state.store, ref.ws, ref.owner, commands.Attach(sid=sid, client_id=client_id)):
         raise not_found(sid)
     snapshot = await state.store.load_snapshot(ref.ws, sid, page_size)
@@ -113,7 +124,7 @@ async def load(request: Request) -> Response:
         {
             "sessionId": sid,
             "workspaceCwd": summary["workspaceCwd"],
-            "attached": True,
+            "attached": attached,
             "clientId": client_id,
             "createdAt": summary["createdAt"],
             "state": {},

@@ -13,7 +13,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from acp_state import commands, ids
-from acp_state.agents import is_agent_name, offers
+from acp_state.agents import is_agent_name
+from acp_state.moves import accepts
 from acp_state.ids import workspace_id
 from acp_state.clock import iso, now_ms
 from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateRecord, is_transient
@@ -62,12 +63,20 @@ async def _live_reports(state: AppState) -> list[dict[str, Any]]:
         await asyncio.sleep(WAIT_STEP_S)
 
 
-async def _offering(state: AppState, agent: str | None) -> list[dict[str, Any]]:
-    """The live workers that can run a session of `agent` (None: any, its default agent).
-    A name no worker offers is 400 `unknown_agent`; a known one no live worker offers now
-    (its workers died or left) is 503 with Retry-After."""
+async def _offering(state: AppState, agent: str | None, state_store: str | None = None) -> list[dict[str, Any]]:
+    """The live workers that can run a session of `agent` (None: any, its default agent),
+    not draining, and reading `state_store` if one is named (a resume). A name no worker
+    offers is 400 `unknown_agent`; a known one no live worker offers now (its workers died
+    or left), or a store no live worker reads, is 503 with Retry-After."""
+    if state_store is not None:
+        stored = [r for r in await _live_reports(state) if accepts(r, None, state_store)]
+        if not stored:
+            raise unavailable(
+                "no live worker reads the agent-state store this session's history is in",
+                "no_worker_for_state_store", retry_after_s=2, stateStore=state_store,
+            )
     if agent is None:
-        candidates = await _live_reports(state)
+        candidates = [r for r in await _live_reports(state) if accepts(r, None, state_store)]
         if not candidates:
             raise unavailable("no worker is registered", "no_worker", retry_after_s=2)
         return candidates
@@ -76,7 +85,7 @@ async def _offering(state: AppState, agent: str | None) -> list[dict[str, Any]]:
     known = agent in await state.store.known_agents()
     live = await state.store.worker_reports(await state.registry.live())
     candidates = list(live.values()) if known or live else await _live_reports(state)
-    offering = [report for report in candidates if offers(report, agent)]
+    offering = [report for report in candidates if accepts(report, agent, state_store)]
     if offering:
         return offering
     if known:
@@ -84,20 +93,26 @@ async def _offering(state: AppState, agent: str | None) -> list[dict[str, Any]]:
     raise unknown_agent(agent)
 
 
+def not_resumable(sid: str) -> ApiError:
+    return ApiError(409, "the session's agent cannot load sessions (no ACP loadSession); it cannot be resumed",
+                    "not_resumable", sessionId=sid)
+
+
 def unknown_agent(agent: Any) -> ApiError:
     return ApiError(400, f"no worker offers an agent named {agent!r} (see /capabilities)", "unknown_agent", agent=agent)
 
 
-async def _place(
+async def place(
     state: AppState,
     create: Callable[[str], commands.Create],
     before_send: Callable[[str], Awaitable[None]] | None = None,
     agent: str | None = None,
+    state_store: str | None = None,
 ) -> dict[str, Any]:
     """Send a create (`create(request id)`) to a live worker offering `agent` with spare
-    capacity; try the next one if it is full. `before_send(request id)` runs before each
-    create goes out."""
-    candidates = await _offering(state, agent)
+    capacity (and, for a load, reading `state_store`); try the next one if it is full or
+    draining. `before_send(request id)` runs before each create goes out."""
+    candidates = await _offering(state, agent, state_store)
     random.shuffle(candidates)  # equal loads spread instead of piling onto one worker
     # Least loaded first. Reports are as old as the last heartbeat, so a worker that looked
     # full is still asked last: the worker itself is the judge of its capacity.
@@ -124,8 +139,11 @@ async def _place(
         if reply.get("ok"):
             await _told(state, command.ws, command.sid)
             return reply
-        if reply.get("code") not in ("worker_full", "agent_not_offered"):
-            raise ApiError(503, reply.get("error") or "the agent could not start", reply.get("code", "agent_unavailable"))
+        code = reply.get("code", "agent_unavailable")
+        if code == "not_resumable":
+            raise not_resumable(command.sid)
+        if code not in ("worker_full", "agent_not_offered", "worker_draining"):
+            raise ApiError(503, reply.get("error") or "the agent could not start", code)
     raise unavailable("no live worker has spare capacity", "no_worker_capacity", retry_after_s=2)
 
 
@@ -277,7 +295,7 @@ async def _create_or_attach(
 
     try:
         async with effect(state.store.resends):  # a create sent to a worker may have happened
-            reply = await _place(state, create, before_send, agent)
+            reply = await place(state, create, before_send, agent)
     except BaseException:
         if claimed:
             await state.store.release_single(ws, sid)

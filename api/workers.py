@@ -39,5 +39,7 @@ async def workers(request: Request) -> Response:
             "load": round(sessions / maximum, 4) if maximum else None,
             "agents": report.get("agents"),
             "states": report.get("states", {}),
+            "draining": bool(report.get("draining")),
+            "stateStore": report.get("stateStore"),
         })
     return OrjsonResponse({"workers": listed, "serverTime": now})

@@ -5,6 +5,7 @@ Nothing here touches the machine's shared Redis on 6379.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import AsyncIterator, Iterator
 
@@ -19,6 +20,20 @@ from tests.redis_server import RedisServer, free_port
 __all__ = ["RedisServer", "free_port"]
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def scripted_agent_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The scripted agent keeps each session's history (for `session/load`) here, never
+    under the real HOME; every worker the tests start shares it, as workers of one host do."""
+    path = str(tmp_path_factory.mktemp("scripted-agent-state"))
+    before = os.environ.get("ACP_SCRIPTED_STATE_DIR")
+    os.environ["ACP_SCRIPTED_STATE_DIR"] = path
+    yield path
+    if before is None:
+        os.environ.pop("ACP_SCRIPTED_STATE_DIR", None)
+    else:
+        os.environ["ACP_SCRIPTED_STATE_DIR"] = before
 
 
 @pytest.fixture(scope="session")

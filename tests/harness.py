@@ -132,9 +132,16 @@ class EventWatcher:
     async def _follow(self, ws: str, sid: str) -> None:
         channel = keys.events(ws, sid)
         subscription = await self.fanout.subscribe(channel, buffer=1 << 20)
+        epoch = await self.redis.hget(keys.session(ws, sid), keys.F.EPOCH)
         seen = await self._catch_up(channel, 0)  # what came before the subscription
         while True:
             delivery = await subscription.queue.get()
+            if delivery is not None and delivery.event_id <= seen:
+                # A repeat, or the first events of a new epoch (the session was resumed after
+                # its worker died: its log starts again at 1).
+                now = await self.redis.hget(keys.session(ws, sid), keys.F.EPOCH)
+                if now is not None and now != epoch:
+                    epoch, seen = now, 0
             if delivery is None or delivery.event_id > seen + 1:  # some were lost: the log has them
                 subscription.resync = False
                 seen = await self._catch_up(channel, seen)
@@ -211,8 +218,12 @@ class Harness:
         return self.watcher
 
     async def worker(self, *args: str, env: dict[str, str] | None = None) -> WorkerProcess:
-        """A worker; `env` adds to (or overrides) the inherited environment, which its agents inherit."""
+        """A worker; `env` adds to (or overrides) the inherited environment, which its agents inherit.
+        Its SIGTERM closes its sessions at once unless the test gives `--drain-grace-s` (a
+        drain would move them to the test's other workers, or wait for one)."""
         n = len(self.processes)
+        if "--drain-grace-s" not in args:
+            args = (*args, "--drain-grace-s", "0")
         process = WorkerProcess(
             ["worker", "--redis-url", self.redis_url, *args], self.logs / f"worker-{n}.log", env=env
         )

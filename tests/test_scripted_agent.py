@@ -111,9 +111,14 @@ class AgentProcess:
                 await self.proc.wait()
 
 
+def scripted_env(state_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment with a private history directory: tests never write under the real HOME."""
+    return {**os.environ, "ACP_SCRIPTED_STATE_DIR": str(state_dir), **extra}
+
+
 @pytest_asyncio.fixture
-async def agent() -> AsyncIterator[AgentProcess]:
-    process = await AgentProcess.start()
+async def agent(tmp_path: Path) -> AsyncIterator[AgentProcess]:
+    process = await AgentProcess.start(env=scripted_env(tmp_path / "state"))
     await process.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
     yield process
     await process.close()
@@ -135,13 +140,13 @@ def chunk_texts(messages: list[JSON], session_id: str) -> list[str]:
     return [u["content"]["text"] for u in chunks]
 
 
-async def test_initialize_and_new_session() -> None:
-    process = await AgentProcess.start()
+async def test_initialize_and_new_session(tmp_path: Path) -> None:
+    process = await AgentProcess.start(env=scripted_env(tmp_path))
     try:
         response = await process.call("initialize", {"protocolVersion": 1})
         assert response["result"] == {
             "protocolVersion": 1,
-            "agentCapabilities": {"loadSession": False, "promptCapabilities": {}},
+            "agentCapabilities": {"loadSession": True, "promptCapabilities": {}},
             "authMethods": [],
             "agentInfo": {"name": "acp-state-scripted", "version": "1"},
         }
@@ -392,7 +397,7 @@ async def test_two_sessions_concurrently(agent: AgentProcess) -> None:
 
 async def test_record_file(tmp_path: Path) -> None:
     record = tmp_path / "received.jsonl"
-    process = await AgentProcess.start(env={**os.environ, "ACP_SCRIPTED_RECORD": str(record)})
+    process = await AgentProcess.start(env=scripted_env(tmp_path / "state", ACP_SCRIPTED_RECORD=str(record)))
     try:
         await process.call("initialize", {"protocolVersion": 1})
         session_id = await process.new_session()
@@ -401,3 +406,128 @@ async def test_record_file(tmp_path: Path) -> None:
         await process.close()
     methods = [json.loads(line)["method"] for line in record.read_text().splitlines()]
     assert methods == ["initialize", "session/new", "session/prompt"]
+
+
+# --------------------------------------------------------------------------- session/load
+
+
+def replayed(text_pairs: list[tuple[str, str]]) -> list[JSON]:
+    """The updates a load replays for these (user, agent) turns."""
+    found = []
+    for user, reply in text_pairs:
+        found.append({"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": user}})
+        found.append({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": reply}})
+    return found
+
+
+async def load(process: AgentProcess, session_id: str) -> tuple[list[JSON], JSON]:
+    params = {"sessionId": session_id, "cwd": str(REPO), "mcpServers": []}
+    return await process.until_response(await process.request("session/load", params))
+
+
+async def test_load_after_the_first_process_exited(tmp_path: Path) -> None:
+    first = await AgentProcess.start(env=scripted_env(tmp_path))
+    try:
+        await first.call("initialize", {"protocolVersion": 1})
+        session_id = await first.new_session()
+        for text in ("remember PELICAN", "#fail", "#stop max_tokens"):
+            await first.until_response(await first.prompt(session_id, text))
+    finally:
+        await first.close()
+    lines = (tmp_path / "sessions" / f"{session_id}.jsonl").read_text().splitlines()
+    assert [json.loads(line)["role"] for line in lines] == ["user", "agent"] * 2  # the error left no turn
+
+    second = await AgentProcess.start(env=scripted_env(tmp_path))
+    try:
+        response = await second.call("initialize", {"protocolVersion": 1})
+        assert response["result"]["agentCapabilities"]["loadSession"] is True
+        before, response = await load(second, session_id)
+        assert response["result"] == {}
+        history = [("remember PELICAN", "remember PELICAN"), ("#stop max_tokens", "stopping with max_tokens")]
+        assert updates(before, session_id) == replayed(history)
+        before, response = await second.until_response(await second.prompt(session_id, "#recall"))
+        assert response["result"] == {"stopReason": "end_turn"}
+        recall = "recall: remember PELICAN | #stop max_tokens"
+        assert chunk_texts(before, session_id) == [recall]
+        # Loading a session this process already hosts replays again, now with the new turn.
+        before, response = await load(second, session_id)
+        assert response["result"] == {}
+        assert updates(before, session_id) == replayed([*history, ("#recall", recall)])
+        # Tool call numbers go on from the recorded turns.
+        await second.prompt(session_id, "#permission")
+        _, ask = await second.until_agent_request("session/request_permission")
+        assert ask["params"]["toolCall"]["toolCallId"] == "perm-4"
+        await second.answer(ask["id"], {"outcome": {"outcome": "selected", "optionId": "cancel"}})
+    finally:
+        await second.close()
+
+
+async def test_history_is_written_before_the_prompt_answer(tmp_path: Path) -> None:
+    first = await AgentProcess.start(env=scripted_env(tmp_path))
+    second = None
+    try:
+        await first.call("initialize", {"protocolVersion": 1})
+        session_id = await first.new_session()
+        _, response = await first.until_response(await first.prompt(session_id, "remember PELICAN"))
+        assert response["result"] == {"stopReason": "end_turn"}
+        # Read on the answer, with the first process still running: the turn is already there.
+        assert len((tmp_path / "sessions" / f"{session_id}.jsonl").read_text().splitlines()) == 2
+        second = await AgentProcess.start(env=scripted_env(tmp_path))
+        await second.call("initialize", {"protocolVersion": 1})
+        before, response = await load(second, session_id)
+        assert response["result"] == {}
+        assert updates(before, session_id) == replayed([("remember PELICAN", "remember PELICAN")])
+        before, _ = await second.until_response(await second.prompt(session_id, "#recall"))
+        assert chunk_texts(before, session_id) == ["recall: remember PELICAN"]
+    finally:
+        await first.close()
+        if second is not None:
+            await second.close()
+
+
+async def test_load_unknown_session(agent: AgentProcess) -> None:
+    unknown = str(uuid.uuid4())
+    _, response = await load(agent, unknown)
+    assert response["error"] == {
+        "code": -32002,
+        "message": f"Resource not found: {unknown}",
+        "data": {"errorKind": "session_not_found"},
+    }
+    # It did not become hosted.
+    _, response = await agent.until_response(await agent.prompt(unknown, "hi"))
+    assert response["error"]["code"] == -32004
+    # A session hosted here but without a completed prompt has no file, and still loads.
+    session_id = await agent.new_session()
+    before, response = await load(agent, session_id)
+    assert response["result"] == {} and updates(before, session_id) == []
+    _, response = await load(agent, "../escape")
+    assert response["error"]["code"] == -32602
+
+
+async def test_no_load_capability(tmp_path: Path) -> None:
+    process = await AgentProcess.start(env=scripted_env(tmp_path, ACP_SCRIPTED_NO_LOAD="1"))
+    try:
+        response = await process.call("initialize", {"protocolVersion": 1})
+        assert response["result"]["agentCapabilities"]["loadSession"] is False
+        session_id = await process.new_session()
+        await process.until_response(await process.prompt(session_id, "hi"))
+        assert (tmp_path / "sessions" / f"{session_id}.jsonl").exists()  # still recorded
+        _, response = await load(process, session_id)
+        assert response["error"]["code"] == -32601
+        assert response["error"]["message"] == "Method not found"
+    finally:
+        await process.close()
+
+
+async def test_state_dir_defaults_to_home(tmp_path: Path) -> None:
+    env = {**os.environ, "HOME": str(tmp_path)}
+    env.pop("ACP_SCRIPTED_STATE_DIR", None)
+    process = await AgentProcess.start(env=env)
+    try:
+        await process.call("initialize", {"protocolVersion": 1})
+        session_id = await process.new_session()
+        assert not (tmp_path / ".acp-state-scripted").exists()  # created on the first write only
+        await process.until_response(await process.prompt(session_id, "hi"))
+    finally:
+        await process.close()
+    assert (tmp_path / ".acp-state-scripted" / "sessions" / f"{session_id}.jsonl").exists()

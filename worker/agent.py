@@ -81,6 +81,7 @@ class AgentProcess:
         session_mode: str | None = None,
         stderr_path: str | None = None,
         on_exit: Callable[[AgentProcess], Awaitable[None]] | None = None,
+        home: str | None = None,
     ) -> None:
         self.argv = shlex.split(command)
         self.cwd = cwd
@@ -93,6 +94,9 @@ class AgentProcess:
         self.process: asyncio.subprocess.Process | None = None
         self.conn: Any = None
         self.supports_close = False
+        self.supports_load = False  # `agentCapabilities.loadSession`: it can resume a session
+        self.home = home  # the agent's HOME: where it keeps its history (the worker's --state-dir)
+        self._loading: set[str] = set()  # sessions being loaded: their replayed history is dropped
         self._watcher: asyncio.Task[None] | None = None
         self.stopping = False
         # In the child's environment, inherited by its descendants: finds those that leave
@@ -114,7 +118,7 @@ class AgentProcess:
             stdout=asyncio.subprocess.PIPE,
             stderr=stderr,
             cwd=self.cwd,
-            env={**os.environ, TAG_VARIABLE: self.tag},
+            env={**os.environ, TAG_VARIABLE: self.tag, **({"HOME": self.home} if self.home else {})},
             # Its own process group, so a stop reaches wrappers' grandchildren too (qwen).
             start_new_session=True,
             # Linux kills the child if the worker dies; the reaper also covers grandchildren.
@@ -144,6 +148,7 @@ class AgentProcess:
         capabilities = result.agent_capabilities
         session_caps = getattr(capabilities, "session_capabilities", None) if capabilities else None
         self.supports_close = getattr(session_caps, "close", None) is not None
+        self.supports_load = bool(getattr(capabilities, "load_session", False))
 
     async def _watch(self) -> None:
         assert self.process is not None
@@ -185,6 +190,20 @@ class AgentProcess:
         if self.session_mode:
             await self.conn.set_session_mode(session_id=response.session_id, mode_id=self.session_mode)
         return response.session_id
+
+    async def load_session(self, agent_sid: str, cwd: str) -> str:
+        """Resume the agent's session `agent_sid` from its history (ACP `session/load`). The
+        agent replays the conversation as updates before it answers: the session's clients
+        have it already (its transcript outlives the worker), so those are dropped here."""
+        self._loading.add(agent_sid)
+        try:
+            await self.conn.load_session(cwd=cwd, mcp_servers=[], session_id=agent_sid)
+        finally:
+            self._loading.discard(agent_sid)
+            self._early.pop(agent_sid, None)
+        if self.session_mode:
+            await self.conn.set_session_mode(session_id=agent_sid, mode_id=self.session_mode)
+        return agent_sid
 
     async def prompt(self, agent_sid: str, blocks: list[dict[str, Any]], meta: dict[str, Any] | None) -> Any:
         request = acp.PromptRequest.model_validate({"sessionId": agent_sid, "prompt": blocks})
@@ -261,6 +280,8 @@ class AgentProcess:
             del self._early[next(iter(self._early))]
 
     async def session_update(self, session_id: str, update: Any, **_: Any) -> None:
+        if session_id in self._loading:
+            return  # the history `session/load` replays
         session = self.sessions.get(session_id)
         if session is None:
             self._keep_early(session_id, _dump(update))

@@ -14,9 +14,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from acp_state import events, ids, interactions
+from acp_state import commands, events, ids, interactions
 from acp_state.commands import CHANNEL, CRON, FOREGROUND, NOTIFICATION
-from acp_state.clock import iso, now_ms
+from acp_state.clock import from_iso, iso, now_ms
+from acp_state.moves import Carry
 from acp_state.store import (
     Applied,
     ApplyOutcome,
@@ -86,6 +87,21 @@ class Prompt:
     def result_text(self) -> str:
         return "".join(self.result)
 
+    def command(self, sid: str) -> commands.Prompt:
+        """The prompt as the command that brought it (carried to a new owner on a move)."""
+        return commands.Prompt(
+            sid=sid, prompt_id=self.prompt_id,
+            blocks=self.blocks, text=self.text, meta=self.meta, kind=self.kind, client_id=self.client_id,
+            queued_at=self.queued_at,
+        )
+
+    @classmethod
+    def of(cls, command: commands.Prompt) -> Prompt:
+        return cls(
+            prompt_id=command.prompt_id, blocks=command.blocks, text=command.text, meta=command.meta,
+            client_id=command.client_id, kind=command.kind, queued_at=command.queued_at or now_ms(),
+        )
+
 
 @dataclass
 class Pending:
@@ -105,7 +121,8 @@ class LiveSession:
         "_op", "_unwritten", "abandoned", "write_patience_s", "created_ms", "updated_ms",
         "display_name", "clients", "loop_limits", "_on_state", "state", "active", "queue",
         "automatic", "pending", "turn_error", "turn_error_event", "closed", "_order", "_runner",
-        "_guard", "_loop_stop")
+        "_guard", "_loop_stop", "agent_name", "state_store", "resumable", "resumed", "holding",
+        "arriving", "moved_from", "_marker_read", "_idle")
 
     def __init__(
         self,
@@ -168,6 +185,19 @@ class LiveSession:
         # Per-turn state, reset when a prompt starts.
         self._guard = LoopGuard(self.loop_limits)
         self._loop_stop: TurnError | None = None
+        # Where a resume of the session must be placed (its catalog row says so).
+        self.agent_name: str | None = None
+        self.state_store: str | None = None
+        self.resumable: bool | None = None
+        self.resumed = False  # loaded from the agent's history (its row existed before)
+        # A drain holds the session: no new turn starts here; what is admitted waits, queued,
+        # and moves with it.
+        self.holding = False
+        # Moving here: prompts that arrive before the carried and parked ones are placed wait.
+        self.arriving: list[Prompt] | None = None
+        self.moved_from: str | None = None
+        self._marker_read: asyncio.Event | None = None  # our inbox's `moving` marker was read
+        self._idle: asyncio.Event | None = None  # made while a drain waits for the turn to end
 
     def _mark_published(self) -> None:
         self._published = True
@@ -192,8 +222,135 @@ class LiveSession:
         return meta
 
     def catalog_row(self) -> CatalogRow:
-        """The durable row; its session id is the catalog field and its cwd the workspace's."""
-        return CatalogRow(iso(self.created_ms), iso(self.updated_ms), self.updated_ms, self.display_name or None)
+        """The durable row; its session id is the catalog field and its cwd the workspace's.
+        It also says where a later load can resume the session (see acp_state.moves)."""
+        return CatalogRow(
+            iso(self.created_ms), iso(self.updated_ms), self.updated_ms, self.display_name or None,
+            agent=self.agent_name, state_store=self.state_store, agent_sid=self.agent_sid, resumable=self.resumable,
+        )
+
+    # ---- resumes and moves ----------------------------------------------------------------
+
+    def resume_from(self, carry: Carry) -> None:
+        """Go on from a resumed session's carried state (its row's times and title; on a
+        move also its clients, queued prompts and turn error)."""
+        self.resumed = True
+        self.created_ms = from_iso(carry.created_at)
+        self.updated_ms = from_iso(carry.updated_at)
+        self.display_name = carry.display_name
+        self.clients.update(carry.clients)
+        if carry.turn_error is not None:
+            view = carry.turn_error
+            self.turn_error = TurnError(view.get("message", ""), view.get("code"), view.get("errorKind"))
+            self.turn_error_event = carry.turn_error_event
+
+    def carry(self) -> Carry:
+        """What the new owner of a moving session goes on from (queued prompts in order)."""
+        waiting = [prompt for prompt in self._waiting() if not prompt.ended]
+        return Carry(
+            created_at=iso(self.created_ms),
+            updated_at=iso(self.updated_ms),
+            display_name=self.display_name,
+            clients=sorted(self.clients),
+            prompts=[prompt.command(self.sid) for prompt in waiting],
+            turn_error=self.turn_error.status_view() if self.turn_error is not None else None,
+            turn_error_event=self.turn_error_event,
+        )
+
+    def hold(self) -> None:
+        """A drain began: start no new turn here (what is admitted queues and moves)."""
+        self.holding = True
+        self._marker_read = asyncio.Event()
+
+    def marker_read(self) -> None:
+        if self._marker_read is not None:
+            self._marker_read.set()
+
+    async def wait_marker(self) -> None:
+        """Until our inbox's `moving` marker was read: every command sent before it is ours."""
+        assert self._marker_read is not None
+        await self._marker_read.wait()
+
+    async def written(self) -> None:
+        """Until every transition queued so far reached the store (they are written in order)."""
+        await asyncio.sleep(0)  # writes started as tasks just before reach the queue first
+        async with self._in_order:
+            pass
+
+    async def until_idle(self) -> None:
+        """Until no turn runs (a held session starts none)."""
+        while self.active is not None and not self.closed:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+
+    async def stop_turn(self, code: str, message: str) -> None:
+        """End the running turn now (a drain's grace ran out): the agent is told to cancel,
+        what it awaits is answered cancelled, and the turn ends with a `turn_error` that
+        says why; its late answer then changes nothing."""
+        prompt = self.active
+        if prompt is None or self.closed:
+            return
+        prompt.cancel_requested = True
+        if prompt.sent:
+            await self.agent.cancel(self.agent_sid)
+        transition = self._terminal(prompt)
+        transition.interactions_removed = self._resolve_all_pending(transition.events)
+        prompt.turn = prompt.turn.failed(now_ms(), message, code)
+        transition.turns.append(prompt.turn)
+        data = {"sessionId": self.sid, "message": message, "code": code, "promptId": prompt.prompt_id}
+        transition.events.append(events.body("turn_error", data, prompt.prompt_id))
+        await self._write(transition)
+        self._went_idle()
+
+    def _went_idle(self) -> None:
+        if self._idle is not None and self.active is None:
+            self._idle.set()
+
+    async def publish_moved(self, previous: str) -> Applied | None:
+        """Take the session over from `previous`, which named us its target: one event on
+        its stream says it moved; its log, epoch and fields stay (scripts' takeover)."""
+        self.moved_from = previous
+        data = {"sessionId": self.sid, "reason": "worker_draining"}
+        transition = Transition(
+            mode=Mode.TAKEOVER, takeover_from=previous, catalog=self.catalog_row(),
+            events=[events.body("session_moved", data)],
+        )
+        try:
+            return await self._write(transition)
+        finally:
+            self._mark_published()
+
+    def arrive(self, carried: list[Prompt], parked: list[Prompt]) -> None:
+        """The move is done: the prompts carried from the old owner (announced there as
+        queued) run first, then those parked during the move, then those sent since."""
+        since, self.arriving = self.arriving or [], None
+        for prompt in carried:
+            prompt.queued = True
+            (self.automatic.setdefault(prompt.kind, []) if prompt.kind in AUTOMATIC_KINDS else self.queue).append(prompt)
+        for prompt in parked + since:
+            self.enqueue(prompt)
+        if self._waiting() and (self._runner is None or self._runner.done()):
+            self._runner = asyncio.ensure_future(self._run())
+
+    async def hand_over(self) -> None:
+        """The session moved to another worker: forget it here, writing nothing (the new
+        owner holds it now, and the agent child here lets go of it)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._mark_published()
+        self._track_state()
+        for prompt in self._waiting():
+            prompt.ended = True  # they run on the new owner
+        self.queue.clear()
+        self.automatic.clear()
+        try:
+            await self.agent.forget(self.agent_sid)
+        except Exception:  # the child may be gone already
+            log.warning("could not tell the agent", extra={"sessionId": self.sid}, exc_info=True)
+        await self._on_gone(self)
+
+
 
     def snapshot(self, reason_event: str | None = None) -> Transition:
         """The whole state as one CREATE transition (first publish, or rewrite after loss)."""
@@ -255,7 +412,7 @@ class LiveSession:
         worker, which asks the registry whether we were declared dead or the store lost it;
         the terminals it carried are then written again with the session. `transition` may
         be a function, called in turn: a snapshot must see what the writes before it did."""
-        if not callable(transition) and transition.mode is not Mode.CREATE and not self._published:
+        if not callable(transition) and transition.mode not in (Mode.CREATE, Mode.TAKEOVER) and not self._published:
             if self._publishing is None:
                 self._publishing = asyncio.get_running_loop().create_future()
             await asyncio.shield(self._publishing)
@@ -275,7 +432,8 @@ class LiveSession:
                 self._track_state()
             if result is not None and result.applied not in (ApplyOutcome.APPLIED, ApplyOutcome.PRESENT):
                 self._unwritten += [body for body in transition.events if events.event_type(body) in TERMINALS]
-                if not self.closed and self._on_fenced is not None:
+                # (A refused takeover is the mover's to handle: the session is not ours.)
+                if not self.closed and self._on_fenced is not None and transition.mode is not Mode.TAKEOVER:
                     log.warning("the store refused a write (%d); checking our lease", result.applied, extra={"sessionId": self.sid})
                     asyncio.ensure_future(self._on_fenced(self, result.applied))
         return result
@@ -331,15 +489,19 @@ class LiveSession:
         return [*self.queue, *(p for kind in AUTOMATIC_KINDS for p in self.automatic.get(kind, ()))]
 
     def enqueue(self, prompt: Prompt) -> None:
-        """Accept an admitted prompt: start it now or queue it behind the running one."""
+        """Accept an admitted prompt: start it now or queue it behind the running one (or,
+        held by a drain, queue it to move with the session)."""
         if self.closed:
+            return
+        if self.arriving is not None:
+            self.arriving.append(prompt)
             return
         transition = Transition()
         if self.display_name is None and prompt.kind == FOREGROUND and prompt.text.strip():
             self.display_name = prompt.text.strip()[:DISPLAY_NAME_MAX]
             transition.meta = self._meta()
             transition.catalog = self.catalog_row()
-        if self.active is not None or self._waiting():
+        if self.active is not None or self._waiting() or self.holding:
             prompt.queued = True
             data = {"sessionId": self.sid, "promptId": prompt.prompt_id, "text": prompt.text, "queuedAt": prompt.queued_at}
             transition.events.append(events.body("pending_prompt_added", data, prompt.prompt_id, prompt.client_id))
@@ -362,7 +524,7 @@ class LiveSession:
     async def _run(self) -> None:
         while not self.closed:
             reserved = self.active is not None and not self.active.started
-            prompt = self.active if reserved else self._next()
+            prompt = self.active if reserved else None if self.holding else self._next()
             if prompt is None:
                 return
             await self._start(prompt)
@@ -427,7 +589,9 @@ class LiveSession:
     def _terminal(self, prompt: Prompt) -> Transition:
         """Common part of a running prompt's terminal transition."""
         prompt.ended = True
-        self.active = None
+        if self.active is prompt:
+            self.active = None
+            asyncio.get_running_loop().call_soon(self._went_idle)  # once its terminal's write is queued
         self.updated_ms = now_ms()
         return Transition(
             active=False,

@@ -28,6 +28,7 @@ from prometheus_client import REGISTRY, make_asgi_app
 from acp_state import commands
 from acp_state.agents import DEFAULT_AGENT
 from acp_state.clock import iso, now_ms
+from acp_state.moves import Carry
 from acp_state.store import ApplyOutcome, ReplyFate, Standing, Store
 from acp_state.summary import SESSION_STATES
 from acp_state.sweeper import run_sweeper
@@ -37,6 +38,7 @@ from acp_state.votes import Vote
 from .agent import AgentProcess
 from .loop_guard import LoopLimits
 from .metrics import COMMANDS, LEASE_RENEWALS, LEASES_LOST, WorkerCollector
+from .drain import drain
 from .session import RETRY_FIRST_S, RETRY_MAX_S, LiveSession, Prompt
 
 log = logging.getLogger("worker")
@@ -73,6 +75,13 @@ class WorkerConfig:
     loop_limits: LoopLimits = field(default_factory=LoopLimits)
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    # The agent-state store its agents keep their history in (acp_state.moves): a session
+    # is resumed only on a worker that reads the same one.
+    state_store: str = ""
+    state_dir: str | None = None  # the agents' HOME, where they keep their history; None: ours
+    # How long a drain (SIGTERM, `acp-state drain`) lets running turns finish before its
+    # sessions move; 0: a stop closes the sessions at once, as before drains.
+    drain_grace_s: float = 30.0
 
     @property
     def default_agent(self) -> str:
@@ -136,6 +145,8 @@ class Worker:
         self.state_counts: dict[str, int] = dict.fromkeys(SESSION_STATES, 0)
         self._collector = WorkerCollector(self)
         REGISTRY.register(self._collector)
+        self.draining = False
+        self._draining: asyncio.Task[None] | None = None
 
     def _count_state(self, old: str | None, new: str | None) -> None:
         if old is not None:
@@ -160,6 +171,8 @@ class Worker:
             "states": self.state_counts,
             "leaseMs": self.config.lease_ms,
             "renewedAt": now_ms(),
+            "stateStore": self.config.state_store,
+            "draining": self.draining,
         }
 
     async def run(self) -> None:
@@ -188,6 +201,25 @@ class Worker:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def begin_drain(self, grace_s: float | None = None) -> None:
+        """Drain (worker/drain.py), then stop. A second call stops at once; so does a drain
+        of a worker that was told to drain in no time."""
+        grace_s = self.config.drain_grace_s if grace_s is None else grace_s
+        if self._draining is not None or grace_s <= 0 or not self.ready.is_set():
+            self.stop()
+            return
+        self.draining = True
+        self._draining = asyncio.ensure_future(self._drain(grace_s))
+
+    async def _drain(self, grace_s: float) -> None:
+        try:
+            await survive("heartbeat", self.check_standing)  # placement reads `draining` now
+            await drain(self, grace_s)
+        except Exception:
+            log.exception("the drain failed; stopping")
+        finally:
+            self.stop()
 
     async def shutdown(self) -> None:
         """SIGTERM path: close every session (deleting its keys), end children, drop the lease.
@@ -364,7 +396,7 @@ class Worker:
         for (_, _, _, _, session), fate in zip(due, fates, strict=True):
             if fate is ReplyFate.UNTAKEN:
                 log.warning("nobody took the create's answer; closing the session", extra={"sessionId": session.sid})
-                await session.close("create_abandoned", uncatalog=True)
+                await session.close("create_abandoned", uncatalog=not session.resumed)
             else:  # taken; or lost with its keys, and no API said it gave up: taken before the loss
                 if fate is ReplyFate.LOST:
                     log.warning("the create's answer was lost with the store; no API gave up on it, so it was "
@@ -406,8 +438,9 @@ class Worker:
     # p:<promptId> field); only a close is answered, for the API that waits.
 
     def on_create(self, command: commands.Create) -> None:
-        if len(self.sessions) + self._creating >= self.config.max_sessions:
-            asyncio.ensure_future(self.store.reply(command.request_id, {"ok": False, "code": "worker_full"}))
+        if self.draining or len(self.sessions) + self._creating >= self.config.max_sessions:
+            code = "worker_draining" if self.draining else "worker_full"
+            asyncio.ensure_future(self.store.reply(command.request_id, {"ok": False, "code": code}))
             return
         self._creating += 1  # capacity is reserved now, before the agent starts
         self._cursors.setdefault(self.store.inbox_feed(command.ws, self.incarnation), "0")
@@ -451,6 +484,15 @@ class Worker:
         if session is not None:
             session.clients.add(command.client_id)
 
+    def on_drain(self, command: commands.Drain) -> None:
+        log.info("told to drain")
+        self.begin_drain(command.grace_s)
+
+    def on_moving(self, command: commands.Moving) -> None:
+        session = self.sessions.get(command.sid)
+        if session is not None:
+            session.marker_read()
+
     async def _serve_metrics(self) -> None:
         """`GET /metrics` of this worker (Prometheus text), on its own small HTTP listener."""
         import uvicorn
@@ -491,6 +533,7 @@ class Worker:
             session_mode=self.config.session_modes.get(name),
             stderr_path=self.config.agent_stderr,
             on_exit=lambda a, key=key: self._agent_exited(key, a),
+            home=self.config.state_dir,
         )
         self.agents[key] = agent
         try:
@@ -514,13 +557,23 @@ class Worker:
                 await self.store.reply(command.request_id, {"ok": False, "code": "agent_not_offered"})
             return
         try:
+            carry = Carry.unpack(command.carry) if command.carry is not None else None
             agent = await self._agent_for(name, cwd, sid)
-            agent_sid = await agent.new_session(cwd)
+            if command.load and not agent.supports_load:
+                self._creating -= 1
+                with contextlib.suppress(Exception):
+                    await self.store.reply(command.request_id, {"ok": False, "code": "not_resumable"})
+                return
+            if command.load:
+                agent_sid = await agent.load_session(command.agent_sid or sid, cwd)
+            else:
+                agent_sid = await agent.new_session(cwd)
         except Exception as error:
             self._creating -= 1
-            log.exception("creating the session failed", extra={"sessionId": sid})
+            log.exception("%s the session failed", "loading" if command.load else "creating", extra={"sessionId": sid})
+            code = "resume_failed" if command.load else "agent_unavailable"
             with contextlib.suppress(Exception):  # else the API times out and says so
-                await self.store.reply(command.request_id, {"ok": False, "code": "agent_unavailable", "error": str(error)})
+                await self.store.reply(command.request_id, {"ok": False, "code": code, "error": str(error)})
             return
         session = LiveSession(
             store=self.store,
@@ -536,7 +589,15 @@ class Worker:
             loop_limits=self.config.loop_limits,
             on_state=self._count_state,
         )
-        session.untold_request = command.request_id
+        session.agent_name = name
+        session.state_store = self.config.state_store
+        session.resumable = agent.supports_load
+        if carry is not None:
+            session.resume_from(carry)
+        if command.move_from is not None:
+            session.arriving = []  # prompts sent to us before the carried ones are placed wait
+        elif not command.load:
+            session.untold_request = command.request_id
         agent.adopt(agent_sid, session)
         self.sessions[sid] = session
         self._creating -= 1  # the reservation is now a session: count it once
@@ -547,8 +608,12 @@ class Worker:
         # first, then the session, then the API's answer. A session nobody was told of (the
         # answer could not be given, or the API stopped waiting) is undone.
         indexed = await _stored(lambda: self.store.index_session(session.incarnation, ws, sid, True))
+        if command.move_from is not None:
+            await self._arrive(session, command, carry, indexed)
+            return
         result = await session.publish_created(command.client_id) if indexed else None
         if result is None or result.applied != ApplyOutcome.APPLIED:
+            # (A resumed session's row stands: only a session nobody was told of leaves none.)
             await session.close("conflict", publish=result is None and indexed)
             with contextlib.suppress(Exception):
                 await self.store.reply(command.request_id, {"ok": False, "code": "session_conflict"})
@@ -559,10 +624,36 @@ class Worker:
         kept_s = math.ceil(wait_s + 3 * RECLAIM_MARGIN_S)  # still there when taken back
         if not await _stored(lambda: self.store.reply(command.request_id, answer, kept_s)):
             log.warning("the create's answer was not taken; closing the session", extra={"sessionId": sid})
-            await session.close("create_abandoned", uncatalog=True)
+            await session.close("create_abandoned", uncatalog=not session.resumed)
             return
         deadline = asyncio.get_running_loop().time() + wait_s + RECLAIM_MARGIN_S
         heapq.heappush(self._answered, (deadline, next(self._answered_seq), command.request_id, answer, session))
+
+    async def _arrive(
+        self, session: LiveSession, command: commands.Create, carry: Carry | None, indexed: bool
+    ) -> None:
+        """Take over a session a draining worker moves here (worker/drain.py), then run what
+        waited for the move: the carried prompts, the parked ones, those sent here since."""
+        result = await session.publish_moved(command.move_from or "") if indexed else None
+        if result is None or result.applied != ApplyOutcome.APPLIED:
+            # The mover named another target, or the session ended: it is not ours.
+            await session.close("conflict", publish=False)
+            with contextlib.suppress(Exception):
+                await self.store.reply(command.request_id, {"ok": False, "code": "session_conflict"})
+            return
+        parked: list[commands.Command | commands.MalformedCommand] = []
+        await _stored(lambda: self._take_parked(session, parked))
+        prompts = [Prompt.of(c) for c in parked if isinstance(c, commands.Prompt)]
+        session.arrive([Prompt.of(p) for p in carry.prompts] if carry else [], prompts)
+        for parked_command in parked:
+            if not isinstance(parked_command, (commands.Prompt, commands.MalformedCommand)):
+                commands.dispatch(self, parked_command)
+        answer = {"ok": True, "createdAt": iso(session.created_ms), "incarnation": session.incarnation}
+        with contextlib.suppress(Exception):  # the mover reads the owner from the store if this is lost
+            await self.store.reply(command.request_id, answer)
+
+    async def _take_parked(self, session: LiveSession, into: list[commands.Command | commands.MalformedCommand]) -> None:
+        into[:] = await self.store.take_parked(session.ws, session.sid)
 
     async def _close(self, session: LiveSession, command: commands.Close) -> None:
         await session.close(command.reason)

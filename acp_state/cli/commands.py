@@ -15,6 +15,7 @@ from typing import Any, Awaitable, Callable
 
 from .. import logs
 from ..agents import PRESETS, offered_agents, session_modes, with_presets
+from ..moves import default_state_store
 from ..store import MEMORY, RedisStore, Retention, UnsuitableRedis, check_redis
 from ..testing import scripted_agent
 from .serving import DEFAULT_SERVER, SERVERS, listen_address, serve_http, settle_heap, started, until_signal, url_host
@@ -68,6 +69,9 @@ def _worker_config(args: argparse.Namespace) -> Any:
         name=args.name,
         metrics_port=getattr(args, "metrics_port", None),
         metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
+        state_dir=args.state_dir,
+        state_store=args.state_store or default_state_store(args.state_dir or os.path.expanduser("~")),
+        drain_grace_s=args.drain_grace_s,
     )
 
 
@@ -131,7 +135,9 @@ async def run_worker(args: argparse.Namespace) -> None:
         await running
 
     try:
-        await until_signal(serve, worker.stop)
+        # SIGTERM drains (the sessions move to other workers, docs/architecture.md); a
+        # second one stops at once.
+        await until_signal(serve, worker.begin_drain)
     finally:
         if worker.overran:  # a task that did not end would hold up the loop's own cleanup
             logging.shutdown()
@@ -170,6 +176,26 @@ async def run_dev(args: argparse.Namespace) -> None:
         await worker_task
 
     await until_signal(both, stop)
+
+
+async def run_drain(args: argparse.Namespace) -> None:
+    """Tell a worker to drain, then follow its report until it is gone (or `--no-wait`)."""
+    from .. import commands
+    from ..registry import WorkerRegistry
+
+    store = RedisStore.from_url(args.redis_url)
+    try:
+        registry = WorkerRegistry(store)
+        if args.incarnation not in await registry.live():
+            raise SystemExit(f"acp-state: no live worker {args.incarnation!r} (see acp-state status)")
+        await commands.send_drain(store, args.incarnation, commands.Drain(grace_s=args.grace_s))
+        print(f"told {args.incarnation} to drain", flush=True)
+        while not args.no_wait and args.incarnation in await registry.live():
+            await asyncio.sleep(0.5)
+        if not args.no_wait:
+            print(f"{args.incarnation} is gone", flush=True)
+    finally:
+        await store.close()
 
 
 async def run_status(args: argparse.Namespace) -> None:
@@ -233,6 +259,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="stop a turn after N consecutive identical tool calls (0: off)")
         p.add_argument("--loop-max-tool-calls", type=int, default=150,
                        help="stop a turn after more than N tool calls (0: off)")
+        p.add_argument("--state-dir", help="the agents' HOME, where they keep the history a resume "
+                       "loads (default: this process's HOME)")
+        p.add_argument("--state-store", help="the name of the agent-state store --state-dir is: workers "
+                       "that give one name resume each other's sessions (default: <host>:<state dir>; "
+                       "give one name on every host that mounts one shared volume)")
+        p.add_argument("--drain-grace-s", type=float, default=30.0,
+                       help="on SIGTERM or `acp-state drain`, how long running turns may finish before "
+                       "the sessions move to other workers (0: close them at once)")
 
     api = commands.add_parser("api", help="run a stateless API process")
     api_options(api, None)
@@ -246,6 +280,11 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--redis-url", required=True)
     status.add_argument("--once", action="store_true", help="print one table and exit")
     status.add_argument("--interval", type=float, default=1.0)
+    drain = commands.add_parser("drain", help="move a worker's sessions to other workers, then stop it")
+    drain.add_argument("incarnation", help="the worker's incarnation (acp-state status lists them)")
+    drain.add_argument("--redis-url", required=True)
+    drain.add_argument("--grace-s", type=float, help="how long its running turns may finish (default: its own)")
+    drain.add_argument("--no-wait", action="store_true", help="do not wait for the worker to be gone")
     dev = commands.add_parser("dev", help="API + worker in one process on embedded Redis")
     api_options(dev, MEMORY)
     worker_options(dev)
@@ -287,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(2, f"acp-state: {error}\n")  # a usage error, like argparse's own: exit code 2
     default_format = "json" if args.command in ("api", "worker") else "text"
     logs.configure(args.log_level, args.log_format or default_format)
-    runner = {"api": run_api, "worker": run_worker, "dev": run_dev, "status": run_status}[args.command]
+    runner = {"api": run_api, "worker": run_worker, "dev": run_dev, "status": run_status, "drain": run_drain}[args.command]
     try:
         import uvloop
 

@@ -131,6 +131,18 @@ def single(ws: str) -> str:
     return f"{PREFIX}:{{{ws}}}:single"
 
 
+def parked(ws: str, sid: str) -> str:
+    """STREAM of the commands sent to a session while it moves between workers (field `mv`
+    set): the new owner takes them, in order, once it holds the session."""
+    return f"{PREFIX}:{{{ws}}}:park:{sid}"
+
+
+def load_claim(ws: str, sid: str) -> str:
+    """STRING: the request id of the one load resuming a session that is not live; the
+    other loads of it wait for that one (PX the create timeout)."""
+    return f"{PREFIX}:{{{ws}}}:load:{sid}"
+
+
 def locator(sid: str) -> str:
     """STRING sessionId -> workspaceId, so session-scoped routes find the workspace slot."""
     return f"{PREFIX}:sid:{{{sid}}}"
@@ -185,6 +197,7 @@ class F:
     EPOCH = "epoch"  # event epoch: changes when the history is lost
     OP = "op"  # running number of the owner's last transition (a retry applies once)
     REQUEST = "rq"  # the create's request id, until an API took its answer (told its creator)
+    MOVING = "mv"  # the incarnation a draining owner is handing the session to
     CLIENT = "c:"  # + clientId -> "1"
     INTERACTION = "pi:"  # + requestId -> PendingInteraction JSON
     VOTABLE = "pv:"  # + requestId -> JSON [order, [allowed option ids]]

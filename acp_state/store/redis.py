@@ -20,7 +20,7 @@ from redis.exceptions import NoScriptError
 
 from .. import commands, events
 from ..clock import now_ms
-from ..commands import CANCEL_SENTINEL, Attach, Command, Create, MalformedCommand, Vote
+from ..commands import CANCEL_SENTINEL, Attach, Command, Create, Drain, MalformedCommand, Moving, Vote
 from ..metrics import REDIS_ROUNDTRIP
 from ..turns import KEPT_ENDED_TURNS, TurnRecord
 from ..tasks import cancel_until_done
@@ -185,6 +185,7 @@ class RedisStore:
         self._apply = Script(redis, scripts.APPLY)
         self._sweep = Script(redis, scripts.SWEEP)
         self._send = Script(redis, scripts.SEND)
+        self._move = Script(redis, scripts.MOVE)
         self._vote = Script(redis, scripts.VOTE)
         self._attach = Script(redis, scripts.ATTACH)
         self._version = Script(redis, scripts.VERSION)
@@ -364,6 +365,8 @@ class RedisStore:
             ops["single"] = True
         if t.restore:
             ops["missing_only"] = True
+        if t.takeover_from is not None:
+            ops["from"] = t.takeover_from
         if t.uncatalog:
             ops["uncatalog"] = True
         if t.uncatalog_untold:
@@ -528,6 +531,29 @@ class RedisStore:
     async def drop_inbox(self, ws: str, incarnation: str) -> None:
         await self.redis.delete(keys.inbox(ws, incarnation))
 
+    async def mark_moving(self, ws: str, sid: str, incarnation: str, target: str) -> bool:
+        """Start (or redirect) handing a session of ours to worker `target` (scripts.MOVE):
+        commands sent to it from now on are parked for the new owner, and our inbox gets
+        the `moving` marker behind every command sent before. False: not ours any more."""
+        marker = commands.encode(Moving(sid=sid, target=target))
+        result = await self._move(
+            [
+                keys.session(ws, sid), keys.inbox(ws, incarnation), keys.parked(ws, sid),
+                keys.invalidations(ws), keys.catalog_version(ws),
+            ],
+            [incarnation, target, marker, INBOX_TTL_MS, INBOX_MAXLEN, sid, self.retention.catalog_ms],
+        )
+        return bool(result)
+
+    async def take_parked(self, ws: str, sid: str) -> list[Command | MalformedCommand]:
+        """The commands parked while the session moved here, oldest first, taken (after the
+        takeover nothing more is parked, so one read and delete takes them all)."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xrange(keys.parked(ws, sid))
+        pipe.delete(keys.parked(ws, sid))
+        entries, _ = await pipe.execute()
+        return [command for _, _, command in _commands([[keys.parked(ws, sid), entries]])]
+
     def control_feed(self, incarnation: str) -> str:
         """The name, for read_commands, under which a worker's control commands arrive."""
         return keys.worker_control(incarnation)
@@ -581,12 +607,12 @@ class RedisStore:
         """Every agent name a worker offered within the registry's TTL (live or not)."""
         return sorted(await self.redis.zrange(keys.AGENTS, 0, -1))
 
-    async def send_control(self, incarnation: str, command: Create) -> None:
-        """Hand a create to a worker (its control stream); the creates of one loop turn go
-        out in one pipeline."""
+    async def send_control(self, incarnation: str, command: Create | Drain) -> None:
+        """Hand a create (or a drain) to a worker (its control stream); the commands of one
+        loop turn go out in one pipeline."""
         await self._controls((incarnation, command))
 
-    async def _send_controls(self, controls: list[tuple[str, Create]]) -> list[Exception | None]:
+    async def _send_controls(self, controls: list[tuple[str, Create | Drain]]) -> list[Exception | None]:
         pipe = self.redis.pipeline(transaction=False)
         for incarnation, command in controls:
             stream = keys.worker_control(incarnation)
@@ -668,7 +694,10 @@ class RedisStore:
         """Hand a command to the session's owner (scripts.SEND); prompts pass `admit_limit`.
 
         With `idempotency_key`, the first success is kept and a repeat returns it."""
-        key_list = [keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.turns(ws, command.sid)]
+        key_list = [
+            keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.turns(ws, command.sid),
+            keys.parked(ws, command.sid),
+        ]
         if idempotency_key is not None:
             key_list.append(keys.idempotency(ws, command.sid, idempotency_key))
         turn = ""
@@ -810,6 +839,16 @@ class RedisStore:
     async def release_single(self, ws: str, sid: str) -> None:
         """Drop a claim that did not turn into a live session (compare-and-delete)."""
         await self._release_single([keys.single(ws)], [sid])
+
+    async def claim_load(self, ws: str, sid: str, request: str, ttl_ms: int) -> str | None:
+        """Claim the one load that resumes a session that is not live; None if claimed
+        here, else the request id of the load under way."""
+        return await self.redis.set(keys.load_claim(ws, sid), request, nx=True, px=ttl_ms, get=True)
+
+    async def release_load(self, ws: str, sid: str, request: str) -> None:
+        """End our load's claim (kept if another load's claim replaced a lapsed one)."""
+        if await self.redis.get(keys.load_claim(ws, sid)) == request:
+            await self.redis.delete(keys.load_claim(ws, sid))
 
     async def list_page(
         self, ws: str, offset: int, size: int
@@ -1097,6 +1136,7 @@ def view_of(fields: dict[str, str], sid: str) -> SessionView | None:
         last_event_id=int(fields.get(F.SEQ, "0")),
         epoch=fields.get(F.EPOCH, ""),
         told=F.REQUEST not in fields,
+        moving=F.MOVING in fields,
     )
 
 
@@ -1105,6 +1145,10 @@ def _catalog_json(row: CatalogRow) -> dict[str, Any]:
     value: dict[str, Any] = {"createdAt": row.created_at, "updatedAt": row.updated_at}
     if row.display_name:
         value["displayName"] = row.display_name
+    for name, field_value in (("agent", row.agent), ("stateStore", row.state_store),
+                              ("agentSessionId", row.agent_sid), ("resumable", row.resumable)):
+        if field_value is not None:
+            value[name] = field_value
     return value
 
 

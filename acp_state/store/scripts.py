@@ -56,6 +56,7 @@ def load(name: str, *preludes: str) -> str:
 APPLY = load("apply", "changes", "attention", "transition")
 SWEEP = load("sweep", "changes", "attention", "transition")
 SEND = load("send")
+MOVE = load("move", "changes")
 VOTE = load("vote", "changes", "attention")
 ATTACH = load("attach", "changes")
 VERSION = load("version", "changes")

@@ -67,6 +67,9 @@ class Mode(enum.Enum):
     CREATE = "create"  # a whole snapshot: the session starts (again) from this transition
     UPDATE = "update"  # a change to a session that exists
     DELETE = "delete"  # the session's last transition: its state goes with it
+    # A session another worker is moving here (a drain): the hash, its event log and its
+    # epoch stay; the ownership passes from `Transition.takeover_from` to the writer.
+    TAKEOVER = "takeover"
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,13 @@ class CatalogRow:
     updated_at: str
     updated_ms: int  # the listing order
     display_name: str | None = None
+    # What a later load needs to resume the session on any worker (absent in rows written
+    # before 2026-12-03): the agent's name, the agent-state store its history lives in, the
+    # agent's own id of the session, and whether the agent can load sessions at all.
+    agent: str | None = None
+    state_store: str | None = None
+    agent_sid: str | None = None
+    resumable: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -217,6 +227,7 @@ class Transition:
     op: int | None = None  # the owner's running number (a retry applies once)
     turns: list[TurnRecord] = field(default_factory=list)  # turn records to write whole
     told: bool = False  # the create's answer was taken: its request id goes (see SessionView.told)
+    takeover_from: str | None = None  # TAKEOVER: the incarnation that is handing the session over
 
 
 @dataclass(frozen=True)
@@ -245,6 +256,9 @@ class SessionView:
     # Its creator was told of it (an API took the create's answer). Until then the session
     # is no one's yet: listings leave it out, since its create may still be undone.
     told: bool = True
+    # A draining worker is handing the session to another (`mv`): prompts sent meanwhile
+    # wait for the new owner.
+    moving: bool = False
 
 
 @dataclass(frozen=True)

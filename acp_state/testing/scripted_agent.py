@@ -7,10 +7,18 @@ and their prompts run concurrently.
 
 Methods
 -------
-``initialize``          protocol version 1, no ``loadSession``, no auth methods.
+``initialize``          protocol version 1, ``loadSession`` true (see ``ACP_SCRIPTED_NO_LOAD``), no
+                        auth methods.
 ``session/new``         ``{cwd (absolute), mcpServers: []}`` -> ``{"sessionId": <uuid4>}``.
+``session/load``        ``{sessionId, cwd (absolute), mcpServers}``: hosts the session under the
+                        same id, replays its recorded history as ``session/update`` notifications
+                        (per turn a ``user_message_chunk`` then an ``agent_message_chunk``, one
+                        text block each), then answers ``{}``. A session already hosted here is
+                        replayed the same way. Neither hosted nor recorded: -32002 "Resource not
+                        found: <id>" (``data.errorKind == "session_not_found"``).
 ``session/set_mode``    -> ``{}``.
-``session/close``       -> ``{}``; cancels a running prompt and forgets the session.
+``session/close``       -> ``{}``; cancels a running prompt and forgets the session (its history
+                        stays on disk, so ``session/load`` brings it back).
 ``session/prompt``      runs a scenario, see below.
 ``session/cancel``      notification; the running prompt of that session answers ``cancelled``.
 anything else           requests get -32601 "Method not found"; notifications are ignored,
@@ -19,10 +27,20 @@ anything else           requests get -32601 "Method not found"; notifications ar
 An unknown ``sessionId`` gets Qwen's -32004 "Session not found: <id>"
 (``data.errorKind == "session_not_found"``).
 
+History
+-------
+Every prompt answered with a ``stopReason`` (``cancelled`` included) appends two JSON lines to
+``<state dir>/sessions/<sessionId>.jsonl``: ``{"role": "user", "text": <prompt text>}`` and
+``{"role": "agent", "text": <its agent_message_chunk texts, joined>}``. They are written before
+the prompt is answered, so another process started on that answer already sees them. Prompts
+answered with an error, and ``#crash``, leave no trace, and a session with no such prompt has
+no file. A failed write is only logged.
+
 Scenarios
 ---------
 The prompt text is the concatenation of the ``text`` blocks; its first whitespace-separated
-word picks the scenario. ``<n>`` in tool call ids is the prompt's number within its session.
+word picks the scenario. ``<n>`` in tool call ids is the prompt's number within its session
+(after a load, counting on from the recorded turns).
 
 ``#permission``        Qwen-like shell tool ``perm-<n>``: a pending ``tool_call``, then
                        ``session/request_permission`` with options ``proceed_once`` (Allow) and
@@ -51,6 +69,9 @@ word picks the scenario. ``<n>`` in tool call ids is the prompt's number within 
                        notification ``qwen/notify/session/mode-update``, an empty text chunk,
                        then the chunk "noise done" and ``end_turn``.
 ``#error CODE [JSON]`` error with that integer code, message "scripted error" and the JSON as data.
+``#recall``            one chunk "recall: " followed by the prompt texts of all earlier recorded
+                       turns of the session (loaded ones included), joined with " | ";
+                       ``end_turn``.
 anything else          echoes the prompt text in one ``agent_message_chunk``, ``end_turn``.
 
 Whatever the scenario, a prompt whose session was cancelled answers ``stopReason: cancelled``
@@ -64,6 +85,10 @@ Environment
 ``ACP_SCRIPTED_RECORD``  a file path; every message received is appended to it as one JSON line.
 ``ACP_SCRIPTED_EAGER_UPDATE``  set: an ``available_commands_update`` for each new session right
                         after the ``session/new`` answer; ``before``: right before it.
+``ACP_SCRIPTED_STATE_DIR``  where the history is kept (created on the first write); default
+                        ``$HOME/.acp-state-scripted``.
+``ACP_SCRIPTED_NO_LOAD``  ``1``: ``loadSession`` is false and ``session/load`` gets -32601, like an
+                        agent without the capability. History is still written.
 """
 
 from __future__ import annotations
@@ -91,7 +116,7 @@ SCRIPTED_STOP_REASONS = ("end_turn", "max_tokens", "max_turn_requests", "refusal
 
 INITIALIZE_RESULT: JSON = {
     "protocolVersion": 1,
-    "agentCapabilities": {"loadSession": False, "promptCapabilities": {}},
+    "agentCapabilities": {"loadSession": True, "promptCapabilities": {}},
     "authMethods": [],
     "agentInfo": {"name": "acp-state-scripted", "version": "1"},
 }
@@ -155,6 +180,53 @@ class RpcError(Exception):
 
 def invalid_params(message: str, data: Any = None) -> RpcError:
     return RpcError(-32602, message, data)
+
+
+# --------------------------------------------------------------------------- history on disk
+
+
+def history_path(session_id: str) -> str:
+    """`<state dir>/sessions/<id>.jsonl`; the directory is read from the environment each time."""
+    state_dir = os.environ.get("ACP_SCRIPTED_STATE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".acp-state-scripted"
+    )
+    return os.path.join(state_dir, "sessions", session_id + ".jsonl")
+
+
+def append_history(session_id: str, user_text: str, agent_text: str) -> None:
+    """Append one turn, its two lines in one O_APPEND write so another writer cannot split them."""
+    path = history_path(session_id)
+    data = "".join(
+        dumps({"role": role, "text": text}) + "\n" for role, text in (("user", user_text), ("agent", agent_text))
+    )
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            # No fsync: the page cache is what other processes read, and a fsync per turn
+            # would stall the event loop for every session.
+            os.write(fd, data.encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        # An unwritable HOME must not break the prompts of tests that never load.
+        log(f"cannot record the history of {session_id}: {exc}")
+
+
+def read_history(session_id: str) -> list[JSON] | None:
+    """The recorded messages of a session, or None when it has no history file.
+
+    Lines that are not whole messages (a write still under way) are skipped.
+    """
+    try:
+        with open(history_path(session_id), encoding="utf-8") as file:
+            lines = file.read().splitlines()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:  # answered, so the client does not wait for ever
+        raise RpcError(-32603, "Internal error", {"details": f"cannot read the history: {exc}"}) from None
+    messages = [parse_line(line.encode()) for line in lines]
+    return [m for m in messages if m and m.get("role") in ("user", "agent") and isinstance(m.get("text"), str)]
 
 
 # --------------------------------------------------------------------------- transport
@@ -278,6 +350,8 @@ class Session:
     cwd: str
     prompt_count: int = 0
     turn: Turn | None = None
+    # The prompt texts of the recorded turns, for #recall.
+    user_texts: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -288,6 +362,8 @@ class TurnContext:
     session_id: str
     turn: Turn
     text: str
+    earlier: list[str] = field(default_factory=list)  # the session's earlier prompt texts
+    replies: list[str] = field(default_factory=list)  # chunk texts sent, for the history
 
     @property
     def n(self) -> int:
@@ -304,6 +380,7 @@ class TurnContext:
         await self.channel.notify("session/update", {"sessionId": self.session_id, "update": update})
 
     async def chunk(self, text: str) -> None:
+        self.replies.append(text)
         await self.update({"sessionUpdate": "agent_message_chunk", "content": text_block(text)})
 
     async def tool_update(self, tool_call_id: str, status: str, text: str | None = None) -> None:
@@ -560,6 +637,11 @@ async def error(ctx: TurnContext, args: str) -> str:
     raise RpcError(code, "scripted error", data)
 
 
+async def recall(ctx: TurnContext, _args: str) -> str:
+    await ctx.chunk("recall: " + " | ".join(ctx.earlier))
+    return "end_turn"
+
+
 SCENARIOS: dict[str, Scenario] = {
     "#permission": permission,
     "#question": question,
@@ -572,6 +654,7 @@ SCENARIOS: dict[str, Scenario] = {
     "#stop": stop,
     "#noise": noise,
     "#error": error,
+    "#recall": recall,
 }
 
 
@@ -586,6 +669,16 @@ def pick_scenario(text: str) -> tuple[Scenario, str]:
 # --------------------------------------------------------------------------- the agent
 
 
+def checked_cwd(params: JSON) -> str:
+    """The absolute `cwd` of session/new or session/load, whose `mcpServers` must be a list."""
+    cwd = params.get("cwd")
+    if not isinstance(cwd, str) or not os.path.isabs(cwd):
+        raise invalid_params("cwd must be an absolute path", {"cwd": cwd})
+    if not isinstance(params.get("mcpServers"), list):
+        raise invalid_params("mcpServers must be a list", {"mcpServers": params.get("mcpServers")})
+    return cwd
+
+
 class ScriptedAgent:
     """Dispatches incoming messages and runs prompts as tasks."""
 
@@ -593,6 +686,7 @@ class ScriptedAgent:
         self.channel = channel
         self.sessions: dict[str, Session] = {}
         self.tasks: set[asyncio.Task[None]] = set()
+        self.can_load = os.environ.get("ACP_SCRIPTED_NO_LOAD") != "1"
         self.handlers: dict[str, Callable[[JSON], JSON]] = {
             "initialize": self.initialize,
             "session/new": self.new_session,
@@ -618,6 +712,10 @@ class ScriptedAgent:
         try:
             if method == "session/prompt":
                 self.start_prompt(request_id, params)  # its task answers later
+                return
+            if method == "session/load" and self.can_load:
+                await self.load_session(params)  # replays, so it sends before its answer
+                await self.channel.respond(request_id, {})
                 return
             handler = self.handlers.get(method)
             if handler is None:
@@ -648,17 +746,33 @@ class ScriptedAgent:
     # ------------------------------------------------------------------ plain methods
 
     def initialize(self, params: JSON) -> JSON:
-        return INITIALIZE_RESULT
+        capabilities = {**INITIALIZE_RESULT["agentCapabilities"], "loadSession": self.can_load}
+        return {**INITIALIZE_RESULT, "agentCapabilities": capabilities}
 
     def new_session(self, params: JSON) -> JSON:
-        cwd = params.get("cwd")
-        if not isinstance(cwd, str) or not os.path.isabs(cwd):
-            raise invalid_params("cwd must be an absolute path", {"cwd": cwd})
-        if not isinstance(params.get("mcpServers"), list):
-            raise invalid_params("mcpServers must be a list", {"mcpServers": params.get("mcpServers")})
-        session = Session(session_id=str(uuid.uuid4()), cwd=cwd)
+        session = Session(session_id=str(uuid.uuid4()), cwd=checked_cwd(params))
         self.sessions[session.session_id] = session
         return {"sessionId": session.session_id}
+
+    async def load_session(self, params: JSON) -> None:
+        """Host a recorded session (or keep hosting it) and replay its history."""
+        cwd = checked_cwd(params)
+        session_id = params.get("sessionId")
+        # The id becomes a file name: refuse anything that could leave the sessions directory.
+        if not isinstance(session_id, str) or not session_id or os.sep in session_id or "\0" in session_id:
+            raise invalid_params("sessionId must be a plain identifier", {"sessionId": session_id})
+        history = read_history(session_id)
+        if history is None and session_id not in self.sessions:
+            # The error kind of the -32004 for an unknown session, so clients treat both alike.
+            raise RpcError(-32002, f"Resource not found: {session_id}", {"errorKind": "session_not_found"})
+        history = history or []  # a hosted session without a completed prompt has no file yet
+        if session_id not in self.sessions:
+            user_texts = [m["text"] for m in history if m["role"] == "user"]
+            self.sessions[session_id] = Session(session_id, cwd, len(user_texts), user_texts=user_texts)
+        for message in history:
+            kind = "user_message_chunk" if message["role"] == "user" else "agent_message_chunk"
+            update = {"sessionUpdate": kind, "content": text_block(message["text"])}
+            await self.channel.notify("session/update", {"sessionId": session_id, "update": update})
 
     def set_mode(self, params: JSON) -> JSON:
         self.session(params)
@@ -697,7 +811,7 @@ class ScriptedAgent:
         session.prompt_count += 1
         turn = Turn(number=session.prompt_count)
         session.turn = turn
-        ctx = TurnContext(self.channel, session.session_id, turn, prompt_text(blocks))
+        ctx = TurnContext(self.channel, session.session_id, turn, prompt_text(blocks), list(session.user_texts))
         task = asyncio.create_task(self.run_prompt(request_id, session, ctx))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -717,6 +831,10 @@ class ScriptedAgent:
         if ctx.cancelled:
             # The spec: after session/cancel the answer MUST be "cancelled", never an error.
             response = {"id": request_id, "result": {"stopReason": "cancelled"}}
+        if "result" in response:
+            # Before the answer: a process started on it must already find the turn on disk.
+            session.user_texts.append(ctx.text)
+            append_history(session.session_id, ctx.text, "".join(ctx.replies))
         # Free the session before answering: the client may send its next prompt at once.
         session.turn = None
         await self.channel.send(response)

@@ -35,3 +35,11 @@ local function attention_unset(index, details, sid, field)
   redis.call('ZREM', KEYS[index], member)
   redis.call('HDEL', KEYS[details], member)
 end
+-- The session changed owners (a move): what it waits for now counts under the new owner's
+-- lease, still since when it began.
+local function attention_reown(index, details, sid, field, owner, value)
+  local member = attention_member(sid, field)
+  if member and redis.call('ZSCORE', KEYS[index], member) then
+    redis.call('HSET', KEYS[details], member, owner .. '\n' .. value)
+  end
+end

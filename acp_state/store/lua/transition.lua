@@ -52,6 +52,16 @@ local function transition(at, inc, ops, ttl_ms, batch)
     redis.call('SADD', live, ops.sid)
     redis.call('PEXPIRE', live, ops.retention or ttl_ms)
     if ops.single then redis.call('SET', single, ops.sid) end
+  elseif ops.mode == 'takeover' then
+    -- A move's last step: the session passes from the owner that is handing it over (and
+    -- named this writer its target) to the writer, with its fields, event log and epoch.
+    if not owner then return {0, 0, ''} end
+    if owner ~= ops.from or get({{F.MOVING}}) ~= inc then return {-1, 0, ''} end
+    redis.call('HSET', hash, {{F.OWNER}}, inc)
+    redis.call('HDEL', hash, {{F.MOVING}}, {{F.OP}})
+    local flat = redis.call('HGETALL', hash)
+    for i = 1, #flat, 2 do attention_reown(at[12], at[13], ops.sid, flat[i], inc, flat[i + 1]) end
+    owner = inc
   elseif not owner then
     return {0, 0, ''}
   elseif owner ~= inc then

@@ -1,0 +1,77 @@
+"""Resume a persisted session that is not live: `POST /session/:id/load` of a session whose
+worker died or left (see acp_state/moves.py and docs/architecture.md, "Resume and drain").
+
+The session is placed as a create is, on a live worker that offers its agent and reads the
+agent-state store its history is in (both from its catalog row), which loads it (ACP
+`session/load`) under the same id. Concurrent loads of one session, on any API processes,
+resume it once: one claims the load, the others wait for the session to be live and attach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from acp_state import commands, ids
+from acp_state.moves import Carry
+
+from .auth import Principal
+from .cache import CachedSession
+from .locator import not_found
+from .outcomes import effect
+from .responses import unavailable
+from .sessions import not_resumable, place
+from .state import AppState
+
+WAIT_STEP_S = 0.05
+
+
+async def resume(state: AppState, sid: str, principal: Principal, client_id: str) -> tuple[CachedSession, bool]:
+    """Make the persisted session `sid` live again; answers it as `locator.live` does, and
+    whether this call resumed it (the others attached to the session it resumed).
+    404: unknown here; 409 `not_resumable`: its agent cannot load sessions; 503: no live
+    worker can resume it now (`no_worker_for_state_store`, `no_worker_for_agent`), or its
+    dead worker's state is not swept yet (`session_not_released`)."""
+    ws = await state.locator.workspace_of(sid, principal) if ids.is_token(sid) else None
+    row = await state.store.catalog_row(ws, sid) if ws is not None and ws in state.workspaces else None
+    if ws is None or row is None:
+        raise not_found(sid)
+    if row.get("resumable") is False:
+        raise not_resumable(sid)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + state.settings.create_timeout_s
+    claim_ms = int(state.settings.create_timeout_s * 1000) + 5000
+    request = ids.new_id()
+    while True:
+        view = await state.store.session(ws, sid)
+        if view is not None and await state.registry.is_live(view.owner):
+            return await state.locator.live(sid, principal), False  # resumed elsewhere meanwhile
+        if view is None and await state.store.claim_load(ws, sid, request, claim_ms) is None:
+            try:
+                await _load(state, ws, sid, row, client_id)
+            finally:
+                await state.store.release_load(ws, sid, request)
+            state.locator.remember(sid, ws)
+            return await state.locator.live(sid, principal), True
+        # Another load is under way, or the dead owner's state is still there (its sweeper
+        # removes it once its lease lapsed): wait for either.
+        if loop.time() >= deadline:
+            if view is not None:
+                raise unavailable("the session's last worker has not been swept yet; retry shortly",
+                                  "session_not_released", retry_after_s=1, sessionId=sid)
+            raise unavailable("another load of this session did not finish in time; retry",
+                              "restore_in_progress", retry_after_s=2, sessionId=sid)
+        await asyncio.sleep(WAIT_STEP_S)
+
+
+async def _load(state: AppState, ws: str, sid: str, row: dict, client_id: str) -> None:
+    carry = Carry.of_row(row).pack()
+
+    def create(request_id: str) -> commands.Create:
+        return commands.Create(
+            ws=ws, sid=sid, cwd=state.workspaces[ws], client_id=client_id,
+            wait_ms=int(state.settings.create_timeout_s * 1000), request_id=request_id, agent=row.get("agent"),
+            load=True, agent_sid=row.get("agentSessionId"), carry=carry,
+        )
+
+    async with effect(state.store.resends):  # a load sent to a worker may have happened
+        await place(state, create, agent=row.get("agent"), state_store=row.get("stateStore"))

@@ -1,0 +1,252 @@
+"""Conversations outlive their worker: a persisted session resumes on any worker (ACP
+`session/load`), and a drain (SIGTERM, `acp-state drain`) moves every session of a worker
+to another one, keeping its id, its event stream and every prompt sent meanwhile.
+
+Real worker and API processes, each worker with the scripted agent, which keeps each
+session's history on disk (the state dir the test suite shares) and reloads it: `#recall`
+answers every earlier prompt of the session, so a test sees that the conversation went on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from acp_state.store import keys
+from tests.harness import ROOT, ApiProcess, Harness, SseClient
+from tests.helpers import create, is_type, prompt, status
+
+LEASE_MS = "1500"
+
+
+async def turn_done(watcher, sid: str, prompt_id: str) -> dict:
+    return await watcher.wait_for(
+        lambda e: e["data"].get("sessionId") == sid and e["type"] in ("turn_complete", "turn_error")
+        and e["data"].get("promptId") == prompt_id
+    )
+
+
+async def recalled(harness: Harness, api: ApiProcess, sid: str) -> str:
+    """What the session's agent answers `#recall` (every earlier prompt of the session)."""
+    watcher = await harness.events()
+    sent = await prompt(api, sid, "#recall")
+    assert (await turn_done(watcher, sid, sent["promptId"]))["type"] == "turn_complete"
+    chunks = [
+        e["data"]["update"]["content"]["text"] for e in watcher.of(sid)
+        if e["type"] == "session_update" and e.get("promptId") == sent["promptId"]
+        and e["data"]["update"].get("sessionUpdate") == "agent_message_chunk"
+    ]
+    return "".join(chunks)
+
+
+async def told_a_fact(harness: Harness, api: ApiProcess, sid: str, fact: str) -> None:
+    sent = await prompt(api, sid, fact)
+    assert (await turn_done(await harness.events(), sid, sent["promptId"]))["type"] == "turn_complete"
+
+
+async def load(api: ApiProcess, sid: str, **body: object):
+    return await api.client.post(f"/session/{sid}/load", json=body)
+
+
+# ---- resume a persisted session ------------------------------------------------------------
+
+
+async def test_a_session_whose_worker_died_resumes_on_another_with_its_conversation(harness: Harness, workspace: str) -> None:
+    first = await harness.worker("--lease-ms", LEASE_MS)
+    api = await harness.api()
+    watcher = await harness.events()
+    sid = (await create(api, workspace))["sessionId"]
+    await told_a_fact(harness, api, sid, "remember PELICAN")
+    await first.kill9()
+    await watcher.wait_type(sid, "session_died")
+    assert (await api.client.get(f"/session/{sid}/status")).status_code == 404
+    listed = (await api.client.get(f"/workspace/{workspace_id(workspace)}/sessions")).json()["sessions"]
+    assert [row.get("resumable") for row in listed if row["sessionId"] == sid] == [True]
+    # A prompt to a persisted session is refused as the reference refuses it: it is not live.
+    refused = await api.client.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "hi"}]})
+    assert refused.status_code == 404 and refused.json()["code"] == "session_not_found"
+
+    await harness.worker("--lease-ms", LEASE_MS)
+    resumed = await load(api, sid)
+    assert resumed.status_code == 200, resumed.text
+    body = resumed.json()
+    assert body["sessionId"] == sid and body["attached"] is False
+    texts = [r["data"]["update"]["content"].get("text") for r in body["compactedReplay"] if r["type"] == "session_update"]
+    assert "remember PELICAN" in texts  # the transcript of the earlier worker's turns
+    assert (await status(api, sid))["sessionId"] == sid
+    assert "remember PELICAN" in await recalled(harness, api, sid)  # the agent loaded its history
+    again = await load(api, sid)  # now live: attached, as any load of a live session
+    assert again.status_code == 200 and again.json()["attached"] is True
+
+
+def workspace_id(path: str) -> str:
+    from acp_state.ids import workspace_id as of
+
+    return of(path)
+
+
+async def test_concurrent_loads_on_two_api_processes_resume_the_session_once(
+    harness: Harness, workspace: str, redis_client
+) -> None:
+    first = await harness.worker("--lease-ms", LEASE_MS)
+    apis = [await harness.api(), await harness.api()]
+    watcher = await harness.events()
+    sid = (await create(apis[0], workspace))["sessionId"]
+    await told_a_fact(harness, apis[0], sid, "remember HERON")
+    await first.kill9()
+    await watcher.wait_type(sid, "session_died")
+    second = [await harness.worker("--lease-ms", LEASE_MS), await harness.worker("--lease-ms", LEASE_MS)]
+
+    answers = await asyncio.gather(*(load(apis[i % 2], sid) for i in range(6)))
+    assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]
+    assert sorted(a.json()["attached"] for a in answers) == [False] + [True] * 5
+    hosting = [await redis_client.smembers(keys.worker_sessions(w.incarnation)) for w in second]
+    assert sorted(len(h) for h in hosting) == [0, 1]  # one live session, on one worker
+    assert "remember HERON" in await recalled(harness, apis[1], sid)
+
+
+async def test_an_agent_without_load_session_is_not_resumable(harness: Harness, workspace: str) -> None:
+    first = await harness.worker("--lease-ms", LEASE_MS, env={"ACP_SCRIPTED_NO_LOAD": "1"})
+    api = await harness.api()
+    watcher = await harness.events()
+    sid = (await create(api, workspace))["sessionId"]
+    await told_a_fact(harness, api, sid, "remember IBIS")
+    await first.kill9()
+    await watcher.wait_type(sid, "session_died")
+    await harness.worker("--lease-ms", LEASE_MS)
+    listed = (await api.client.get(f"/workspace/{workspace_id(workspace)}/sessions")).json()["sessions"]
+    assert [row.get("resumable") for row in listed if row["sessionId"] == sid] == [False]
+    refused = await load(api, sid)
+    assert refused.status_code == 409 and refused.json()["code"] == "not_resumable"
+
+
+async def test_a_load_goes_only_to_a_worker_that_reads_the_sessions_state_store(harness: Harness, workspace: str) -> None:
+    first = await harness.worker("--lease-ms", LEASE_MS, "--state-store", "host-a")
+    api = await harness.api()
+    watcher = await harness.events()
+    sid = (await create(api, workspace))["sessionId"]
+    await told_a_fact(harness, api, sid, "remember KITE")
+    await first.kill9()
+    await watcher.wait_type(sid, "session_died")
+    await harness.worker("--lease-ms", LEASE_MS, "--state-store", "host-b")
+    refused = await load(api, sid)
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["code"] == "no_worker_for_state_store" and refused.headers["Retry-After"]
+    await harness.worker("--lease-ms", LEASE_MS, "--state-store", "host-a")
+    assert (await load(api, sid)).status_code == 200
+    assert "remember KITE" in await recalled(harness, api, sid)
+
+
+async def test_a_load_of_an_unknown_session_is_404(harness: Harness, workspace: str) -> None:
+    await harness.worker()
+    api = await harness.api()
+    answer = await load(api, "0b8f6f0e-8f7e-4b43-9c3c-0c3f1c4a9d11")
+    assert answer.status_code == 404 and answer.json()["code"] == "session_not_found"
+
+
+# ---- drains ----------------------------------------------------------------------------------
+
+
+async def test_sigterm_moves_every_session_to_another_worker(harness: Harness, workspace: str) -> None:
+    draining = await harness.worker("--drain-grace-s", "20")
+    api = await harness.api()
+    watcher = await harness.events()
+    sids = [(await create(api, workspace))["sessionId"] for _ in range(3)]
+    for n, sid in enumerate(sids):
+        await told_a_fact(harness, api, sid, f"remember fact {n}")
+    streams = [await SseClient(api, sid).start() for sid in sids]
+    for stream in streams:
+        await stream.wait_for(lambda f: f["event"] == "session_snapshot")
+    await harness.worker()
+    assert await draining.terminate() == 0
+    for n, (sid, stream) in enumerate(zip(sids, streams)):
+        moved = await stream.wait_for(is_type("session_moved"))
+        assert moved["data"]["data"]["sessionId"] == sid
+        assert not stream.events("session_died") and not stream.events("session_closed")
+        assert f"remember fact {n}" in await recalled(harness, api, sid)
+        # The stream goes on: the recall's turn reaches the stream opened before the move.
+        await stream.wait_for(lambda f: f["event"] == "turn_complete" and f["data"]["id"] > moved["data"]["id"])
+    # One log, one epoch: ids go on from before the move.
+    ids = [f["data"]["id"] for f in streams[0].frames if isinstance(f.get("data"), dict) and "id" in f["data"]]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+
+
+async def test_a_prompt_sent_during_a_drain_runs_after_the_move_and_a_turn_past_the_grace_ends(
+    harness: Harness, workspace: str
+) -> None:
+    draining = await harness.worker("--drain-grace-s", "1.5")
+    api = await harness.api()
+    watcher = await harness.events()
+    sid = (await create(api, workspace))["sessionId"]
+    await told_a_fact(harness, api, sid, "remember OSPREY")
+    long = await prompt(api, sid, "#slow 30")
+    await watcher.wait_for(lambda e: e["data"].get("sessionId") == sid and e["type"] == "session_update"
+                           and e.get("promptId") == long["promptId"] and "tick" in str(e["data"]))
+    await harness.worker()
+    stopping = asyncio.ensure_future(draining.terminate())
+    during = await prompt(api, sid, "#recall")  # sent as the worker drains: held, then carried or parked
+    assert await stopping == 0
+    ended = await turn_done(watcher, sid, long["promptId"])
+    assert ended["type"] == "turn_error" and ended["data"]["code"] == "worker_draining"
+    done = await turn_done(watcher, sid, during["promptId"])
+    assert done["type"] == "turn_complete", done["data"]
+    assert "remember OSPREY" in str([e for e in watcher.of(sid) if e.get("promptId") == during["promptId"]])
+    log = watcher.of(sid)
+    kinds = [e["type"] for e in log]
+    assert "session_moved" in kinds and "session_died" not in kinds and "session_closed" not in kinds
+    assert kinds.index("session_moved") < next(i for i, e in enumerate(log) if e.get("promptId") == during["promptId"]
+                                               and e["type"] == "turn_complete")
+    terminals = [e for e in log if e["type"] in ("turn_complete", "turn_error")]
+    assert sorted(e["data"]["promptId"] for e in terminals) == sorted({e["data"]["promptId"] for e in terminals})
+
+
+async def test_acp_state_drain_moves_the_sessions_of_a_worker_named_from_anywhere(harness: Harness, workspace: str) -> None:
+    draining = await harness.worker("--drain-grace-s", "20")
+    api = await harness.api()
+    watcher = await harness.events()
+    sid = (await create(api, workspace))["sessionId"]
+    await told_a_fact(harness, api, sid, "remember GANNET")
+    await harness.worker()
+    command = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "acp_state.cli", "drain", draining.incarnation, "--redis-url", harness.redis_url,
+        cwd=str(ROOT), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(command.communicate(), 60)
+    assert command.returncode == 0, out.decode()
+    assert f"{draining.incarnation} is gone" in out.decode()
+    await watcher.wait_type(sid, "session_moved")
+    assert await asyncio.wait_for(draining.proc.wait(), 20) == 0
+    assert "remember GANNET" in await recalled(harness, api, sid)
+
+
+async def test_a_drain_with_no_other_worker_stops_as_before_after_its_grace(harness: Harness, workspace: str) -> None:
+    alone = await harness.worker("--drain-grace-s", "1")
+    api = await harness.api()
+    watcher = await harness.events()
+    sid = (await create(api, workspace))["sessionId"]
+    assert await alone.terminate() == 0
+    closed = await watcher.wait_type(sid, "session_closed")
+    assert closed["data"]["reason"] == "worker_shutdown"
+
+
+async def test_a_draining_worker_gets_no_creates_and_says_so(harness: Harness, workspace: str, redis_client) -> None:
+    draining = await harness.worker("--drain-grace-s", "20", "--name", "leaving")
+    api = await harness.api()
+    watcher = await harness.events()
+    sid = (await create(api, workspace))["sessionId"]
+    slow = await prompt(api, sid, "#slow 3")  # holds the drain for a while
+    await watcher.wait_for(lambda e: e.get("promptId") == slow["promptId"] and e["type"] == "session_update")
+    stay = await harness.worker("--name", "staying")
+    draining.proc.send_signal(15)
+    async def says_draining() -> None:  # the report says so at once (the drain renews first)
+        while True:
+            workers = (await api.client.get("/workers")).json()["workers"]
+            if any(w["incarnation"] == draining.incarnation and w.get("draining") for w in workers):
+                return
+            await asyncio.sleep(0.05)  # a report is read, not pushed: poll it
+
+    await asyncio.wait_for(says_draining(), 10)
+    created = [(await create(api, workspace))["sessionId"] for _ in range(3)]
+    hosted = await redis_client.smembers(keys.worker_sessions(stay.incarnation))
+    assert {member.split("/")[1] for member in hosted} >= set(created)
+    assert await asyncio.wait_for(draining.proc.wait(), 30) == 0
