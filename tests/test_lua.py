@@ -284,7 +284,8 @@ async def test_sweep_tells_caches_of_its_whole_batch_in_one_message_before_any_e
 # ---- SEND ------------------------------------------------------------------------------
 
 
-SEND_KEYS = [SESSION, keys.inbox(WS, INC), TURNS]
+PARKED = keys.parked(WS, SID)
+SEND_KEYS = [SESSION, keys.inbox(WS, INC), TURNS, PARKED]
 
 
 async def send(r: aioredis.Redis, limit: Any = "", pid: str = "", idem: str | None = None, incarnation: str = INC) -> list[Any]:
@@ -312,6 +313,63 @@ async def test_send_is_fenced_and_keeps_its_first_outcome(r: aioredis.Redis) -> 
     assert await send(r, "", "p1", idem="k") == ["ok", "0", "e1", "p1"]
     assert await send(r, "", "p9", idem="k") == ["ok", "0", "e1", "p1", "repeat"]
     assert await r.xlen(keys.inbox(WS, INC)) == 1
+
+
+# ---- MOVE and the takeover ---------------------------------------------------------------
+
+
+MOVE_KEYS = [SESSION, keys.inbox(WS, INC), PARKED, CHANNEL, VERSION]
+MARKER = '{"t":"moving","sid":"%s","target":"%s"}'
+
+
+async def move(r: aioredis.Redis, target: str = OTHER, incarnation: str = INC) -> int:
+    return await run(r, "MOVE", MOVE_KEYS, [incarnation, target, MARKER % (SID, target), TTL, 100, SID, TTL])
+
+
+async def test_move_marks_the_session_closes_the_owners_inbox_and_parks_what_follows(r: aioredis.Redis) -> None:
+    await created(r)
+    assert await send(r, 6, "p1") == ["ok", "0", "e1", "p1"]  # before the move: the owner's inbox
+    assert await move(r, incarnation=OTHER) == 0  # only the owner moves its session
+    await r.xadd(PARKED, {"c": "left by a move that ended otherwise"})
+    async with r.pubsub() as pubsub:
+        await pubsub.execute_command("SSUBSCRIBE", CHANNEL)
+        assert await move(r) == 1
+        message = await pubsub.get_message(timeout=5)
+        while message is None or message["type"] != "smessage":
+            message = await pubsub.get_message(timeout=5)
+        assert message["data"].startswith(SID + " ")  # readers see it moving at once
+    assert await r.hget(SESSION, F.MOVING) == OTHER
+    inbox = [fields["c"] for _, fields in await r.xrange(keys.inbox(WS, INC))]
+    assert inbox == ['{"t":"prompt"}', MARKER % (SID, OTHER)]  # the marker follows what came before
+    assert await r.xlen(PARKED) == 0  # a stale parked stream is gone
+    assert await send(r, 6, "p2") == ["ok", "0", "e1", "p2"]  # after: parked, still admitted
+    assert await r.xlen(keys.inbox(WS, INC)) == 2 and await r.xlen(PARKED) == 1
+    assert await r.hget(SESSION, F.ADMITTED) == "2" and await r.hget(SESSION, F.PROMPT + "p2") == "1"
+    assert await move(r, target="w-3") == 2  # a new target: no second marker, the parked stay
+    assert await r.hget(SESSION, F.MOVING) == "w-3" and await r.xlen(PARKED) == 1
+    assert await r.xlen(keys.inbox(WS, INC)) == 2
+
+
+async def test_takeover_passes_the_session_to_the_named_target_only(r: aioredis.Redis) -> None:
+    await created(r, **{F.TURN_ERROR: '{"message":"boom"}'})
+    await r.zadd(ATTENTION, {SID + "/!": 5})
+    await r.hset(ATTENTION_DETAILS, SID + "/!", INC + '\n{"message":"boom"}')
+    assert (await apply(r, mode="update", events=[update("before")], op=7))[:2] == [1, 1]
+    moved = events.body("session_moved", {"sessionId": SID, "reason": "worker_draining"})
+    # Not moving yet, or moving to someone else: refused as another owner's.
+    assert (await apply(r, "w-3", mode="takeover", **{"from": INC}, events=[moved], op=1))[0] == -1
+    assert await move(r) == 1
+    assert (await apply(r, "w-3", mode="takeover", **{"from": INC}, events=[moved], op=1))[0] == -1
+    taken = await apply(r, OTHER, mode="takeover", **{"from": INC}, events=[moved], op=1)
+    assert taken == [1, 2, "e1"]  # the same log and epoch, its id next
+    assert await r.hget(SESSION, F.OWNER) == OTHER and not await r.hexists(SESSION, F.MOVING)
+    assert await r.hget(SESSION, F.TURN_ERROR) == '{"message":"boom"}'  # its runtime state stays
+    assert await r.hget(ATTENTION_DETAILS, SID + "/!") == OTHER + '\n{"message":"boom"}'
+    assert await r.zscore(ATTENTION, SID + "/!") == 5  # still waiting since it began
+    # The new owner's running number starts again; a retry of the takeover applies once.
+    assert (await apply(r, OTHER, mode="takeover", **{"from": INC}, events=[moved], op=1))[:2] == [1, 2]
+    assert (await apply(r, INC, mode="update", events=[update("late")], op=8))[0] == -1  # the old owner is fenced
+    assert (await apply(r, OTHER, mode="update", events=[update("after")], op=2))[:2] == [1, 3]
 
 
 # ---- VOTE ------------------------------------------------------------------------------

@@ -387,3 +387,46 @@ async def test_the_attention_index_follows_transitions_and_votes(store: RedisSto
     assert [e.request_id for e in await store.attention_of(asking.ws, asking.sid)] == ["q1"]
     await store.apply(failing.ws, failing.sid, failing.inc, Transition(mode=Mode.DELETE))
     assert [(e.sid, e.request_id) for e in await store.attention_page(workspaces, None, 10)] == [(asking.sid, "q1")]
+
+
+# ---- resumes and moves ---------------------------------------------------------------------
+
+
+async def test_a_moving_session_parks_its_commands_for_the_owner_that_takes_it_over(store: RedisStore) -> None:
+    s = Session()
+    await s.create(store)
+    row = CatalogRow("2020-01-01T00:00:00Z", "2020-01-01T00:00:00Z", 1000, agent="default", state_store="host:/state",
+                     agent_sid="a-1", resumable=True)
+    await store.apply(s.ws, s.sid, s.inc, Transition(catalog=row))
+    row = await store.catalog_row(s.ws, s.sid)
+    assert row is not None and (row["agent"], row["stateStore"], row["agentSessionId"], row["resumable"]) == (
+        "default", "host:/state", "a-1", True)
+    target = f"w-{secrets.token_hex(4)}"
+    inbox = store.inbox_feed(s.ws, s.inc)
+    before = commands.Prompt(sid=s.sid, prompt_id="p1", blocks=[], text="before")
+    assert (await store.send(s.ws, s.inc, before, admit_limit=6)).status is AdmissionStatus.OK
+    assert await store.mark_moving(s.ws, s.sid, s.inc, target)
+    assert not await store.mark_moving(s.ws, s.sid, target, s.inc)  # only the owner moves it
+    view = await store.session(s.ws, s.sid)
+    assert view is not None and view.moving and view.owner == s.inc
+    after = commands.Prompt(sid=s.sid, prompt_id="p2", blocks=[], text="after")
+    assert (await store.send(s.ws, s.inc, after, admit_limit=6)).status is AdmissionStatus.OK
+    read = [c for _, _, c in await store.read_commands({inbox: "0"}, block_ms=100)]
+    assert read == [before, commands.Moving(sid=s.sid, target=target)]  # the marker closes the inbox
+    moved = Transition(mode=Mode.TAKEOVER, takeover_from=s.inc, events=[update(s.sid, "moved")], op=1)
+    applied = await store.apply(s.ws, s.sid, target, moved)
+    assert applied.applied is ApplyOutcome.APPLIED and applied.epoch == "e1"
+    assert await store.take_parked(s.ws, s.sid) == [after]
+    assert await store.take_parked(s.ws, s.sid) == []
+    view = await store.session(s.ws, s.sid)
+    assert view is not None and view.owner == target and not view.moving and view.admitted == 2
+
+
+async def test_one_load_claims_a_persisted_session(store: RedisStore) -> None:
+    s = Session()
+    assert await store.claim_load(s.ws, s.sid, "r1", 10_000) is None
+    assert await store.claim_load(s.ws, s.sid, "r2", 10_000) == "r1"
+    await store.release_load(s.ws, s.sid, "r2")  # not its claim: kept
+    assert await store.claim_load(s.ws, s.sid, "r3", 10_000) == "r1"
+    await store.release_load(s.ws, s.sid, "r1")
+    assert await store.claim_load(s.ws, s.sid, "r3", 10_000) is None
