@@ -17,7 +17,7 @@ from .summary import SESSION_STATES
 
 def render(deadlines: dict[str, int], reports: dict[str, dict[str, Any]], now: int) -> str:
     lines = [
-        f"{'worker':44} {'lease age':>10} {'expires in':>10} {'sessions':>9} {'load':>6} {'agents':>6}",
+        f"{'worker':44} {'lease age':>10} {'expires in':>10} {'sessions':>9} {'load':>6} {'agents':>6}  state",
     ]
     totals = dict.fromkeys(SESSION_STATES, 0)
     live = 0
@@ -31,7 +31,8 @@ def render(deadlines: dict[str, int], reports: dict[str, dict[str, Any]], now: i
         sessions, maximum = report.get("sessions", 0), max(report.get("maxSessions", 1), 1)
         lines.append(
             f"{incarnation:44} {age:>9.1f}s {(deadline - now) / 1000:>9.1f}s "
-            f"{sessions:>9} {100 * sessions / maximum:>5.0f}% {report.get('agents', 0):>6}"
+            f"{sessions:>9} {100 * sessions / maximum:>5.0f}% {report.get('agents', 0):>6}  "
+            + ("draining" if report.get("draining") else "serving")
         )
         for state, count in report.get("states", {}).items():
             if state in totals:

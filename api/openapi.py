@@ -219,6 +219,7 @@ def _status_fields() -> dict[str, Schema]:
 
 
 SESSION_BASE = {"sessionId": string(), "workspaceCwd": string(), "createdAt": string()}
+MOVING = "acp-state's own: a draining worker is handing the session to another (prompts sent meanwhile wait)."
 AFTER_A_TURN = {"updatedAt": string(), "hasRunningBackgroundTasks": boolean()}
 
 
@@ -263,7 +264,7 @@ def components() -> Schema:
                 "activeWorkState": string(enum=["idle", "active"]), "hasRunningBackgroundTasks": boolean(),
                 "isWaitingForPermission": boolean(), "isWaitingForUserQuestion": boolean(),
             },
-            {"updatedAt": string()},
+            {"updatedAt": string(), "moving": {"const": True, "description": MOVING}},
         ),
         "LiveState": obj(
             {"v": {"const": 1}, "catalogVersion": ref("CatalogVersion"), "sessions": array(ref("LiveStateRow"))}
@@ -283,7 +284,7 @@ def components() -> Schema:
                 {"host": {"type": ["string", "null"]}, "pid": {"type": ["integer", "null"]},
                  "startedAt": {"type": ["string", "null"]}, "leaseMs": {"type": ["integer", "null"]},
                  "leaseAgeMs": {"type": ["integer", "null"]}, "load": {"type": ["number", "null"]},
-                 "agents": {}},
+                 "agents": {}, "draining": boolean(), "stateStore": {"type": ["string", "null"]}},
             )), "serverTime": integer()}
         ),
         "MemberError": obj(
@@ -359,14 +360,19 @@ def components() -> Schema:
         "PromptAccepted": obj({"promptId": string(), "lastEventId": integer(minimum=0), "eventEpoch": string()}),
         "TurnError": obj({"message": string()}, {"code": string(), "errorKind": string()}),
         "PendingInteraction": _pending_interaction(),
-        "SessionStatus": obj({**SESSION_BASE, **_status_fields()}, {**AFTER_A_TURN, "turnError": ref("TurnError")}),
+        "SessionStatus": obj(
+            {**SESSION_BASE, **_status_fields()},
+            {**AFTER_A_TURN, "turnError": ref("TurnError"), "moving": {"const": True, "description": MOVING}},
+        ),
         "SessionRow": {
             "description": "A live session (status fields and `isArchived: false`) or a persisted one "
             "(`clientCount: 0`, `hasActivePrompt: false`, `isArchived: false`, no other runtime fields).",
             **obj(
                 {**SESSION_BASE, "clientCount": integer(minimum=0), "hasActivePrompt": boolean()},
                 {**_status_fields(), **AFTER_A_TURN, "isArchived": {"const": False}, "displayName": string(),
-                 "turnError": ref("TurnError")},
+                 "turnError": ref("TurnError"), "moving": {"const": True, "description": MOVING},
+                 "resumable": {"type": "boolean", "description": "A persisted row's: whether a load can resume "
+                               "it (false: its agent cannot load sessions)."}},
             ),
         },
         "SessionList": obj({"sessions": array(ref("SessionRow"))}, {"nextCursor": string()}),
@@ -382,7 +388,7 @@ def components() -> Schema:
             {
                 "sessionId": string(),
                 "workspaceCwd": string(),
-                "attached": {"const": True},
+                "attached": boolean(),
                 "clientId": string(),
                 "createdAt": string(),
                 "state": obj(),
@@ -547,12 +553,22 @@ def paths() -> Schema:
         },
         "/session/{id}/load": {
             "post": operation(
-                "loadSession", "Sessions", "Attach to a live session and get its replay",
+                "loadSession", "Sessions", "Attach to a live session, or resume a persisted one, and get its replay",
                 {
-                    "200": json_response("Attached, with the newest transcript page or the live log.", ref("RestoredSession")),
+                    "200": json_response(
+                        "Attached (`attached: true`), or resumed on a live worker through its agent's `session/load` "
+                        "(`attached: false`), with the newest transcript page or the live log.",
+                        ref("RestoredSession"),
+                    ),
                     **TOO_LARGE,
                     "400": error("Bad body (`invalid_request`, `invalid_limit`) or header."),
                     "404": not_found(NO_SESSION),
+                    "409": error("The session's agent cannot load sessions (`not_resumable`)."),
+                    "503": error("No live worker can resume it now (`no_worker_for_state_store`, `no_worker_for_agent`, "
+                                 "`no_worker`, `no_worker_capacity`, `resume_failed`), its last worker is not swept yet "
+                                 "(`session_not_released`), or another load of it is still under way "
+                                 "(`restore_in_progress`).", RETRY_AFTER),
+                    "504": error("The worker did not load the session in time (`agent_init_timeout`)."),
                 },
                 parameters=[SESSION_ID, CLIENT_ID],
                 body=json_body(ref("LoadRequest"), required=False),

@@ -73,6 +73,10 @@ async def api(
 
 
 async def worker(redis_url: str, log_dir: Path, *extra: str) -> AcpProcess:
+    """A worker whose SIGTERM closes its sessions at once (a bench tears its deployment down),
+    unless `extra` gives `--drain-grace-s`."""
+    if "--drain-grace-s" not in extra:
+        extra = (*extra, "--drain-grace-s", "0")
     process = AcpProcess("worker", "--redis-url", redis_url, *extra, marker="serving", log=log_dir / f"worker-{time.monotonic_ns()}.log")
     return await process.start()
 

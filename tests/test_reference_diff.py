@@ -6,27 +6,36 @@ against each (concurrently); every step's status code, the headers clients read 
 body's shape (`tests.reference.shape`) are compared. Differences listed in the ```compat
 block of `docs/compatibility.md` are allowed; the test fails listing every other one.
 
+A second scenario restores a persisted session: told a fact, the session outlives a restart
+(the reference: `qwen serve` stopped and started again on the same HOME and workspace;
+acp-state: its worker stopped by SIGTERM, which with `--drain-grace-s 0` closes its sessions,
+and a new worker started on the same agent state, the same HOME for `qwen --acp`), is seen
+as persisted (listed, 404 elsewhere), is loaded (`POST /session/:id/load`), and a prompt
+after the load reaches a model that was sent the fact.
+
 Skipped when `qwen` (tests/node: `npm ci --prefix tests/node`) or `node` is missing.
-`ACP_DIFF_DUMP=/some/file.json` also writes every exchange of both sides there.
+`ACP_DIFF_DUMP=/some/file.json` also writes every exchange of both sides there (those of the
+restore scenario to `/some/file.restore.json`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 from urllib.parse import quote
 
 import httpx
 import pytest
 
 from acp_state.ids import workspace_id
-from tests.fake_openai import FakeOpenAI, find_qwen, qwen_env
-from tests.harness import Harness
+from tests.fake_openai import FakeOpenAI, find_qwen, message_text, qwen_env
+from tests.harness import Harness, WorkerProcess
 from tests.reference import (
     Exchange,
     compare,
@@ -135,23 +144,29 @@ class Target:
     ) -> dict[str, Any]:
         """Poll `GET /session/:id/status` until `predicate` holds (for `stable_s` if given).
         Recorded as a step of its own: a side that never gets there shows as a difference."""
+        return await self.wait_get(step, "(wait) status", f"/session/{sid}/status", predicate, stable_s)
+
+    async def wait_get(
+        self, step: str, route: str, url: str, predicate: Callable[[dict[str, Any]], bool], stable_s: float = 0.0
+    ) -> dict[str, Any]:
+        """Poll `GET url` until its 200 answer satisfies `predicate` (see `wait_status`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait_timeout_s
         held_since: float | None = None
         last: Any = None
         while loop.time() < deadline:
-            response = await self.client.get(f"/session/{sid}/status")
+            response = await self.client.get(url)
             last = response.json() if response.headers.get("content-type", "").startswith("application/json") else response.text
             if response.status_code == 200 and predicate(last):
                 held_since = held_since if held_since is not None else loop.time()
                 if loop.time() - held_since >= stable_s:
-                    self.exchanges.append(Exchange(step=step, route="(wait) status", status=200))
+                    self.exchanges.append(Exchange(step=step, route=route, status=200))
                     return last
             else:
                 held_since = None
             await asyncio.sleep(POLL_S)
-        self.exchanges.append(Exchange(step=step, route="(wait) status",
-                                       note=f"timed out after {self.wait_timeout_s}s; last status {last}"))
+        self.exchanges.append(Exchange(step=step, route=route,
+                                       note=f"timed out after {self.wait_timeout_s}s; last answer {last}"))
         self.wait_timeout_s = SHORT_WAIT_S
         return last if isinstance(last, dict) else {}
 
@@ -292,6 +307,21 @@ async def scenario(t: Target) -> None:
                  f"/workspaces/{wid}/sessions/live-state")
 
 
+async def start_acp_worker(harness: Harness, qwen: str, fake: FakeOpenAI, tmp_path: Path) -> WorkerProcess:
+    """acp-state's worker hosting `qwen --acp` on the scripted LLM. Its agent's HOME (where
+    qwen keeps its chats: the agent state a load reads) and TMPDIR are the same for every
+    worker started here, so a second one is the first one's restart."""
+    scratch = tmp_path / "acp-qwen-tmp"
+    scratch.mkdir(exist_ok=True)
+    env = qwen_env(tmp_path / "acp-home", fake.base_url)
+    env["TMPDIR"] = str(scratch)
+    return await harness.worker(
+        "--agent", f"{qwen} --acp", "--session-mode", AGENT_MODE,
+        "--agent-stderr", str(tmp_path / "qwen-stderr.log"),
+        env=env,
+    )
+
+
 def dump(path: Path, reference: Target, ours: Target) -> None:
     path.write_text(json.dumps(
         {"reference": [e.as_dict() for e in reference.exchanges], "acp-state": [e.as_dict() for e in ours.exchanges]},
@@ -305,15 +335,7 @@ async def test_reference_and_acp_state_answer_alike(
     # `fake_llm` comes before `harness`, so it outlives the worker and its qwen child.
     rules = load_allowed(COMPATIBILITY)
 
-    scratch = tmp_path / "acp-qwen-tmp"
-    scratch.mkdir()
-    env = qwen_env(tmp_path / "acp-home", fake_llm.base_url)
-    env["TMPDIR"] = str(scratch)
-    await harness.worker(
-        "--agent", f"{qwen} --acp", "--session-mode", AGENT_MODE,
-        "--agent-stderr", str(tmp_path / "qwen-stderr.log"),
-        env=env,
-    )
+    await start_acp_worker(harness, qwen, fake_llm, tmp_path)
     api = await harness.api()
 
     async with reference_daemon(qwen, workspace, fake_llm.base_url, tmp_path / "reference") as daemon:
@@ -323,6 +345,12 @@ async def test_reference_and_acp_state_answer_alike(
             await asyncio.gather(scenario(reference), scenario(ours))
 
     dump_path = Path(os.environ.get("ACP_DIFF_DUMP") or tmp_path / "exchanges.json")
+    judge(rules, reference, ours, dump_path)
+
+
+def judge(rules: list, reference: Target, ours: Target, dump_path: Path) -> None:
+    """Write every exchange to `dump_path`, compare the two sides step by step and fail
+    listing every difference `rules` (docs/compatibility.md) do not allow."""
     dump(dump_path, reference, ours)
     assert [e.key for e in reference.exchanges] == [e.key for e in ours.exchanges]
 
@@ -339,3 +367,121 @@ async def test_reference_and_acp_state_answer_alike(
             + "\n".join(lines),
             pytrace=False,
         )
+
+
+# -- the restore scenario: a persisted session outlives a restart and is loaded ---------------
+
+RESTORE_WORDS = {"reference": "PELICAN", "acp-state": "HERON"}  # one scripted LLM serves both sides
+
+
+def fact_of(t: Target) -> str:
+    return f"remember the code word {RESTORE_WORDS[t.name]}"
+
+
+def question_of(t: Target) -> str:
+    return f"what was the code word? (asked of {t.name} after the restore)"
+
+
+def turn_ended(body: dict[str, Any]) -> bool:
+    return body.get("state") == "completed"
+
+
+async def restore_scenario(t: Target, restart: Callable[[], Awaitable[None]]) -> None:
+    """Both sides: a session told a fact, a restart, the persisted session's views, its load,
+    and a prompt after the load. Step names say the session's state."""
+    ws = t.workspace
+    wid = workspace_id(ws)
+    prompt, load = "POST /session/:id/prompt", "POST /session/:id/load"
+    created = await t.call("new", "POST /session", "POST", "/session", {"cwd": ws}, timeout=CREATE_TIMEOUT_S)
+    sid = (created.body or {}).get("sessionId", "no-session") if created.is_json else "no-session"
+    s = f"/session/{sid}"
+
+    told = await t.call("idle, fresh", prompt, "POST", f"{s}/prompt", text_prompt(fact_of(t)))
+    told_pid = (told.body or {}).get("promptId", "no-prompt") if told.is_json else "no-prompt"
+    await t.wait_get("told a fact", "(wait) GET /session/:id/turns/:promptId", f"{s}/turns/{told_pid}", turn_ended)
+    await t.wait_status("told a fact", sid, idle)
+
+    await restart()
+
+    # Persisted, not live: listed, and 404 wherever a live session is needed (no auto-restore).
+    views = (
+        ("GET /workspace/:id/sessions", f"/workspace/{wid}/sessions"),
+        ("GET /workspaces/:workspace/sessions/live-state", f"/workspaces/{wid}/sessions/live-state"),
+        ("GET /session/:id/status", f"{s}/status"),
+        ("GET /session/:id/turns/current", f"{s}/turns/current"),
+    )
+    for route, url in views:
+        await t.call("persisted", route, "GET", url)
+    await t.headers_of_stream("persisted", "GET /session/:id/events", f"{s}/events")
+    await t.call("persisted", prompt, "POST", f"{s}/prompt", text_prompt("hello persisted"))
+    await t.call("persisted, after a refused prompt", "GET /session/:id/status", "GET", f"{s}/status")
+
+    # The load resumes it (ACP session/load under the same id), then it is live again.
+    await t.call("persisted", load, "POST", f"{s}/load", {}, timeout=CREATE_TIMEOUT_S)
+    for route, url in views:
+        await t.call("restored", route, "GET", url)
+    await t.call("restored, the turn before the restart", "GET /session/:id/turns/:promptId", "GET",
+                 f"{s}/turns/{told_pid}")
+    await t.headers_of_stream("restored", "GET /session/:id/events", f"{s}/events")
+
+    asked = await t.call("restored", prompt, "POST", f"{s}/prompt", text_prompt(question_of(t)))
+    pid = (asked.body or {}).get("promptId", "no-prompt") if asked.is_json else "no-prompt"
+    await t.wait_get("restored, asked", "(wait) GET /session/:id/turns/:promptId", f"{s}/turns/{pid}", turn_ended)
+    await t.call("restored, turn ended", "GET /session/:id/turns/:promptId", "GET", f"{s}/turns/{pid}")
+    await t.call("restored, turn ended", "GET /session/:id/status", "GET", f"{s}/status")
+
+
+def model_history_of(fake: FakeOpenAI, t: Target) -> list[str] | None:
+    """The texts of the messages the scripted LLM was sent before `t`'s question after the
+    restore (None: it was never asked)."""
+    for request in fake.requests:
+        texts = [message_text(m) for m in request.get("messages") or []]
+        asked = [n for n, text in enumerate(texts) if question_of(t) in text]
+        if asked:
+            return texts[: asked[-1]]
+    return None
+
+
+async def test_a_restored_session_answers_like_the_reference(
+    qwen: str, fake_llm: FakeOpenAI, harness: Harness, workspace: str, tmp_path: Path
+) -> None:
+    rules = load_allowed(COMPATIBILITY)
+    reference = Target("reference", None, workspace)  # type: ignore[arg-type]  # set by start()
+    ours_worker = await start_acp_worker(harness, qwen, fake_llm, tmp_path)
+    api = await harness.api()
+    ours = Target("acp-state", api.client, workspace)
+
+    async with contextlib.AsyncExitStack() as lives:
+        async def start_reference() -> None:
+            # The same scratch (HOME, TMPDIR, log) every time: the restart keeps qwen's chats.
+            life = contextlib.AsyncExitStack()
+            daemon = await life.enter_async_context(
+                reference_daemon(qwen, workspace, fake_llm.base_url, tmp_path / "reference"))
+            reference.client = await life.enter_async_context(
+                httpx.AsyncClient(base_url=daemon.base_url, timeout=30))
+            lives.push_async_callback(life.aclose)
+
+        async def restart_reference() -> None:
+            await lives.aclose()  # SIGTERM to the daemon's group, as a stop does
+            await start_reference()
+
+        async def restart_ours() -> None:
+            nonlocal ours_worker
+            # SIGTERM with --drain-grace-s 0 (the harness's default): its sessions close, as
+            # the reference's do when it stops; a worker on the same agent state comes up.
+            assert await ours_worker.terminate() == 0
+            ours_worker = await start_acp_worker(harness, qwen, fake_llm, tmp_path)
+
+        await start_reference()
+        await asyncio.gather(restore_scenario(reference, restart_reference), restore_scenario(ours, restart_ours))
+
+    # Both agents were sent the conversation from before the restart with the question after it.
+    for target in (reference, ours):
+        history = model_history_of(fake_llm, target)
+        assert history is not None, f"{target.name}: the question after the restore never reached the model"
+        assert any(fact_of(target) in text for text in history), (
+            f"{target.name}: the model was not sent the fact told before the restart: {history}")
+
+    asked = os.environ.get("ACP_DIFF_DUMP")
+    dump_path = Path(asked).with_suffix(".restore.json") if asked else tmp_path / "restore-exchanges.json"
+    judge(rules, reference, ours, dump_path)

@@ -246,7 +246,40 @@ async def test_a_draining_worker_gets_no_creates_and_says_so(harness: Harness, w
             await asyncio.sleep(0.05)  # a report is read, not pushed: poll it
 
     await asyncio.wait_for(says_draining(), 10)
+    table = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "acp_state.cli", "status", "--redis-url", harness.redis_url, "--once",
+        stdout=asyncio.subprocess.PIPE, cwd=str(ROOT),
+    )
+    rows = (await table.communicate())[0].decode().splitlines()
+    assert [row.split()[-1] for row in rows if row.startswith(draining.incarnation)] == ["draining"]
+    assert [row.split()[-1] for row in rows if row.startswith(stay.incarnation)] == ["serving"]
     created = [(await create(api, workspace))["sessionId"] for _ in range(3)]
     hosted = await redis_client.smembers(keys.worker_sessions(stay.incarnation))
     assert {member.split("/")[1] for member in hosted} >= set(created)
     assert await asyncio.wait_for(draining.proc.wait(), 30) == 0
+
+
+async def test_a_permission_pending_when_the_grace_runs_out_is_cancelled_and_leaves_the_inbox(
+    harness: Harness, workspace: str
+) -> None:
+    draining = await harness.worker("--drain-grace-s", "1")
+    api = await harness.api()
+    watcher = await harness.events()
+    sid = (await create(api, workspace))["sessionId"]
+    asking = await prompt(api, sid, "#permission")
+    await watcher.wait_type(sid, "permission_request")
+    inbox = (await api.client.get("/attention")).json()["items"]
+    assert [item["kind"] for item in inbox if item["sessionId"] == sid] == ["permission"]
+    await harness.worker()
+    assert await draining.terminate() == 0
+    ended = await turn_done(watcher, sid, asking["promptId"])
+    assert ended["type"] == "turn_error" and ended["data"]["code"] == "worker_draining"
+    resolved = await watcher.wait_type(sid, "permission_resolved")
+    assert resolved["data"]["outcome"] == {"outcome": "cancelled"}
+    await watcher.wait_type(sid, "session_moved")
+    assert not [item for item in (await api.client.get("/attention")).json()["items"] if item["sessionId"] == sid]
+    after = await status(api, sid)  # live on the other worker, nothing pending, nothing running
+    assert after["pendingInteractionCount"] == 0 and after["hasActivePrompt"] is False
+    # The drain's stop is not the agent's failure: it is said on the stream, not kept as the
+    # session's turn error (which would put the session back in the inbox).
+    assert after["hasTurnError"] is False

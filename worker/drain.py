@@ -50,19 +50,23 @@ async def drain(worker: Worker, grace_s: float) -> None:
     """Move every session of `worker` to other workers within `grace_s` (see module)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace_s
-    sessions = list(worker.sessions.values())
-    log.info("draining %d sessions (grace %.1f s)", len(sessions), grace_s)
-    for session in sessions:
-        session.hold()
     registry = WorkerRegistry(worker.store)
-    results = await asyncio.gather(
-        *(_move(worker, registry, session, deadline) for session in sessions), return_exceptions=True
-    )
-    moved = sum(1 for result in results if result is True)
-    for session, result in zip(sessions, results, strict=True):
-        if isinstance(result, BaseException):
-            log.error("moving a session failed: %r", result, extra={"sessionId": session.sid})
-    log.info("drained: %d of %d sessions moved", moved, len(sessions))
+    log.info("draining %d sessions (grace %.1f s)", len(worker.sessions), grace_s)
+    handled: set[str] = set()
+    moved = 0
+    # Creates already under way when the drain began still add sessions: they move too.
+    while sessions := [s for s in worker.sessions.values() if s.sid not in handled]:
+        handled.update(s.sid for s in sessions)
+        for session in sessions:
+            session.hold()
+        results = await asyncio.gather(
+            *(_move(worker, registry, session, deadline) for session in sessions), return_exceptions=True
+        )
+        moved += sum(1 for result in results if result is True)
+        for session, result in zip(sessions, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("moving a session failed: %r", result, extra={"sessionId": session.sid})
+    log.info("drained: %d of %d sessions moved", moved, len(handled))
 
 
 async def _move(worker: Worker, registry: WorkerRegistry, session: LiveSession, deadline: float) -> bool:
@@ -91,7 +95,11 @@ async def _move(worker: Worker, registry: WorkerRegistry, session: LiveSession, 
             return False  # not ours any more (we were declared dead meanwhile)
         if not marked:
             marked = True
-            await session.wait_marker()
+            try:
+                await asyncio.wait_for(session.wait_marker(), MOVE_WAIT_S)
+            except asyncio.TimeoutError:  # the store lost it (restarted empty): closed instead
+                log.warning("the move's marker never came back", extra={"sessionId": session.sid})
+                return False
         await session.written()
         if await _hand_to(worker, registry, session, target):
             await session.hand_over()
@@ -119,6 +127,7 @@ async def _hand_to(worker: Worker, registry: WorkerRegistry, session: LiveSessio
     request_id = ids.new_id()
     create = commands.Create(
         ws=session.ws, sid=session.sid, cwd=session.cwd, request_id=request_id, agent=session.agent_name,
+        scope="single" if session.single else "thread",
         load=True, agent_sid=session.agent_sid, move_from=session.incarnation, carry=session.carry().pack(),
     )
     await commands.send_create(worker.store, target, create)

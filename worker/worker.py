@@ -229,6 +229,8 @@ class Worker:
         still running, and the shutdown goes on; its process then exits at once (`overran`),
         rather than wait on a task that does not end, so SIGTERM always ends the process."""
         log.info("worker stopping: %d sessions, %d agent children", len(self.sessions), len(self.agents))
+        if self._draining is not None:  # (a second SIGTERM: the sessions not moved yet close now)
+            await within_limit("the drain", SHUTDOWN_STEP_S, cancel_until_done([self._draining]), self.overran)
         await within_limit("background tasks", SHUTDOWN_STEP_S, cancel_until_done(self._tasks), self.overran)
         for session in self.sessions.values():
             session.write_patience_s = SHUTDOWN_PATIENCE_S  # a store that is away does not hold us up

@@ -92,6 +92,9 @@ export const api = {
   createSession: (cwd) => request("POST", "session", { cwd, sessionScope: "thread" }),
   status: (sid) => request("GET", `session/${seg(sid)}/status`),
   load: (sid, historyPageSize = 100) => request("POST", `session/${seg(sid)}/load`, { historyPageSize }),
+  // The same route: a session that is not live (its worker died or left) is resumed on a
+  // live worker, under the same id, with its conversation (`attached: false`).
+  resume: (sid) => request("POST", `session/${seg(sid)}/load`, {}),
   transcript: (sid, limit = 100) => request("GET", `session/${seg(sid)}/transcript?limit=${limit}`),
   prompt: (sid, text) => request("POST", `session/${seg(sid)}/prompt`, { prompt: [{ type: "text", text }] }),
   cancel: (sid) => request("POST", `session/${seg(sid)}/cancel`, {}),

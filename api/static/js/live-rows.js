@@ -33,21 +33,26 @@ export function mergeRows(listed, live) {
 export function overlay(row, feed) {
   const waiting = (feed.isWaitingForPermission ? 1 : 0) + (feed.isWaitingForUserQuestion ? 1 : 0);
   const known = Number(row.pendingInteractionCount) || 0;
-  return {
+  const merged = {
     ...row,
     ...feed,
     updatedAt: later(row.updatedAt, feed.updatedAt),
     pendingInteractionCount: waiting === 0 ? 0 : Math.max(waiting, known),
     hasTurnError: Boolean(row.hasTurnError),
   };
+  // `moving` is the feed's alone: a row without it has stopped moving (or never did).
+  if (!feed.moving) delete merged.moving;
+  return merged;
 }
 
-/** A session that is no longer live: its persisted fields only (status "ended"). */
+/** A session that is no longer live: its persisted fields only (status "ended"), and
+ * whether it can be resumed (`resumable`, when the listing says). */
 export function endedRow(row) {
-  const { sessionId, displayName, createdAt, updatedAt, workspaceCwd } = row;
+  const { sessionId, displayName, createdAt, updatedAt, workspaceCwd, resumable } = row;
   const ended = { sessionId, createdAt, updatedAt };
   if (displayName) ended.displayName = displayName;
   if (workspaceCwd) ended.workspaceCwd = workspaceCwd;
+  if (typeof resumable === "boolean") ended.resumable = resumable;
   return ended;
 }
 

@@ -43,6 +43,25 @@ export function sortSessions(rows) {
   return [...rows].sort(compareSessions);
 }
 
+/**
+ * A session a draining worker is handing to another (`moving: true` on its status and its
+ * live-state row). Shown beside its status, which it does not change: a moving session
+ * may still wait for a vote, and prompts sent meanwhile run once it has moved.
+ */
+export function isMoving(row) {
+  return row?.moving === true;
+}
+
+/** The "moving" mark, worded like a badge (but not one: a row has one status badge). */
+export function movingBadge() {
+  return h(
+    "span",
+    { class: "moving-badge", title: t("moving.title") },
+    h("span", { class: "badge-icon", "aria-hidden": "true" }, "⇄"),
+    h("span", { class: "badge-label" }, t("status.moving")),
+  );
+}
+
 /** A badge that says its status in words; the colour and the glyph only repeat it. */
 export function statusBadge(status) {
   return h(

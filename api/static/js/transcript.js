@@ -5,7 +5,7 @@
 //   message  {role: "user" | "agent" | "thought", promptId, blocks: [{type, text?}]}
 //   tool     {toolCallId, promptId, title, toolKind, status, input, content, collapsedByError}
 //   error    {promptId, errorKind, message, code, loopType}
-//   notice   {noticeKey}
+//   notice   {notice, noticeKey}: "closed" | "died" | "truncated" | "moved", and its message
 
 const CHUNK_ROLES = {
   user_message_chunk: "user",
@@ -62,11 +62,22 @@ export class Transcript {
       case "session_died":
         this.ended = envelope.type === "session_closed" ? "closed" : "died";
         this.queued.clear();
-        this._push({ kind: "notice", noticeKey: this.ended === "closed" ? "session.closed" : "session.died" });
+        this._push({ kind: "notice", notice: this.ended, noticeKey: this.ended === "closed" ? "session.closed" : "session.died" });
         changed = true;
         break;
       case "history_truncated":
-        this._push({ kind: "notice", noticeKey: "session.truncated" });
+        this._push({ kind: "notice", notice: "truncated", noticeKey: "session.truncated" });
+        changed = true;
+        break;
+      case "session_moved":
+        // A draining worker handed the session to another: same id, log and epoch, the
+        // conversation goes on. Not turn content: it supersedes no error (the turn the
+        // drain stopped keeps its explanation above this note).
+        this._push({
+          kind: "notice",
+          notice: "moved",
+          noticeKey: data.reason === "worker_draining" ? "session.movedDraining" : "session.moved",
+        });
         changed = true;
         break;
       default:

@@ -103,17 +103,35 @@ export class WorkersPanel {
     // The lease's age as a share of the lease: near the end, the worker is late renewing.
     const leaseShare = worker.leaseAgeMs != null && worker.leaseMs ? Math.min(1, worker.leaseAgeMs / worker.leaseMs) : null;
     const states = Object.entries(worker.states ?? {}).filter(([, count]) => count > 0);
+    // A draining worker (SIGTERM, `acp-state drain`) takes no new session and is moving its
+    // sessions to the others: it is still listed, marked, until its lease is released.
+    const draining = worker.draining === true;
     return h(
       "tr",
-      { dataset: { incarnation: worker.incarnation } },
+      { class: draining ? "worker-draining" : null, dataset: { incarnation: worker.incarnation, draining: String(draining) } },
       h(
         "th",
         { scope: "row" },
         h(
           "div",
           { class: "worker-name" },
-          h("span", {}, t("workers.hostPid", { host: worker.host ?? "?", pid: worker.pid ?? "?" })),
+          h(
+            "span",
+            { class: "worker-host" },
+            t("workers.hostPid", { host: worker.host ?? "?", pid: worker.pid ?? "?" }),
+            draining
+              ? h(
+                  "span",
+                  { class: "draining-badge", title: t("workers.drainingTitle") },
+                  h("span", { class: "badge-icon", "aria-hidden": "true" }, "↘"),
+                  h("span", { class: "badge-label" }, t("workers.draining")),
+                )
+              : null,
+          ),
           h("code", { class: "row-id", title: worker.incarnation }, String(worker.incarnation).slice(0, 12)),
+          worker.stateStore
+            ? h("span", { class: "worker-store", title: worker.stateStore }, t("workers.stateStore", { store: worker.stateStore }))
+            : null,
         ),
       ),
       h("td", {}, worker.startedAt ? h("time", { datetime: worker.startedAt, title: absoluteTime(worker.startedAt) }, relativeTime(worker.startedAt)) : "–"),

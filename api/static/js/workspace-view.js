@@ -6,12 +6,18 @@
 // rows are laid over it (live-rows.js). While the feed is down the listing is polled every
 // POLL_INTERVAL_MS, as before there was a feed; once it reopens the polling stops and the
 // feed resumes from the last revision seen (lastEventId + generation).
+//
+// A session that is not live (its worker died or left) stays listed, "ended", with a Resume
+// action when its agent can load sessions: it POSTs the load (which resumes it on a live
+// worker) and opens the session; a refusal is said under the row. A session a draining
+// worker is handing to another is marked "moving" beside its status.
 
 import { api } from "./api.js";
 import { h, replaceChildren } from "./dom.js";
 import { absoluteTime, onLanguageChange, relativeTime, t } from "./i18n.js";
 import { applyChange, mergeRows } from "./live-rows.js";
-import { sessionStatus, sortSessions, statusBadge } from "./status.js";
+import { isResumable, neverResumable, resumeErrorText } from "./resume.js";
+import { isMoving, movingBadge, sessionStatus, sortSessions, statusBadge } from "./status.js";
 import { FollowedStream } from "./stream.js";
 
 const WORKSPACE_KEY = "acp-shell.workspace";
@@ -43,6 +49,7 @@ class WorkspaceView {
     this.asked = new Set(); // "reason:sessionId": the listing is re-read once per reason
     this.polling = false;
     this.rowElements = new Map(); // sessionId -> {li, sig}
+    this.resuming = new Map(); // sessionId -> {busy, error}: a Resume clicked in this view
     this.timer = null;
     this.destroyed = false;
     this.build();
@@ -266,6 +273,25 @@ class WorkspaceView {
     }
   }
 
+  /** Resume a session that is not live, then open it; a refusal stays under its row. */
+  async resumeSession(sid) {
+    if (this.resuming.get(sid)?.busy) return;
+    const ws = this.workspaceId;
+    this.resuming.set(sid, { busy: true, error: null });
+    this.renderList();
+    try {
+      await api.resume(sid);
+    } catch (error) {
+      if (this.destroyed || ws !== this.workspaceId) return;
+      this.resuming.set(sid, { busy: false, error });
+      this.renderList();
+      return;
+    }
+    if (this.destroyed || ws !== this.workspaceId) return;
+    this.resuming.delete(sid);
+    this.navigate(`#/session/${encodeURIComponent(sid)}`);
+  }
+
   showAlert(text) {
     this.alertEl.hidden = !text;
     this.alertEl.textContent = text ?? "";
@@ -315,6 +341,7 @@ class WorkspaceView {
     this.unfollow();
     Object.assign(this, { listed: null, live: null, rows: null, resume: null, feed: "connecting", listError: null });
     this.asked.clear();
+    this.resuming.clear();
     this.listEl.replaceChildren();
     this.rowElements.clear();
     this.renderAll();
@@ -356,16 +383,26 @@ class WorkspaceView {
     let previous = null;
     for (const row of this.rows) {
       seen.add(row.sessionId);
+      const status = sessionStatus(row);
+      if (status !== "ended") this.resuming.delete(row.sessionId); // live again: nothing to resume
+      const resume = this.resuming.get(row.sessionId);
       const updated = row.updatedAt ?? row.createdAt;
       const when = relativeTime(updated);
-      const sig = JSON.stringify([sessionStatus(row), row.displayName, row.pendingInteractionCount, updated, when]);
+      const sig = JSON.stringify([
+        status, row.displayName, row.pendingInteractionCount, updated, when, isMoving(row), isResumable(row),
+        resume?.busy, resume?.error ? [resume.error.status, resume.error.code, resume.error.message] : null,
+      ]);
       let entry = this.rowElements.get(row.sessionId);
       if (!entry) {
         entry = { li: h("li", { class: "session-item" }), sig: null };
         this.rowElements.set(row.sessionId, entry);
       }
       if (entry.sig !== sig) {
-        replaceChildren(entry.li, this.renderRow(row, when));
+        // Redrawn from scratch: keep the keyboard where it was (the Resume button).
+        const focused = entry.li.contains(document.activeElement) ? document.activeElement.dataset.focusKey : null;
+        entry.li.className = `session-item${status === "ended" ? " session-item-ended" : ""}`;
+        replaceChildren(entry.li, this.renderRow(row, when), status === "ended" ? this.renderResume(row, resume) : null);
+        if (focused) entry.li.querySelector(`[data-focus-key="${focused}"]`)?.focus();
         entry.sig = sig;
       }
       const expected = previous ? previous.nextSibling : this.listEl.firstChild;
@@ -382,17 +419,18 @@ class WorkspaceView {
 
   renderRow(row, when) {
     const status = sessionStatus(row);
+    const moving = isMoving(row);
     const count = Number(row.pendingInteractionCount) || 0;
     const name = row.displayName || t("ws.untitled");
     const updated = row.updatedAt ?? row.createdAt;
     return h(
       "a",
       {
-        class: `session-row status-${status}`,
+        class: `session-row status-${status}${moving ? " session-row-moving" : ""}`,
         href: `#/session/${encodeURIComponent(row.sessionId)}`,
-        dataset: { sessionId: row.sessionId, status },
+        dataset: { sessionId: row.sessionId, status, moving: moving ? "true" : null },
       },
-      statusBadge(status),
+      moving ? h("span", { class: "row-badges" }, statusBadge(status), movingBadge()) : statusBadge(status),
       h(
         "span",
         { class: "row-main" },
@@ -408,6 +446,47 @@ class WorkspaceView {
         ? h("time", { class: "row-updated", datetime: updated, title: absoluteTime(updated) }, t("ws.updated", { time: when }))
         : h("span", { class: "row-updated" }), // a session the listing has not caught up with yet
     );
+  }
+
+  /** An ended row's action: Resume (or why it cannot be), and the last refusal in words. */
+  renderResume(row, resume) {
+    const sid = row.sessionId;
+    const error = resume?.error ?? null;
+    if (!isResumable(row) || neverResumable(error)) {
+      return [
+        h(
+          "div",
+          { class: "row-actions" },
+          h("span", { class: "row-cannot", title: t("resume.cannotTitle"), dataset: { resumable: "false" } }, t("resume.cannot")),
+        ),
+        // Told after a click (the listing had not said so): why, in words.
+        error ? h("p", { class: "row-error", role: "alert" }, resumeErrorText(error)) : null,
+      ];
+    }
+    const busy = Boolean(resume?.busy);
+    const errorId = error ? `resume-error-${sid}` : null;
+    return [
+      h(
+        "div",
+        { class: "row-actions" },
+        h(
+          "button",
+          {
+            type: "button",
+            class: "btn btn-secondary btn-small row-resume",
+            title: t("resume.title"),
+            // Not `disabled`: a disabled button drops the keyboard focus (a click meanwhile
+            // is ignored by resumeSession).
+            "aria-disabled": busy ? "true" : null,
+            "aria-describedby": errorId,
+            dataset: { focusKey: "resume", sessionId: sid },
+            onClick: () => this.resumeSession(sid),
+          },
+          busy ? t("resume.busy") : [h("span", { class: "btn-icon", "aria-hidden": "true" }, "↻"), t("resume.action")],
+        ),
+      ),
+      error ? h("p", { class: "row-error", id: errorId, role: "alert" }, resumeErrorText(error)) : null,
+    ];
   }
 }
 
