@@ -120,18 +120,20 @@ async def load(request: Request) -> Response:
         has_more = len(page) > page_size
         if view.turn_error_event is not None:
             replay.append(view.turn_error_event)
-    return OrjsonResponse(
-        {
-            "sessionId": sid,
-            "workspaceCwd": summary["workspaceCwd"],
-            "attached": attached,
-            "clientId": client_id,
-            "createdAt": summary["createdAt"],
-            "state": {},
-            "compactedReplay": replay,
-            "liveJournal": [],
-            "historyHasMore": has_more,
-            "lastEventId": view.last_event_id,
-            "eventEpoch": view.epoch,
-        }
-    )
+    answer = {
+        "sessionId": sid,
+        "workspaceCwd": summary["workspaceCwd"],
+        "attached": attached,
+        "clientId": client_id,
+        "createdAt": summary["createdAt"],
+        "state": {},
+        "hasRunningBackgroundTasks": False,
+        "hasActivePrompt": summary["hasActivePrompt"],
+        "compactedReplay": replay,
+        "liveJournal": [],
+        "lastEventId": view.last_event_id,
+        "eventEpoch": view.epoch,
+    }
+    if has_more:  # as the reference: only when there is more
+        answer["historyHasMore"] = True
+    return OrjsonResponse(answer)

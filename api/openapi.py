@@ -392,12 +392,14 @@ def components() -> Schema:
                 "clientId": string(),
                 "createdAt": string(),
                 "state": obj(),
+                "hasRunningBackgroundTasks": boolean(),
+                "hasActivePrompt": boolean(),
                 "compactedReplay": array(envelope),
                 "liveJournal": array({}),
-                "historyHasMore": boolean(),
                 "lastEventId": integer(minimum=0),
                 "eventEpoch": string(),
-            }
+            },
+            {"historyHasMore": {"const": True, "description": "Present when older transcript pages remain."}},
         ),
         "VoteRequest": obj(
             {

@@ -7,7 +7,7 @@ single or cluster) injects faults, records every request, every SSE frame and ev
 a JSONL history, and checks the history (bench/chaos_check.py). Exits non-zero on any
 violation.
 
-    python -m bench.chaos --seed 7 --minutes 1 [--cluster] [--lease-ms 3000]
+    python -m bench.chaos --seed 7 --minutes 1 [--cluster] [--lease-ms 3000] [--drain-grace-s 2]
                           [--out bench/results/chaos-single-seed7.json] [--print-schedule]
 
 The summary goes to --out; the history to the same path with `.history.jsonl`; process logs
@@ -60,9 +60,21 @@ CREATE_TIMEOUT_S = 15
 CHAIN_BUDGET_S = 120.0  # how long one logical mutating request is retried with its key
 WORKER_NAME = "chaos-w{slot}"  # --name: incarnations are `<name>-<pid>-<8 hex>`
 ENDING = chaos_check.ENDINGS
+# The workers' --drain-grace-s: how long a drained worker's running turns may finish before
+# its sessions move. The load's turns run 0.05-1 s (an echo, `#slow 1`) or wait for votes
+# its voters send within moments, so 2 s lets most turns running at the SIGTERM end on
+# their own while a turn still waiting (its voters slow, or none coming: a cancel or a
+# close instead) is stopped with `turn_error` `worker_draining`: both ways are taken.
+# Short against the schedule too: a drain's grace, hand-offs and exit fit in its estimate,
+# so no other fault overlaps one; and the final SIGTERM (both workers draining, no target)
+# costs only the grace.
+DRAIN_GRACE_S = 2.0
+# How long a drained worker may take to exit (its grace, every hand-off, the shutdown)
+# before it is killed; the fault records the kill (the checker then counts it killed).
+DRAIN_EXIT_TIMEOUT_S = 90.0
 
 FAULTS_SINGLE = (
-    "worker_kill9", "worker_stop", "redis_sleep_2x", "redis_sleep_5x", "client_pause_all",
+    "worker_kill9", "worker_stop", "worker_drain", "redis_sleep_2x", "redis_sleep_5x", "client_pause_all",
     "client_pause_write", "redis_restart_empty", "maxmemory", "api_kill9", "pubsub_kill",
 )
 FAULTS_CLUSTER = tuple(k for k in FAULTS_SINGLE if k != "redis_restart_empty") + ("cluster_failover",)
@@ -81,7 +93,7 @@ def log(message: str) -> None:
 
 def make_schedule(
     seed: int, minutes: float, lease_ms: int, cluster: bool, node_timeout_ms: int = 2000,
-    only: list[str] | None = None,
+    only: list[str] | None = None, drain_grace_s: float = DRAIN_GRACE_S,
 ) -> list[dict[str, Any]]:
     """The fault plan: only `random.Random(seed)` picks kinds, targets, parameters and
     times; the run's shape (length, lease, single or cluster) bounds them. Targets are
@@ -109,6 +121,15 @@ def make_schedule(
             if kind == "worker_stop":
                 params["stop_s"] = round(2 * lease, 3)
             est = params.get("stop_s", 0) + 3.0
+        elif kind == "worker_drain":
+            # SIGTERM, or `acp-state drain <incarnation>` (a Drain command on its control
+            # stream): the same drain, started from the worker's host or from anywhere.
+            target = rng.randrange(WORKERS)
+            params["via"] = rng.choice(("sigterm", "sigterm", "cli"))
+            params["grace_s"] = drain_grace_s
+            # The grace, the hand-offs after it, the replacement's start (2-6 s under the
+            # load on a 2-core machine) and the old one's exit.
+            est = drain_grace_s + 5.0
         elif kind in ("redis_sleep_2x", "redis_sleep_5x"):
             target = rng.randrange(3) if cluster else 0
             params["sleep_s"] = round((2 if kind.endswith("2x") else 5) * lease, 3)
@@ -183,8 +204,10 @@ class AcpProcess:
     goes to a log file; for a worker every JSON log line is read for its `workerId`, so a
     change of incarnation is noticed (and recorded)."""
 
-    def __init__(self, role: str, slot: int, argv: list[str], log_dir: Path, rec: Recorder, port: int | None = None) -> None:
+    def __init__(self, role: str, slot: int, argv: list[str], log_dir: Path, rec: Recorder, port: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.role = role
+        self.env = env or {}
         self.slot = slot
         self.argv = argv
         self.log_path = log_dir / f"{role}{slot}-{time.monotonic_ns()}.log"
@@ -195,6 +218,7 @@ class AcpProcess:
         self.incarnations: list[str] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._ready = False
+        self._stopped = False  # its "stopped" record is written once
 
     @property
     def inc(self) -> str | None:
@@ -210,7 +234,7 @@ class AcpProcess:
         return self.proc is not None and self.proc.returncode is None
 
     async def start(self) -> AcpProcess:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "ACP_STATE_LOG": "INFO"}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "ACP_STATE_LOG": "INFO", **self.env}
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "acp_state.cli", *self.argv,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(ROOT), env=env,
@@ -269,6 +293,28 @@ class AcpProcess:
         if self.alive:
             os.kill(self.pid, sig)
 
+    def sigterm(self) -> None:
+        """SIGTERM (a worker drains; see worker/drain.py), recorded for a worker: the
+        checker holds a drain's stops and closes to the incarnations told to stop."""
+        if not self.alive:
+            return
+        self.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+        self.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        if self.role == "worker":
+            self.rec("worker", slot=self.slot, pid=self.pid, inc=self.inc, incarnations=list(self.incarnations), t=now(),
+                     event="sigterm")
+
+    async def wait_exit(self, timeout: float) -> str:
+        """Until the process exits; SIGKILL past `timeout`. Returns how it ended."""
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout)  # type: ignore[union-attr]
+            how = f"exit {self.proc.returncode}"  # type: ignore[union-attr]
+        except asyncio.TimeoutError:
+            self.proc.kill()  # type: ignore[union-attr]
+            how = f"ignored SIGTERM for {timeout}s: killed"
+        await self._wait_exit()
+        return how
+
     async def kill9(self) -> None:
         if self.alive:
             self.proc.kill()  # type: ignore[union-attr]
@@ -279,16 +325,8 @@ class AcpProcess:
         if not self.alive:
             await self._wait_exit()
             return "already exited"
-        self.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
-        self.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-        try:
-            await asyncio.wait_for(self.proc.wait(), timeout)  # type: ignore[union-attr]
-            how = f"exit {self.proc.returncode}"  # type: ignore[union-attr]
-        except asyncio.TimeoutError:
-            self.proc.kill()  # type: ignore[union-attr]
-            how = f"ignored SIGTERM for {timeout}s: killed"
-        await self._wait_exit()
-        return how
+        self.sigterm()
+        return await self.wait_exit(timeout)
 
     async def _wait_exit(self) -> None:
         if self.proc is not None:
@@ -299,7 +337,8 @@ class AcpProcess:
         if getattr(self, "_log", None) is not None:
             self._log.close()
             self._log = None
-        if self.role == "worker" and self.proc is not None:
+        if self.role == "worker" and self.proc is not None and not self._stopped:
+            self._stopped = True
             self.rec("worker", slot=self.slot, pid=self.pid, inc=self.inc, t=now(), event="stopped",
                      code=self.proc.returncode)
 
@@ -317,9 +356,11 @@ def session_hash_key(cwd: str, sid: str) -> str:
         return f"acp:{{{workspace_id(cwd)}}}:s:{sid}"
 
 
-async def read_owner(redis: Any, cwd: str, sid: str) -> str | None:
-    """The incarnation that owns session `sid` now (field `inc` of its hash)."""
-    return await redis.hget(session_hash_key(cwd, sid), "inc")
+async def read_owner(redis: Any, cwd: str, sid: str) -> tuple[str | None, str | None, str | None]:
+    """The incarnation that owns session `sid` now (field `inc` of its hash), with the
+    session's last event id (`seq`) and event epoch (`epoch`), read in one HMGET."""
+    inc, seq, epoch = await redis.hmget(session_hash_key(cwd, sid), ["inc", "seq", "epoch"])
+    return inc, seq, epoch
 
 
 # ----------------------------------------------------------------------------- the run
@@ -331,8 +372,9 @@ class Chaos:
         self.seed: int = args.seed
         self.lease_ms: int = args.lease_ms
         self.cluster: bool = args.cluster
+        self.drain_grace_s: float = args.drain_grace_s
         self.schedule = make_schedule(args.seed, args.minutes, args.lease_ms, args.cluster, args.node_timeout_ms,
-                                      faults_option(args))
+                                      faults_option(args), args.drain_grace_s)
         stem = f"chaos-{'cluster' if args.cluster else 'single'}-seed{args.seed}"
         self.out = Path(args.out) if args.out else RESULTS / f"{stem}.json"
         self.history_path = self.out.with_suffix(".history.jsonl")
@@ -343,10 +385,17 @@ class Chaos:
             self.log_dir = Path(tempfile.mkdtemp(prefix="acp-chaos-"))
         self.workspace = str(self.log_dir / "ws")
         os.makedirs(self.workspace, exist_ok=True)
+        # The agents' HOME (--state-dir), one for every worker of the run as for workers of
+        # one host: the scripted agent keeps each session's history there, so a session
+        # moved by a drain loads on any other worker (one agent-state store).
+        self.agent_home = self.log_dir / "agent-home"
+        self.agent_home.mkdir(parents=True, exist_ok=True)
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.rec = Recorder(self.history_path)
         self.redis: Any = None
         self.workers: list[AcpProcess | None] = [None] * WORKERS
+        self.drained: list[AcpProcess] = []  # workers told to drain, replaced in their slot
+        self.load: Load | None = None
         self.apis: list[AcpProcess | None] = [None] * APIS
         self.api_ports = [free_port() for _ in range(APIS)]
         self.t0 = 0.0
@@ -363,8 +412,10 @@ class Chaos:
         process = AcpProcess(
             "worker", slot,
             ["worker", "--redis-url", self.redis_url(), "--lease-ms", str(self.lease_ms), "--max-sessions", "400",
-             "--name", WORKER_NAME.format(slot=slot)],
+             "--name", WORKER_NAME.format(slot=slot), "--drain-grace-s", str(self.drain_grace_s),
+             "--state-dir", str(self.agent_home)],
             self.log_dir, self.rec,
+            env={"ACP_SCRIPTED_STATE_DIR": str(self.agent_home / ".acp-state-scripted")},
         )
         await process.start()
         self.workers[slot] = process
@@ -430,6 +481,12 @@ class Chaos:
                         await asyncio.sleep(params["stop_s"])
                     finally:
                         process.signal(signal.SIGCONT)
+            elif kind == "worker_drain":
+                process = self.workers[target]
+                assert process is not None
+                record["incarnations"] = list(process.incarnations)
+                record["pid"] = process.pid
+                await self.drain_worker(process, params, detail)
             elif kind in ("redis_sleep_2x", "redis_sleep_5x"):
                 masters = await self.masters()
                 port = masters[target % len(masters)] if masters else self.redis.ports[0]
@@ -498,11 +555,49 @@ class Chaos:
                         detail["restarted_at"] = now()
         except Exception as error:  # noqa: BLE001 - what was done so far is recorded with the error
             detail["error"] = repr(error)
+        if kind == "worker_drain" and "signalled_at" in detail:
+            start = detail["signalled_at"]  # the drain began then (the replacement came after)
         record.update(t_start=start, t_end=now(), detail=detail)
         self.rec("fault", **record)
         self.fault_log.append(record)
         log(f"fault {kind} target={target}: {round(record['t_end'] - start, 2)} s {json.dumps(detail, default=str)[:200]}")
         return record
+
+    async def drain_worker(self, process: AcpProcess, params: dict[str, Any], detail: dict[str, Any]) -> None:
+        """Drain a worker (SIGTERM, or `acp-state drain <incarnation>`), start its replacement
+        in its slot at once (a rolling restart), and wait for it to exit: its sessions move
+        to the live workers meanwhile (or, with none, close). Then read every session's owner:
+        the history ties each move to the incarnation that took the session."""
+        slot = process.slot
+        self.drained.append(process)
+        detail["grace_s"] = params["grace_s"]
+        detail["via"] = params["via"]
+        detail["drained"] = process.inc
+        if params["via"] == "cli":
+            detail["signalled_at"] = now()
+            cli = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "acp_state.cli", "drain", process.inc or "", "--redis-url", self.redis_url(),
+                "--no-wait", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=str(ROOT),
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
+            out, _ = await asyncio.wait_for(cli.communicate(), 30)
+            detail["cli"] = {"code": cli.returncode, "output": out.decode(errors="replace").strip()[-300:]}
+            self.rec("worker", slot=slot, pid=process.pid, inc=process.inc, incarnations=list(process.incarnations),
+                     t=detail["signalled_at"], event="drain")
+            if cli.returncode != 0:  # not told (e.g. its lease lapsed just now): stop it as an operator would
+                process.sigterm()
+        else:
+            process.sigterm()
+            detail["signalled_at"] = now()
+        replacement = await self.start_worker(slot)
+        detail["replacement"] = replacement.inc
+        how = await process.wait_exit(DRAIN_EXIT_TIMEOUT_S)
+        detail["exited_at"] = now()
+        detail["exit"] = how
+        if how.endswith("killed"):
+            detail["killed_at"] = detail["exited_at"]
+        if self.load is not None:
+            await self.load.read_owners("drained")
 
     async def run_faults(self) -> None:
         for plan in self.schedule:
@@ -552,12 +647,13 @@ class Chaos:
             self.rec(
                 "meta", seed=self.seed, minutes=args.minutes, cluster=self.cluster, lease_ms=self.lease_ms,
                 node_timeout_ms=args.node_timeout_ms if self.cluster else None, schedule=self.schedule,
+                drain_grace_s=self.drain_grace_s,
                 workspace=self.workspace, workspace_id=workspace_id(self.workspace), log_dir=str(self.log_dir),
                 redis_ports=self.redis.ports, api_ports=self.api_ports, t=now(),
             )
             self.t0 = now()
             self.load_end = self.t0 + args.minutes * 60
-            load = Load(self)
+            load = self.load = Load(self)
             await load.open()
             log(f"load: {args.actors} session actors on {APIS} APIs for {args.minutes * 60:.0f} s")
             await asyncio.gather(load.run(), self.run_faults())
@@ -569,7 +665,7 @@ class Chaos:
             log("final reads of every session's replay log (live)")
             await load.final_reads(live=True)
             await load.listing()
-            log("SIGTERM to the workers")
+            log(f"SIGTERM to the workers (they drain, find no target, and close after {self.drain_grace_s} s)")
             await self.terminate_all("worker", self.workers)
             await load.stop_readers(grace_s=4)
             log("final reads of every session's replay log (closed)")
@@ -577,7 +673,7 @@ class Chaos:
         finally:
             if load is not None:
                 await load.close()
-            await self.terminate_all("worker", [p for p in self.workers if p is not None and p.alive])
+            await self.terminate_all("worker", [p for p in self.workers + self.drained if p is not None and p.alive])
             await self.terminate_all("api", self.apis)
             log("processes stopped; scanning acp:* keys for TTLs")
             try:
@@ -591,7 +687,8 @@ class Chaos:
     async def terminate_all(self, role: str, processes: list[AcpProcess | None]) -> None:
         """SIGTERM to each (all at once), SIGKILL only for one that ignores it."""
         alive = [p for p in processes if p is not None]
-        results = await asyncio.gather(*(p.terminate() for p in alive))
+        timeout = 30 + (self.drain_grace_s if role == "worker" else 0)
+        results = await asyncio.gather(*(p.terminate(timeout) for p in alive))
         for process, how in zip(alive, results, strict=True):
             self.shutdown_notes[f"{role}{process.slot}"] = how
 
@@ -761,6 +858,8 @@ class Reader:
                 self.snapshot.set()
             return 0
         self.last_id = event_id
+        if event_type == chaos_check.MOVED:
+            self.load.moved(self.sid, event_id)
         if event_type in ENDING:
             self.ended = True
             self.load.died(self.sid)
@@ -824,6 +923,7 @@ class Load:
         self.tasks: list[asyncio.Task[Any]] = []
         self.chains: set[asyncio.Task[Any]] = set()
         self.abandoned = 0
+        self.moves_seen: set[tuple[str, int]] = set()
 
     async def open(self) -> None:
         for port in self.chaos.api_ports:
@@ -924,17 +1024,39 @@ class Load:
             return sid
         return None
 
-    async def read_owner(self, sid: str) -> None:
-        for _ in range(30):
+    async def read_owner(self, sid: str, why: str = "created", tries: int = 30) -> None:
+        """Record the session's owner: its hash's `inc`, with `last_id` (its `seq`: the last
+        event id) and `epoch` read in the same command, which place the owner in the session's log (a
+        move changes `inc` in the step that writes `session_moved`)."""
+        for _ in range(tries):
+            t_sent = now()
             try:
-                inc = await asyncio.wait_for(read_owner(self.redis, self.chaos.workspace, sid), 3)
+                inc, seq, epoch = await asyncio.wait_for(read_owner(self.redis, self.chaos.workspace, sid), 3)
             except Exception:  # noqa: BLE001 - Redis may be away: try again
-                inc = None
+                inc = seq = epoch = None
             if inc:
-                self.rec("owner", sid=sid, inc=inc, t=now())
+                self.rec("owner", sid=sid, inc=inc, t=now(), t_sent=t_sent, last_id=int(seq) if seq else None, epoch=epoch,
+                         why=why)
                 return
             await asyncio.sleep(0.3)
-        self.rec("owner", sid=sid, inc=None, t=now())
+        if why == "created":
+            self.rec("owner", sid=sid, inc=None, t=now(), why=why)
+
+    def moved(self, sid: str, event_id: int) -> None:
+        """A reader saw `session_moved`: read the owner that took the session (once)."""
+        if (sid, event_id) not in self.moves_seen:
+            self.moves_seen.add((sid, event_id))
+            self.spawn(self.read_owner(sid, "moved", tries=5))
+
+    async def read_owners(self, why: str) -> None:
+        """Every session not seen ending: its owner now (after a drain, where each went)."""
+        semaphore = asyncio.Semaphore(16)
+
+        async def one(sid: str) -> None:
+            async with semaphore:
+                await self.read_owner(sid, why, tries=1)
+
+        await asyncio.gather(*(one(sid) for sid in dict.fromkeys(self.sessions) if sid not in self.dead))
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -1208,6 +1330,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cluster", action="store_true", help="a 3-master Redis Cluster with one replica per master")
     parser.add_argument("--lease-ms", type=int, default=3000)
     parser.add_argument("--node-timeout-ms", type=int, default=2000, help="cluster-node-timeout of the test cluster")
+    parser.add_argument("--drain-grace-s", type=float, default=DRAIN_GRACE_S,
+                        help="the workers' --drain-grace-s (how long a drained worker's turns may finish)")
     parser.add_argument("--actors", type=int, default=24, help="session actors (sessions alive at a time, about)")
     parser.add_argument("--out", help="summary JSON (default bench/results/chaos-<single|cluster>-seed<N>.json)")
     parser.add_argument("--faults", help="comma-separated fault kinds the schedule may draw from, or `none` "
@@ -1234,7 +1358,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.print_schedule:
         plan = make_schedule(args.seed, args.minutes, args.lease_ms, args.cluster, args.node_timeout_ms,
-                             faults_option(args))
+                             faults_option(args), args.drain_grace_s)
         print(json.dumps(plan, indent=2))
         return 0
     chaos = Chaos(args)

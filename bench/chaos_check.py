@@ -10,13 +10,21 @@ The history is JSON lines, one record each, in the order the run wrote them (`se
               content_type, body (JSON, or text), sent (the JSON body sent), text (prompt)}.
               `chain` groups the attempts of one logical request: the Idempotency-Key for
               mutating routes (retries keep it), a unique id otherwise.
-``owner``     {sid, inc, t}: the `inc` field of the session hash read right after creation.
+``owner``     {sid, inc, t, t_sent?, last_id?, epoch?, why?}: the session hash's `inc` (its owner),
+              read right after creation (`why: created`), after a reader saw `session_moved`
+              (`moved`) and after each drain (`drained`); `last_id` and `epoch` (its last event
+              id and event epoch, read in the same HMGET) place that owner in the session's log.
 ``sse_open``  {reader, conn, sid, api, t, last_event_id, epoch_hint, status}
 ``sse``       {reader, conn, sid, t, id, type, data}: one frame; `data` is the parsed JSON
               (the envelope for session events, which have an `id`; control frames have none).
 ``sse_close`` {reader, conn, sid, t, reason}
-``worker``    {slot, pid, inc, t, event: started | incarnation | stopped}
-``fault``     {fault, target, t_start, t_end, incarnations?, detail, planned}
+``worker``    {slot, pid, inc, t, event: started | incarnation | stopped | sigterm | drain}:
+              `sigterm` (and `drain`: `acp-state drain` told it) with the process's
+              `incarnations` so far; `stopped` with its exit `code`.
+``fault``     {fault, target, t_start, t_end, incarnations?, pid?, detail, planned}; for a
+              `worker_drain`, t_start is when it was told to drain and `detail` has
+              `grace_s`, `via` (sigterm | cli), `replacement`, `exit`, `killed_at` (if it had
+              to be killed).
 ``listing``   {t, sids}: every session id the workspace listing showed at the end.
 ``keys``      {node, t, keys: [[key, type, pttl], ...]}: the final TTL scan of one node.
 ``end``       {t}
@@ -27,7 +35,15 @@ the worker's `_meta.serverTimestamp` in ms (same machine).
 Invariants (see `check()`): a one winner per vote, b event ids ordered and gaps announced,
 c nothing visible after its death, d acknowledged prompts reach exactly one terminal,
 e winning votes reach the agent, f no live session swept by a store outage, g unknown
-outcomes are said and retries are consistent, h every `acp:` key has a TTL at the end.
+outcomes are said and retries are consistent, h every `acp:` key has a TTL at the end,
+i a drain moves sessions (the old owner writes nothing after a move; drain stops and
+closes only where they must happen).
+
+A move (`session_moved`, written by the new owner in the step that makes it the owner) is
+not an end: the session keeps its id, its log and its epoch, and its owner changes there.
+The owner of each stretch of a session's log between moves is read from the `owner`
+records, and every invariant that ties an event to an owner (f, i) uses the owner of the
+stretch the event is in.
 """
 
 from __future__ import annotations
@@ -49,10 +65,23 @@ INVARIANTS = {
     "f": "no live session swept by a store outage",
     "g": "unknown outcomes are said; retries consistent with effects",
     "h": "every acp: key has a TTL at the end",
+    "i": "a move hands a session over whole; drains stop and close only where they must",
 }
 
 TERMINALS = ("turn_complete", "turn_error")
 ENDINGS = ("session_died", "session_closed")
+# A drain handed the session to another worker: not an end (worker/drain.py).
+MOVED = "session_moved"
+# The `turn_error` code of a turn a drain's grace ended, and the close reason of a session a
+# stopping worker could not hand over.
+DRAINING = "worker_draining"
+SHUTDOWN = "worker_shutdown"
+# Events that start a turn on the worker that runs it (a queued prompt's
+# `pending_prompt_added` is said where it was admitted, possibly before a move).
+TURN_STARTS = ("pending_prompt_started",)
+# How long another worker must have been live (and not draining) during a drain's grace for
+# the drained worker's sessions to have had a target (it looks again every 0.25 s).
+TARGET_LIVE_S = 1.0
 # Frames of one stream, not events of the session (a `history_truncated` may carry `id: 0`,
 # which moves the client's resume point to a new epoch's start).
 CONTROL_TYPES = ("session_snapshot", "state_resync_required", "history_truncated", "replay_complete")
@@ -172,7 +201,11 @@ class History:
     frames: list[dict[str, Any]] = field(default_factory=list)
     events: dict[str, dict[str, Any]] = field(default_factory=dict)  # identity -> first sighting
     faults: list[dict[str, Any]] = field(default_factory=list)
-    owners: dict[str, str | None] = field(default_factory=dict)
+    owners: dict[str, str | None] = field(default_factory=dict)  # the owner read after the create
+    owner_reads: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    moves: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # sid -> session_moved sightings
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, records: list[dict[str, Any]]) -> History:
@@ -195,10 +228,145 @@ class History:
             elif kind == "fault":
                 h.faults.append(r)
             elif kind == "owner":
-                if r.get("inc") or r["sid"] not in h.owners:
+                h.owner_reads.setdefault(r["sid"], []).append(r)
+                if r.get("why", "created") == "created" and (r.get("inc") or r["sid"] not in h.owners):
                     h.owners[r["sid"]] = r.get("inc")
+            elif kind == "worker":
+                h.workers.append(r)
+            elif kind == "meta" and not h.meta:
+                h.meta = r
         h.chains = dict(chains)
+        h._track_epochs()
+        for e in h.events.values():
+            if e["env"].get("type") == MOVED:
+                h.moves.setdefault(e["sid"], []).append(e)
+        for found in h.moves.values():
+            found.sort(key=lambda e: (_server_time(e["env"]) or e["t"], e["env"].get("id") or 0))
         return h
+
+    # ---- epochs, owners and worker processes ---------------------------------------------
+
+    def epoch_walk(self) -> dict[str, list[tuple[dict[str, Any], str | None]]]:
+        """Each reader's session-event frames, with the event epoch its reader knew for
+        each (from the connection's hint, the snapshot, `history_truncated`: as b reads it)."""
+        walked: dict[str, list[tuple[dict[str, Any], str | None]]] = defaultdict(list)
+        epoch_by_reader: dict[str, str | None] = {}
+        for r in self.frames:
+            reader = r["reader"]
+            if r["kind"] == "sse_open":
+                epoch_by_reader[reader] = r.get("epoch_hint") or None
+                continue
+            if r["kind"] != "sse":
+                continue
+            data = r.get("data") if isinstance(r.get("data"), dict) else {}
+            payload = data.get("data") if isinstance(data.get("data"), dict) else {}
+            if r.get("type") == "session_snapshot" and r.get("id") is None:
+                epoch_by_reader[reader] = payload.get("eventEpoch") or epoch_by_reader.get(reader)
+                continue
+            if r.get("type") == "history_truncated" and r.get("id") in (None, 0):
+                epoch_by_reader[reader] = payload.get("eventEpoch") or None
+                continue
+            if r.get("id") is None or r.get("type") in CONTROL_TYPES or not data:
+                continue
+            walked[reader].append((r, epoch_by_reader.get(reader)))
+        return walked
+
+    def _track_epochs(self) -> None:
+        """Each event's epoch (`epoch` in `events`): the one a reader that knew it saw it in."""
+        for frames in self.epoch_walk().values():
+            for r, epoch in frames:
+                event = self.events.get(envelope_key(r["sid"], r["data"]))
+                if event is not None and epoch and not event.get("epoch"):
+                    event["epoch"] = epoch
+
+    def _moves_before(self, sid: str, epoch: str | None, event_id: int | None, t: float | None, inclusive: bool) -> int:
+        """How many of the session's moves came before a point of its log: by event id in
+        the same epoch, else by time (the move's serverTimestamp). `inclusive`: a move at
+        that very id counts (an owner read whose `last_id` is the move's own event)."""
+        n = 0
+        for move in self.moves.get(sid, []):
+            move_id = move["env"].get("id")
+            if epoch is not None and move.get("epoch") == epoch and event_id is not None and move_id is not None:
+                n += move_id <= event_id if inclusive else move_id < event_id
+            else:
+                moved_at = _server_time(move["env"]) or move["t"]
+                n += t is not None and (moved_at <= t if inclusive else moved_at < t)
+        return n
+
+    def read_segment(self, read: dict[str, Any]) -> int:
+        """The stretch of the session's log (0 before its first move) an owner read saw."""
+        last_id = read.get("last_id")
+        return self._moves_before(read["sid"], read.get("epoch"), int(last_id) if last_id is not None else None,
+                                  read.get("t_sent") or read.get("t"), inclusive=True)
+
+    def owner_of_segment(self, sid: str, segment: int) -> str | None:
+        """The incarnation the first owner read of that stretch found (before any move: the
+        read right after the create, as before moves)."""
+        for read in self.owner_reads.get(sid, []):
+            if read.get("inc") and self.read_segment(read) == segment:
+                return read["inc"]
+        return None
+
+    def segment_of(self, event: dict[str, Any]) -> int:
+        env = event["env"]
+        return self._moves_before(event["sid"], event.get("epoch"), env.get("id"), _server_time(env) or event["t"],
+                                  inclusive=False)
+
+    def owner_at(self, event: dict[str, Any]) -> str | None:
+        """The owner of the session where `event` is in its log (whoever wrote it, or swept it)."""
+        return self.owner_of_segment(event["sid"], self.segment_of(event))
+
+    def processes(self) -> dict[int, dict[str, Any]]:
+        """Worker processes by pid: incarnations, when started, told to stop (SIGTERM or
+        `acp-state drain`), killed, stopped (SIGSTOP windows), exited and with what code."""
+        procs: dict[int, dict[str, Any]] = {}
+
+        def proc(pid: int) -> dict[str, Any]:
+            return procs.setdefault(pid, {"pid": pid, "incs": [], "started": None, "told": None, "killed": None,
+                                          "exited": None, "code": None, "stops": []})
+
+        for r in self.workers:
+            if r.get("pid") is None:
+                continue
+            p = proc(r["pid"])
+            for inc in [r.get("inc"), *(r.get("incarnations") or [])]:
+                if inc and inc not in p["incs"]:
+                    p["incs"].append(inc)
+            event = r.get("event")
+            if event == "started":
+                p["started"] = r["t"] if p["started"] is None else min(p["started"], r["t"])
+            elif event in ("sigterm", "drain"):
+                p["told"] = r["t"] if p["told"] is None else min(p["told"], r["t"])
+            elif event == "stopped" and p["exited"] is None:
+                p["exited"], p["code"] = r["t"], r.get("code")
+        for f in self.faults:
+            if f.get("pid") is None:
+                continue
+            p = proc(f["pid"])
+            for inc in f.get("incarnations") or []:
+                if inc not in p["incs"]:
+                    p["incs"].append(inc)
+            detail = f.get("detail") or {}
+            if f.get("fault") == "worker_kill9":
+                p["killed"] = f["t_start"] if p["killed"] is None else min(p["killed"], f["t_start"])
+            elif f.get("fault") == "worker_stop":
+                p["stops"].append((f["t_start"], (f.get("t_end") or f["t_start"]) + 1.0))
+            elif f.get("fault") == "worker_drain":
+                p["told"] = f["t_start"] if p["told"] is None else min(p["told"], f["t_start"])
+                if detail.get("killed_at") is not None:
+                    p["killed"] = detail["killed_at"] if p["killed"] is None else min(p["killed"], detail["killed_at"])
+        return procs
+
+    def live_for(self, proc: dict[str, Any], lo: float, hi: float) -> float:
+        """How long within [lo, hi] a worker process was serving and not told to stop."""
+        if proc["started"] is None:
+            return 0.0
+        ends = [t for t in (proc["told"], proc["killed"], proc["exited"]) if t is not None]
+        start, end = max(lo, proc["started"]), min([hi, *ends])
+        if end <= start:
+            return 0.0
+        stopped = sum(max(0.0, min(end, b) - max(start, a)) for a, b in proc["stops"])
+        return end - start - stopped
 
     def final(self, chain: list[dict[str, Any]]) -> dict[str, Any]:
         return chain[-1]
@@ -545,7 +713,8 @@ def check_e_votes_reach_agent(h: History, report: Report) -> None:
 
 def check_f_no_outage_sweeps(h: History, report: Report) -> None:
     """session_died{worker_lost} only for sessions whose owner incarnation was kill -9'd or
-    SIGSTOPped."""
+    SIGSTOPped. The owner is the session's at its death: after a move, the worker that took
+    it (a drained worker is neither killed nor stopped: its sessions moved or closed)."""
     # incarnation -> when its process was first killed or stopped. An incarnation belongs to
     # the process that logged it (worker records), so one adopted just before the fault
     # counts too even if the fault record could not name it yet.
@@ -569,7 +738,7 @@ def check_f_no_outage_sweeps(h: History, report: Report) -> None:
         if data.get("reason") != "worker_lost":
             continue
         report.checks["f"] += 1
-        owner = h.owners.get(e["sid"])
+        owner = h.owner_at(e)
         if owner is None:
             report.unverifiable["f: owner unknown"] += 1
             continue
@@ -711,6 +880,154 @@ def check_g_outcomes(h: History, report: Report) -> None:
             )
 
 
+def _starts_turn(env: dict[str, Any]) -> bool:
+    """The event says its prompt's turn began here (on the worker that runs it)."""
+    if env.get("type") in TURN_STARTS:
+        return True
+    update = (env.get("data") or {}).get("update") if env.get("type") == "session_update" else None
+    return isinstance(update, dict) and update.get("sessionUpdate") == "user_message_chunk"
+
+
+def check_i_moves(h: History, report: Report) -> None:
+    """A drain hands each session over whole, and stops or closes only where it must:
+
+    * a move changes the owner, to another worker process, from one that was told to drain;
+      the owner changes at a move only; the move keeps the session's epoch;
+    * the old owner writes nothing after the move: no event of a turn begun before the
+      move comes after it (the drain ends that turn first);
+    * a `turn_error` `worker_draining` ends a turn on a worker told to drain;
+    * `session_closed` `worker_shutdown` comes from a worker told to stop, and (with
+      drains) only if no other worker was live, not stopping, while its drain's grace lasted;
+    * a worker told to stop exits 0.
+    The prompt terminals (d), votes (e), sweeps (f) and outcomes (g) hold across a move as
+    everywhere: a move is not an end."""
+    procs = h.processes()
+    pid_of = {inc: pid for pid, p in procs.items() for inc in p["incs"]}
+
+    def told_at(inc: str | None) -> float | None:
+        proc = procs.get(pid_of.get(inc)) if inc else None
+        return proc["told"] if proc else None
+
+    # Moves: owners on both sides, the old one drained.
+    for sid, moves in h.moves.items():
+        for n, move in enumerate(moves):
+            report.checks["i"] += 1
+            segment = h.segment_of(move)  # the moves before this one
+            before, after = h.owner_of_segment(sid, segment), h.owner_of_segment(sid, segment + 1)
+            moved_at = _server_time(move["env"]) or move["t"]
+            if before is None or after is None:
+                report.unverifiable["i: an owner around a move unknown"] += 1
+            elif pid_of.get(before) is not None and pid_of.get(before) == pid_of.get(after):
+                report.violation("i", "a move kept the session on its worker", sessionId=sid,
+                                 eventId=move["env"].get("id"), owner=before, after=after)
+            if before is not None and (told_at(before) is None or told_at(before) > moved_at):
+                report.violation("i", "a session moved off a worker not told to drain", sessionId=sid,
+                                 eventId=move["env"].get("id"), owner=before, moved_at=moved_at, told_at=told_at(before))
+    # Within one stretch between moves the owner is one worker process (an incarnation a
+    # worker took after a stall is the same worker).
+    for sid, reads in h.owner_reads.items():
+        seen: dict[int, dict[str, Any]] = {}
+        for read in reads:
+            if not read.get("inc"):
+                continue
+            segment = h.read_segment(read)
+            first = seen.setdefault(segment, read)
+            a, b = pid_of.get(first["inc"]), pid_of.get(read["inc"])
+            if a is not None and b is not None and a != b:
+                report.violation("i", "the owner changed without a session_moved", sessionId=sid,
+                                 owners=[first["inc"], read["inc"]], reads=[first.get("t"), read.get("t")],
+                                 moves=len(h.moves.get(sid, [])))
+                break
+    # The epoch at a move: the event before it on the same connection is in the same epoch.
+    for reader, frames in h.epoch_walk().items():
+        previous: tuple[dict[str, Any], str | None] | None = None
+        for r, epoch in frames:
+            if r.get("type") == MOVED and previous is not None and previous[0].get("conn") == r.get("conn"):
+                report.checks["i"] += 1
+                if previous[1] and epoch and previous[1] != epoch:
+                    report.violation("i", "a move changed the session's event epoch", sessionId=r["sid"], reader=reader,
+                                     eventId=r.get("id"), epochs=[previous[1], epoch])
+            previous = (r, epoch)
+    # The old owner writes nothing after the move: a turn begun before a move ends before it.
+    logs: dict[tuple[str, str], dict[int, dict[str, Any]]] = defaultdict(dict)
+    for e in h.events.values():
+        if e.get("epoch") and isinstance(e["env"].get("id"), int):
+            logs[(e["sid"], e["epoch"])].setdefault(e["env"]["id"], e)
+    for (sid, epoch), log in logs.items():
+        ids = sorted(log)
+        move_ids = [i for i in ids if log[i]["env"].get("type") == MOVED]
+        previous_move = 0
+        for move_id in move_ids:
+            begun = {
+                envelope_prompt_id(log[i]["env"]) for i in ids
+                if previous_move < i < move_id and _starts_turn(log[i]["env"]) and envelope_prompt_id(log[i]["env"])
+            }
+            report.checks["i"] += len(begun)
+            late = [log[i]["env"] for i in ids if i > move_id and envelope_prompt_id(log[i]["env"]) in begun]
+            if late:
+                report.violation(
+                    "i", "an event of a turn begun before a move came after it (the old owner wrote after the move)",
+                    sessionId=sid, epoch=epoch, moveId=move_id, promptId=envelope_prompt_id(late[0]),
+                    late=[{"id": env.get("id"), "type": env.get("type")} for env in late[:3]],
+                    owner_before=h.owner_of_segment(sid, h.segment_of(log[move_id])),
+                )
+            previous_move = move_id
+    # A drain's stops: on a worker told to drain, after it was told.
+    for e in h.events_of_type("turn_error"):
+        if (e["env"].get("data") or {}).get("code") != DRAINING:
+            continue
+        report.checks["i"] += 1
+        owner = h.owner_at(e)
+        at = _server_time(e["env"]) or e["t"]
+        if owner is None:
+            report.unverifiable["i: owner of a drain's turn_error unknown"] += 1
+        elif told_at(owner) is None or told_at(owner) > at:
+            report.violation("i", "a turn ended worker_draining on a worker not told to drain", sessionId=e["sid"],
+                             eventId=e["env"].get("id"), promptId=envelope_prompt_id(e["env"]), owner=owner, at=at,
+                             told_at=told_at(owner))
+    # A drain's closes: from a worker told to stop, and only with no other worker to take them.
+    grace = h.meta.get("drain_grace_s")
+    if grace:
+        for e in h.events_of_type("session_closed"):
+            if (e["env"].get("data") or {}).get("reason") != SHUTDOWN:
+                continue
+            report.checks["i"] += 1
+            owner = h.owner_at(e)
+            at = _server_time(e["env"]) or e["t"]
+            told = told_at(owner)
+            if owner is None:
+                report.unverifiable["i: owner of a worker_shutdown close unknown"] += 1
+                continue
+            if told is None or told > at:
+                report.violation("i", "closed worker_shutdown by a worker not told to stop", sessionId=e["sid"],
+                                 eventId=e["env"].get("id"), owner=owner, at=at, told_at=told)
+                continue
+            others = [
+                {"pid": pid, "incarnations": p["incs"], "live_s": round(live, 2)} for pid, p in procs.items()
+                if pid != pid_of.get(owner) and (live := h.live_for(p, told, told + grace)) >= TARGET_LIVE_S
+            ]
+            if others:
+                report.violation("i", "a drained worker closed a session another worker could take", sessionId=e["sid"],
+                                 eventId=e["env"].get("id"), owner=owner, told_at=told, closed_at=at, grace_s=grace,
+                                 live_workers=others)
+    # Told to stop, a worker exits 0 (its drain and shutdown done, its lease released).
+    for pid, p in procs.items():
+        if p["told"] is None or p["exited"] is None:
+            continue
+        report.checks["i"] += 1
+        if p["code"] != 0:
+            report.violation("i", "a worker told to stop did not exit 0", pid=pid, incarnations=p["incs"],
+                             code=p["code"], told_at=p["told"], exited_at=p["exited"])
+    report.counts["moves"] = sum(len(m) for m in h.moves.values())
+    report.counts["sessions moved"] = len(h.moves)
+    report.counts["turns ended worker_draining"] = sum(
+        1 for e in h.events_of_type("turn_error") if (e["env"].get("data") or {}).get("code") == DRAINING
+    )
+    report.counts["sessions closed worker_shutdown"] = sum(
+        1 for e in h.events_of_type("session_closed") if (e["env"].get("data") or {}).get("reason") == SHUTDOWN
+    )
+
+
 def check_h_ttls(h: History, report: Report) -> None:
     """Every `acp:` key left at the end has a TTL."""
     scanned = 0
@@ -734,6 +1051,7 @@ CHECKS = (
     check_f_no_outage_sweeps,
     check_g_outcomes,
     check_h_ttls,
+    check_i_moves,
 )
 
 

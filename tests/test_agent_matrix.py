@@ -6,7 +6,14 @@ event stream; a permission request in `pendingInteractions` with the agent's own
 vote that reaches the agent, after which the tool has run (the file exists); a cancel
 mid-turn (a slow reply); a scripted loop that the bridge's loop guard stops with
 `LOOP_DETECTED`, unless the agent stops itself (which one is recorded); a kill -9 of the
-worker that leaves none of the agent's processes behind.
+worker that leaves none of the agent's processes behind; a resume of a session told a code
+word before the kill, on a new worker with the same agent home (`POST /session/:id/load`),
+after which the model's request must carry the code word; a drain (SIGTERM) of that worker
+that moves the session to a third, where the model still sees it.
+
+An agent that does not advertise `loadSession` (409 `not_resumable`), or refuses the load
+(503 `resume_failed`), is a result of its row, not a failure; one that advertises it and
+loses the conversation fails.
 
 A row skips only when its agent is not installed (`npm install --prefix tests/node`).
 Select rows with `-k`, e.g. `-k "qwen or opencode"`. With ACP_MATRIX_RESULTS set, each row
@@ -26,8 +33,9 @@ from typing import Any, Iterator
 import pytest
 
 from tests.agent_recipes import RECIPES, Recipe
-from tests.harness import ApiProcess, EventWatcher, Harness, SseClient
-from tests.model_endpoint import HELLO, LOOP_FILE, WRITE_FILE, WRITE_TOOLS, ModelEndpoint
+from acp_state.ids import workspace_id
+from tests.harness import ApiProcess, EventWatcher, Harness, SseClient, WorkerProcess
+from tests.model_endpoint import HELLO, LOOP_FILE, WRITE_FILE, WRITE_TOOLS, ModelEndpoint, Turn
 
 pytestmark = pytest.mark.agents
 
@@ -42,6 +50,16 @@ LOOP_IDENTICAL = 10
 LOOP_MAX_TOOL_CALLS = 150
 LOOP_EXTRA_CALLS = 10  # calls an agent may start before the bridge's cancel reaches it
 ROW_MARK = "ACP_MATRIX_ROW"  # in the worker's environment, inherited by all its agent's processes
+# The first worker's lease: once it is killed, its sessions are swept (`session_died`) within
+# about this long, and only then can one be loaded elsewhere. Short, so the row does not wait
+# the default 10 s; safe, because no other worker lives while it runs, and the APIs' sweepers
+# would need it frozen for 3 s to declare it dead. The later workers keep the default.
+FIRST_LEASE_MS = "3000"
+SWEPT_TIMEOUT_S = 30
+DRAIN_GRACE_S = "20"  # the resuming worker drains on SIGTERM (the harness's default is 0)
+MOVE_TIMEOUT_S = 90  # a drain's target starts its agent cold, then loads the session
+RECALL = "which code word did I ask you to remember?"  # says no code word itself
+HISTORY_SCAN_LIMIT = 64 << 20  # files under the agent's home larger than this are not read
 
 
 @pytest.fixture
@@ -139,7 +157,7 @@ async def _row(
         "--loop-identical", str(LOOP_IDENTICAL), "--loop-max-tool-calls", str(LOOP_MAX_TOOL_CALLS),
     ]
     events = await harness.events()
-    worker = await harness.worker(*args, env={**launch.env, ROW_MARK: mark})
+    worker = await harness.worker(*args, "--lease-ms", FIRST_LEASE_MS, env={**launch.env, ROW_MARK: mark})
     first, second = await harness.api(), await harness.api()
 
     # 1. Create, naming the agent; one API creates, the other streams and reads.
@@ -272,7 +290,20 @@ async def _row(
     row.step("sessions", ok, since, ghosts=len(ghosts), refusedWrites=refused)
     assert ok, (ghosts, refused, ends)
 
-    # 8. kill -9 of the worker: none of the agent's processes is left, daemons included.
+    # 8. A session told a code word, for the resume below: its turn has ended (the agent has
+    # its history wherever it keeps it) when the worker is killed.
+    since = time.monotonic()
+    fact = f"PELICAN-{recipe.name}"
+    made_kept = await first.client.post("/session", json=body, timeout=CREATE_TIMEOUT_S)
+    assert made_kept.status_code == 200, made_kept.text
+    kept = made_kept.json()["sessionId"]
+    told = await prompt(first, kept, f"remember the code word {fact}")
+    end = await turn_end(events, kept, told)
+    assert end["type"] == "turn_complete", end
+    assert any(fact in t.user_text for t in model.turns), "the code word never reached the model"
+    row.step("remember", True, since)
+
+    # 9. kill -9 of the worker: none of the agent's processes is left, daemons included.
     since = time.monotonic()
     assert processes_marked(mark), "the agent's processes should carry the row's mark"
     await worker.kill9()
@@ -282,6 +313,108 @@ async def _row(
     row.step("kill9", not left, since, left=[_describe(pid) for pid in left])
     assert not left, [_describe(pid) for pid in left]
     await stream.close()
+
+    # 10-11. Resume on a new worker with the same agent home, then drain it to a third.
+    resumer = await harness.worker(*args, "--drain-grace-s", DRAIN_GRACE_S, env=launch.env)
+    try:
+        await _resume_and_drain(recipe, row, model, harness, events, (first, second), workspace, args, launch.env,
+                                resumer, kept, fact, tmp_path / "home")
+    except BaseException:
+        if resumer.proc is not None and resumer.proc.returncode is None:
+            # It may host the session with nowhere to drain it: its SIGTERM at teardown
+            # would wait out the grace.
+            await resumer.kill9()
+        raise
+
+
+async def _resume_and_drain(
+    recipe: Recipe, row: Row, model: ModelEndpoint, harness: Harness, events: EventWatcher,
+    apis: tuple[ApiProcess, ApiProcess], workspace: str, args: list[str], env: dict[str, str],
+    resumer: WorkerProcess, kept: str, fact: str, home: Path,
+) -> None:
+    first, second = apis
+    # 10. Resume: the dead worker's session is swept, listed as persisted with `resumable`
+    # (the agent's `loadSession`, from its initialize answer), and loaded on the new worker.
+    since = time.monotonic()
+    await events.wait_type(kept, "session_died", SWEPT_TIMEOUT_S)
+    listed = (await first.client.get(f"/workspace/{workspace_id(workspace)}/sessions")).json()["sessions"]
+    [resumable] = [r.get("resumable") for r in listed if r["sessionId"] == kept]
+    loaded = await second.client.post(f"/session/{kept}/load", json={}, timeout=CREATE_TIMEOUT_S)
+    answer = loaded.json()
+    outcome = {"loadSession": resumable, "status": loaded.status_code, "code": answer.get("code")}
+    if loaded.status_code != 200:
+        reason = answer.get("error") or answer.get("message") or ""
+        # Not a failure: the agent cannot resume. Which way, the row records.
+        refused = loaded.status_code == 503 and answer.get("code") == "resume_failed"
+        ok = resumable is False and loaded.status_code == 409 and answer.get("code") == "not_resumable" or refused
+        row.step("resume", ok, since, **outcome, reason=reason, history=_files_with(home, fact))
+        row.step("drain", True, time.monotonic(), skipped="not resumed")
+        assert ok, (resumable, loaded.status_code, answer)
+        return
+    assert answer["attached"] is False, answer
+    carried, seen = await _asks(model, events, first, kept, "(after the resume)", fact)
+    row.step("resume", carried, since, **outcome, carried=carried, turns=seen)
+    assert resumable is True, "a session loaded although its row says it cannot be"
+    assert carried, f"{recipe.name} loaded the session but the model's request lacks {fact!r}: {seen}"
+
+    # 11. Drain: SIGTERM moves the session to a third worker (same agent, same home), where
+    # it answers, and the model still sees the code word.
+    since = time.monotonic()
+    await harness.worker(*args, env=env)
+    stopping = asyncio.ensure_future(resumer.terminate(timeout=MOVE_TIMEOUT_S))
+    try:
+        moved = await events.wait_type(kept, "session_moved", MOVE_TIMEOUT_S)
+    finally:
+        exit_code = await stopping
+    carried, seen = await _asks(model, events, second, kept, "(after the drain)", fact)
+    died = [e["type"] for e in events.of(kept) if e["type"] in ("session_died", "session_closed")
+            and e["id"] > moved["id"]]
+    ok = carried and exit_code == 0 and not died
+    row.step("drain", ok, since, carried=carried, turns=seen, exit=exit_code, ended=died)
+    assert ok, (carried, exit_code, died, seen)
+
+    # A control: a new session asked the same has no code word to carry (the history came
+    # from the load, not from something the agent keeps across sessions).
+    fresh = await first.client.post("/session", json={"cwd": workspace, "sessionScope": "thread",
+                                                      "agent": recipe.name}, timeout=CREATE_TIMEOUT_S)
+    assert fresh.status_code == 200, fresh.text
+    _, seen = await _asks(model, events, first, fresh.json()["sessionId"], "(a new session)", fact)
+    leaked = any(t["carries"] for t in seen)
+    row.record["steps"]["resume"].update(control=not leaked, controlTurns=seen, history=_files_with(home, fact))
+    assert not leaked, f"a new session's request carries {fact!r}: the check proves nothing for {recipe.name}"
+
+
+async def _asks(
+    model: ModelEndpoint, events: EventWatcher, api: ApiProcess, sid: str, tag: str, fact: str
+) -> tuple[bool, list[dict[str, Any]]]:
+    """Ask the session which code word it was told; whether the model's request for that
+    prompt carries `fact`, and what each request of the prompt held. The agent's own
+    conversation request offers its tools; a side call (a title, a classifier) may not, and
+    need not carry the history."""
+    before = len(model.turns)
+    asked = await prompt(api, sid, f"{RECALL} {tag}")
+    end = await turn_end(events, sid, asked)
+    assert end["type"] == "turn_complete", end
+    mine: list[Turn] = [t for t in model.turns[before:] if tag in t.user_text]
+    main = [t for t in mine if t.tools] or mine
+    carried = bool(main) and all(fact in json.dumps(t.raw) for t in main)
+    seen = [{"api": t.api, "tools": len(t.tools), "carries": fact in json.dumps(t.raw)} for t in mine]
+    return carried, seen
+
+
+def _files_with(home: Path, fact: str) -> list[str]:
+    """Files under the agent's home that hold `fact`: where it keeps the conversation."""
+    wanted = fact.encode()
+    found = []
+    for folder, _, names in os.walk(home):
+        for name in names:
+            path = Path(folder) / name
+            try:
+                if path.is_file() and path.stat().st_size <= HISTORY_SCAN_LIMIT and wanted in path.read_bytes():
+                    found.append(str(path.relative_to(home)))
+            except OSError:
+                continue
+    return sorted(found)
 
 
 async def _allow_until_end(events: EventWatcher, api: ApiProcess, sid: str, prompt_id: str) -> int:

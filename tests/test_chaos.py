@@ -2,7 +2,8 @@
 cluster with a replica per master. Faults of several kinds are injected while a load
 creates sessions, prompts, votes, answers, cancels, deletes, polls status and reads event
 streams; the recorded history must show no violation of any invariant
-(bench/chaos_check.py). Select them with `-k chaos`.
+(bench/chaos_check.py). Among the faults, a worker drain (its sessions move to the other
+worker). Select them with `-k chaos`.
 
 The summary, history and process logs of a run stay in the test's tmp folder; a failure
 message names them.
@@ -19,8 +20,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SEED = 35  # its schedules: sleep, pause, pub/sub kill, maxmemory, restart-empty, kill -9 /
-# on the cluster: sleep, pause, an unplanned failover, API kill -9
+SEED = 210  # its schedules: pub/sub kill, pause (write), a drain by `acp-state drain`,
+# kill -9, pause (all), restart-empty / on the cluster: a failover, pause (write), a drain by
+# SIGTERM, kill -9, pause (all)
 RUN_TIMEOUT_S = 170
 
 
@@ -56,11 +58,19 @@ def assert_clean(summary: dict, done: subprocess.CompletedProcess[str]) -> None:
 
 def test_chaos_single_redis(tmp_path: Path) -> None:
     summary, done = run_chaos(tmp_path)
-    assert "redis_restart_empty" in summary["faults_injected_by_kind"]
+    assert {"redis_restart_empty", "worker_drain"} <= set(summary["faults_injected_by_kind"])
+    assert_moved(summary)
     assert_clean(summary, done)
 
 
 def test_chaos_cluster(tmp_path: Path) -> None:
     summary, done = run_chaos(tmp_path, "--cluster")
-    assert "cluster_failover" in summary["faults_injected_by_kind"]
+    assert {"cluster_failover", "worker_drain"} <= set(summary["faults_injected_by_kind"])
+    assert_moved(summary)
     assert_clean(summary, done)
+
+
+def assert_moved(summary: dict) -> None:
+    """The drain moved sessions (each a `session_moved` the checker held to invariant i)."""
+    assert summary["counts"].get("moves", 0) > 0, summary["counts"]
+    assert summary["checks"]["i"] > 0, summary["checks"]

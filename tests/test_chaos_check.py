@@ -356,3 +356,210 @@ def test_d_a_prompt_acknowledged_just_before_a_master_stalled_past_its_failover_
         assert report.violations == [] and report.unverifiable["d: lost with the store"] == 1
     else:
         assert invariants(records) == ["d: acknowledged prompt without a terminal"]
+
+
+# ---------------------------------------------------------------------------- moves (i)
+
+NEW_OWNER = "w1-2-bbbb"
+P_RUNNING = "p-run"  # the turn running on the old owner when it is told to drain
+P_MOVED = "p-moved"  # acknowledged during the move; runs on the new owner
+RID_MOVED = "r-moved"
+
+
+def moved_scenario(
+    *,
+    drained: bool = True,
+    stop_for_drain: bool = False,
+    zombie_after_move: bool = False,
+    lose_moved_prompt: bool = False,
+    owner_read_after: str | None = NEW_OWNER,
+    ending: str = "closed",
+    killed: str | None = None,
+    other_live: bool = True,
+    exit_code: int = 0,
+) -> list[dict[str, Any]]:
+    """One session moved by a drain, as bench/chaos.py records it: created on OWNER (pid 1)
+    with NEW_OWNER (pid 2) live, a turn running when OWNER is told to drain (it ends within
+    the grace, or `stop_for_drain`: the grace ends it `worker_draining`), a #permission
+    prompt acknowledged during the move, `session_moved` written by NEW_OWNER (its owner
+    read after), the moved prompt run there and voted, then the session ends."""
+    h = History()
+    h.add("meta", seed=1, minutes=1, cluster=False, lease_ms=3000, schedule=[], drain_grace_s=2.0)
+    h.add("worker", slot=0, pid=1, inc=OWNER, t=T0 - 5, event="started")
+    h.add("worker", slot=1, pid=2, inc=NEW_OWNER, t=T0 - 5, event="started")
+    h.http("create", T0, 200, {"sessionId": SID, "clientId": "c"}, key="create-1", sid=None)
+    h.add("owner", sid=SID, inc=OWNER, t=T0 + 0.02, t_sent=T0 + 0.015, last_id=None, epoch=EPOCH, why="created")
+    h.open("r1", 1, T0 + 0.05)
+    h.control("r1", 1, T0 + 0.06, "session_snapshot", {"lastEventId": 0, "eventEpoch": EPOCH})
+    ids = itertools.count(1)
+    ticks = itertools.count(1)
+
+    def ev(event_type: str, data: dict[str, Any], prompt_id: str | None = None, at: float | None = None) -> int:
+        event_id = next(ids)
+        h.event("r1", 1, at if at is not None else T0 + 0.2 + next(ticks) * 0.01, event_id, event_type, data, prompt_id)
+        return event_id
+
+    def chunk(text: str, prompt_id: str, kind: str = "user_message_chunk") -> dict[str, Any]:
+        return {"sessionId": SID, "update": {"sessionUpdate": kind, "content": {"type": "text", "text": text}}}
+
+    running = "#slow 1 k=prompt-run"
+    h.http("prompt", T0 + 0.1, 200, {"promptId": P_RUNNING, "lastEventId": 0, "eventEpoch": EPOCH}, key="prompt-run",
+           text=running)
+    ev("session_update", chunk(running, P_RUNNING), P_RUNNING)
+    ev("session_update", chunk("tick 0", P_RUNNING, "agent_message_chunk"), P_RUNNING)
+    told = T0 + 1.0
+    if drained:
+        h.add("worker", slot=0, pid=1, inc=OWNER, incarnations=[OWNER], t=told, event="sigterm")
+    moved_text = "#permission k=prompt-moved"
+    h.http("prompt", told + 0.5, 202, {"promptId": P_MOVED, "lastEventId": 2, "eventEpoch": EPOCH}, key="prompt-moved",
+           text=moved_text)
+    ev("pending_prompt_added", {"sessionId": SID, "promptId": P_MOVED, "text": moved_text}, P_MOVED, at=told + 0.52)
+    terminal = {"sessionId": SID, "stopReason": "end_turn", "promptId": P_RUNNING}
+    if stop_for_drain:
+        stopped = {"sessionId": SID, "message": "drained", "code": "worker_draining", "promptId": P_RUNNING}
+        ev("turn_error", stopped, P_RUNNING, at=told + 2.0)
+    elif not zombie_after_move:
+        ev("turn_complete", terminal, P_RUNNING, at=told + 0.6)
+    moved_at = told + 2.2
+    move_id = ev("session_moved", {"sessionId": SID, "reason": "worker_draining"}, at=moved_at)
+    if owner_read_after:
+        h.add("owner", sid=SID, inc=owner_read_after, t=moved_at + 0.05, t_sent=moved_at + 0.04, last_id=move_id,
+              epoch=EPOCH, why="moved")
+    if zombie_after_move:  # the old owner still writes the turn it ran, after the move
+        ev("turn_complete", terminal, P_RUNNING, at=moved_at + 0.1)
+    h.add("worker", slot=0, pid=1, inc=OWNER, t=moved_at + 0.3, event="stopped", code=exit_code)
+    if drained:
+        h.add("fault", fault="worker_drain", target=0, pid=1, incarnations=[OWNER], t_start=told, t_end=moved_at + 0.4,
+              detail={"grace_s": 2.0, "via": "sigterm", "replacement": "w0-3-cccc", "exit": f"exit {exit_code}"},
+              planned={"kind": "worker_drain", "params": {"grace_s": 2.0, "via": "sigterm"}})
+    h.add("http", id=998, chain="status-m", attempt=0, method="GET", route="status", path="/", api=1, sid=SID, rid=None,
+          key=None, t_sent=moved_at + 0.2, t_answered=moved_at + 0.21, status=200, body={"sessionId": SID},
+          content_type="application/json")  # a move is not an end: the session is still there
+    # The moved prompt runs on the new owner, and its permission is voted there.
+    ev("pending_prompt_started", {"sessionId": SID, "promptId": P_MOVED, "text": moved_text}, P_MOVED)
+    ev("session_update", chunk(moved_text, P_MOVED), P_MOVED)
+    ev("permission_request", {"requestId": RID_MOVED, "sessionId": SID}, P_MOVED)
+    vote = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
+    h.http("vote", moved_at + 0.5, 200, {}, key="vote-m1", rid=RID_MOVED, sent=vote)
+    h.http("vote", moved_at + 0.5, 404, {"error": "No pending permission request", "code": "request_not_found"},
+           key="vote-m2", rid=RID_MOVED, sent=vote)
+    ev("permission_resolved", {"requestId": RID_MOVED, "outcome": vote["outcome"]}, P_MOVED)
+    if not lose_moved_prompt:
+        ev("turn_complete", {"sessionId": SID, "stopReason": "end_turn", "promptId": P_MOVED}, P_MOVED)
+    if killed:
+        pid = 2 if killed == NEW_OWNER else 1
+        h.add("fault", fault="worker_kill9", target=pid - 1, pid=pid, incarnations=[killed], t_start=moved_at + 1.0,
+              t_end=moved_at + 1.5, detail={})
+    if not other_live:  # the other worker stopped before the drain began
+        h.add("worker", slot=1, pid=2, inc=NEW_OWNER, t=T0 + 0.5, event="stopped", code=0)
+    end_t = moved_at + 4.0
+    if ending == "closed":
+        h.http("delete", end_t, 204, None, key="delete-1", content_type="")
+        ev("session_closed", {"sessionId": SID, "reason": "closed_by_client"}, at=end_t + 0.01)
+    elif ending == "died":
+        ev("session_died", {"sessionId": SID, "reason": "worker_lost"}, at=end_t + 0.01)
+    elif ending == "shutdown":  # the old owner (a zombie) closes the session it handed over
+        ev("session_closed", {"sessionId": SID, "reason": "worker_shutdown"}, at=end_t + 0.01)
+    h.close("r1", 1, end_t + 0.5)
+    h.add("http", id=999, chain="status-x", attempt=0, method="GET", route="status", path="/", api=1, sid=SID,
+          rid=None, key=None, t_sent=end_t + 1.0, t_answered=end_t + 1.01, status=404,
+          body={"error": "gone", "code": "session_not_found"}, content_type="application/json")
+    h.add("listing", t=end_t + 2, sids=[SID])
+    h.add("keys", node=6390, t=end_t + 3, keys=[["acp:{ws}:cat", "hash", 60_000]])
+    h.add("end", t=end_t + 4)
+    return h.records
+
+
+def test_i_a_history_with_a_move_passes_every_invariant() -> None:
+    report = chaos_check.check(moved_scenario())
+    assert report.violations == []
+    assert report.checks["i"] >= 3 and report.counts["moves"] == 1, (report.checks, report.counts)
+    assert all(report.checks[k] > 0 for k in "abcdegi"), report.checks
+    # The grace ended the running turn (worker_draining) before the move: its one terminal.
+    stopped = chaos_check.check(moved_scenario(stop_for_drain=True))
+    assert stopped.violations == [] and stopped.counts["turns ended worker_draining"] == 1
+
+
+def test_i_an_event_of_the_old_owner_after_the_move_is_a_violation() -> None:
+    assert invariants(moved_scenario(zombie_after_move=True)) == [
+        "i: an event of a turn begun before a move came after it (the old owner wrote after the move)"
+    ]
+
+
+def test_d_a_prompt_acknowledged_during_a_move_and_lost_is_a_violation() -> None:
+    assert invariants(moved_scenario(lose_moved_prompt=True)) == ["d: acknowledged prompt without a terminal"]
+
+
+def test_i_a_drain_stop_or_a_move_off_a_worker_never_told_to_drain_is_a_violation() -> None:
+    assert invariants(moved_scenario(drained=False, stop_for_drain=True)) == [
+        "i: a session moved off a worker not told to drain",
+        "i: a turn ended worker_draining on a worker not told to drain",
+    ]
+
+
+def test_i_a_move_that_kept_the_owner_is_a_violation() -> None:
+    assert invariants(moved_scenario(owner_read_after=OWNER)) == ["i: a move kept the session on its worker"]
+    report = chaos_check.check(moved_scenario(owner_read_after=None))  # no read after it: cannot tell
+    assert report.violations == [] and report.unverifiable["i: an owner around a move unknown"] == 1
+
+
+def test_i_a_worker_shutdown_close_after_the_move_is_a_zombie() -> None:
+    """The new owner was never told to stop: a worker_shutdown close there is the old one's."""
+    assert invariants(moved_scenario(ending="shutdown")) == [
+        "i: closed worker_shutdown by a worker not told to stop"
+    ]
+
+
+def test_i_a_drained_worker_that_exits_non_zero_is_a_violation() -> None:
+    assert invariants(moved_scenario(exit_code=70)) == ["i: a worker told to stop did not exit 0"]
+
+
+def test_f_holds_across_a_move_the_sweep_is_judged_by_the_new_owner() -> None:
+    # The new owner was killed: its sweep of the moved session is legitimate ...
+    assert invariants(moved_scenario(ending="died", killed=NEW_OWNER)) == []
+    # ... the old owner's kill does not excuse it, nor does its drain.
+    assert invariants(moved_scenario(ending="died", killed=OWNER)) == [
+        "f: live session swept (worker_lost) though its worker was never killed or stopped"
+    ]
+    assert invariants(moved_scenario(ending="died")) == [
+        "f: live session swept (worker_lost) though its worker was never killed or stopped"
+    ]
+
+
+def drained_close(other_live: bool) -> list[dict[str, Any]]:
+    """A session its drained owner could not hand over: closed worker_shutdown, no move."""
+    h = History()
+    h.add("meta", seed=1, minutes=1, cluster=False, lease_ms=3000, schedule=[], drain_grace_s=2.0)
+    h.add("worker", slot=0, pid=1, inc=OWNER, t=T0 - 5, event="started")
+    h.add("worker", slot=1, pid=2, inc=NEW_OWNER, t=T0 - 5, event="started")
+    if not other_live:
+        h.add("worker", slot=1, pid=2, inc=NEW_OWNER, incarnations=[NEW_OWNER], t=T0 + 0.9, event="sigterm")
+    h.http("create", T0, 200, {"sessionId": SID, "clientId": "c"}, key="create-1", sid=None)
+    h.add("owner", sid=SID, inc=OWNER, t=T0 + 0.02)
+    h.open("r1", 1, T0 + 0.05)
+    h.control("r1", 1, T0 + 0.06, "session_snapshot", {"lastEventId": 0, "eventEpoch": EPOCH})
+    h.add("worker", slot=0, pid=1, inc=OWNER, incarnations=[OWNER], t=T0 + 1.0, event="sigterm")
+    h.event("r1", 1, T0 + 3.1, 1, "session_closed", {"sessionId": SID, "reason": "worker_shutdown"})
+    h.close("r1", 1, T0 + 3.5)
+    h.add("worker", slot=0, pid=1, inc=OWNER, t=T0 + 3.3, event="stopped", code=0)
+    h.add("worker", slot=1, pid=2, inc=NEW_OWNER, t=T0 + 3.3, event="stopped", code=0)
+    h.add("end", t=T0 + 5)
+    return h.records
+
+
+def test_i_a_drain_closes_a_session_only_if_no_other_worker_could_take_it() -> None:
+    assert invariants(drained_close(other_live=True)) == ["i: a drained worker closed a session another worker could take"]
+    # Every worker stopping at once (the run's end): nobody could take it.
+    report = chaos_check.check(drained_close(other_live=False))
+    assert report.violations == [] and report.checks["i"] >= 1
+
+
+def test_drains_are_scheduled_without_overlap_and_record_their_grace() -> None:
+    plan = make_schedule(35, 10, 3000, False, only=["worker_drain", "worker_kill9"], drain_grace_s=2.5)
+    drains = [f for f in plan if f["kind"] == "worker_drain"]
+    assert len(drains) >= 5
+    assert all(f["params"]["grace_s"] == 2.5 and f["params"]["via"] in ("sigterm", "cli") for f in drains)
+    assert {f["params"]["via"] for f in drains} == {"sigterm", "cli"}
+    for earlier, later in zip(plan, plan[1:]):
+        assert earlier["at_s"] + earlier["estimated_s"] + 3.0 <= later["at_s"]
+    assert "worker_drain" in {f["kind"] for f in make_schedule(35, 1, 3000, True)}

@@ -480,8 +480,23 @@ async def test_apply_keeps_the_newest_ended_turns_and_current_turn_picks_running
     assert await r.lrange(ENDED, 0, -1) == ["p2", "p3"] and sorted(await r.hkeys(TURNS)) == ["p2", "p3"]
     last = TurnRecord.unpack(await run(r, "CURRENT_TURN", current, []))
     assert (last.prompt_id, last.state, last.stop_reason) == ("p3", TurnState.CANCELLED, "cancelled")
-    await apply(r, mode="delete")
-    assert not await r.exists(TURNS, ENDED)  # the session's turns go with it
+    await apply(r, mode="delete", uncatalog=True)
+    assert not await r.exists(TURNS, ENDED)  # a session that leaves no row takes its turns along
+
+
+async def test_a_listed_session_keeps_its_ended_turns_for_a_resume_which_drops_the_unended(r: aioredis.Redis) -> None:
+    await created(r)
+    done, running = TurnRecord.queued("p1", "one", 10, None).finished(20, "end_turn", "a"), TurnRecord.queued("p2", "two", 30, None).started(40)
+    await r.hset(SESSION, F.PROMPT + "p2", "1")
+    await apply(r, **turn_ops(done, running))
+    await apply(r, mode="delete")  # its worker died (or it was closed): the row stays
+    assert not await r.exists(SESSION) and await r.exists(TURNS, ENDED) == 2
+    assert sorted(await r.hkeys(TURNS)) == ["p1", "p2"]
+    meta = orjson.dumps({"sessionId": SID, "workspaceCwd": "/w", "createdAt": "t0"}).decode()
+    assert (await apply(r, mode="create", resumed=True, set={F.META: meta, F.EPOCH: "e2"}))[0] == 1
+    assert await r.hkeys(TURNS) == ["p1"]  # the turn that never ended is no turn of the new life
+    last = TurnRecord.unpack(await run(r, "CURRENT_TURN", [SESSION, TURNS, ENDED], []))
+    assert (last.prompt_id, last.state) == ("p1", TurnState.COMPLETED)
 
 
 # ---- LIST ------------------------------------------------------------------------------

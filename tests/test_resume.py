@@ -56,7 +56,8 @@ async def test_a_session_whose_worker_died_resumes_on_another_with_its_conversat
     api = await harness.api()
     watcher = await harness.events()
     sid = (await create(api, workspace))["sessionId"]
-    await told_a_fact(harness, api, sid, "remember PELICAN")
+    told = await prompt(api, sid, "remember PELICAN")
+    assert (await turn_done(watcher, sid, told["promptId"]))["type"] == "turn_complete"
     await first.kill9()
     await watcher.wait_type(sid, "session_died")
     assert (await api.client.get(f"/session/{sid}/status")).status_code == 404
@@ -71,6 +72,11 @@ async def test_a_session_whose_worker_died_resumes_on_another_with_its_conversat
     assert resumed.status_code == 200, resumed.text
     body = resumed.json()
     assert body["sessionId"] == sid and body["attached"] is False
+    assert body["hasActivePrompt"] is False and body["hasRunningBackgroundTasks"] is False
+    # Its turns of before answer again, as the reference's ledger does.
+    current = (await api.client.get(f"/session/{sid}/turns/current")).json()
+    assert (current["promptId"], current["state"]) == (told["promptId"], "completed")
+    assert (await api.client.get(f"/session/{sid}/turns/{told['promptId']}")).status_code == 200
     texts = [r["data"]["update"]["content"].get("text") for r in body["compactedReplay"] if r["type"] == "session_update"]
     assert "remember PELICAN" in texts  # the transcript of the earlier worker's turns
     assert (await status(api, sid))["sessionId"] == sid
@@ -283,3 +289,36 @@ async def test_a_permission_pending_when_the_grace_runs_out_is_cancelled_and_lea
     # The drain's stop is not the agent's failure: it is said on the stream, not kept as the
     # session's turn error (which would put the session back in the inbox).
     assert after["hasTurnError"] is False
+
+
+async def test_commands_sent_while_a_session_moves_are_parked_and_run_on_its_new_owner(
+    harness: Harness, workspace: str
+) -> None:
+    """The target's agent takes 3 s to load: the session is marked moving for that long, and
+    the prompts sent meanwhile wait in its parked stream, then run on the new owner, in order."""
+    draining = await harness.worker("--drain-grace-s", "20")
+    api = await harness.api()
+    watcher = await harness.events()
+    sid = (await create(api, workspace))["sessionId"]
+    await told_a_fact(harness, api, sid, "remember PUFFIN")
+    await harness.worker(env={"ACP_SCRIPTED_LOAD_DELAY_S": "3"})
+    draining.proc.send_signal(15)
+
+    async def moving() -> dict:
+        while True:
+            view = await status(api, sid)
+            if view.get("moving"):
+                return view
+            await asyncio.sleep(0.02)  # a status is read, not pushed: poll it
+
+    assert (await asyncio.wait_for(moving(), 10))["moving"] is True
+    parked = [await prompt(api, sid, "#recall"), await prompt(api, sid, "echo after the move")]
+    assert await asyncio.wait_for(draining.proc.wait(), 30) == 0
+    for sent in parked:
+        assert (await turn_done(watcher, sid, sent["promptId"]))["type"] == "turn_complete"
+    log = watcher.of(sid)
+    at = {e["type"] + (e.get("promptId") or ""): e["id"] for e in log}
+    first, second = (p["promptId"] for p in parked)
+    assert at["session_moved"] < at["turn_complete" + first] < at["turn_complete" + second]
+    assert "remember PUFFIN" in str([e for e in log if e.get("promptId") == first])
+    assert "moving" not in await status(api, sid)

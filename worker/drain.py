@@ -75,8 +75,8 @@ async def _move(worker: Worker, registry: WorkerRegistry, session: LiveSession, 
     loop = asyncio.get_running_loop()
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(session.until_idle(), max(0.0, deadline - loop.time()))
-    if session.closed:
-        return False
+    if session.closed or session.resumable is False:
+        return False  # (an agent that cannot load sessions cannot take it elsewhere: it closes)
     if session.active is not None:
         await session.stop_turn(DRAINING, STOPPED_MESSAGE)
     tried: set[str] = set()

@@ -97,6 +97,7 @@ class Prompt:
 
     @classmethod
     def of(cls, command: commands.Prompt) -> Prompt:
+        """The prompt a command admitted (read from an inbox, parked, or carried)."""
         return cls(
             prompt_id=command.prompt_id, blocks=command.blocks, text=command.text, meta=command.meta,
             client_id=command.client_id, kind=command.kind, queued_at=command.queued_at or now_ms(),
@@ -122,7 +123,7 @@ class LiveSession:
         "display_name", "clients", "loop_limits", "_on_state", "state", "active", "queue",
         "automatic", "pending", "turn_error", "turn_error_event", "closed", "_order", "_runner",
         "_guard", "_loop_stop", "agent_name", "state_store", "resumable", "resumed", "holding",
-        "arriving", "moved_from", "_marker_read", "_idle")
+        "arriving", "_marker_read", "_idle")
 
     def __init__(
         self,
@@ -195,7 +196,6 @@ class LiveSession:
         self.holding = False
         # Moving here: prompts that arrive before the carried and parked ones are placed wait.
         self.arriving: list[Prompt] | None = None
-        self.moved_from: str | None = None
         self._marker_read: asyncio.Event | None = None  # our inbox's `moving` marker was read
         self._idle: asyncio.Event | None = None  # made while a drain waits for the turn to end
 
@@ -300,7 +300,6 @@ class LiveSession:
         data = {"sessionId": self.sid, "message": message, "code": code, "promptId": prompt.prompt_id}
         transition.events.append(events.body("turn_error", data, prompt.prompt_id))
         await self._write(transition)
-        self._went_idle()
 
     def _went_idle(self) -> None:
         if self._idle is not None and self.active is None:
@@ -309,7 +308,6 @@ class LiveSession:
     async def publish_moved(self, previous: str) -> Applied | None:
         """Take the session over from `previous`, which named us its target: one event on
         its stream says it moved; its log, epoch and fields stay (scripts' takeover)."""
-        self.moved_from = previous
         data = {"sessionId": self.sid, "reason": "worker_draining"}
         transition = Transition(
             mode=Mode.TAKEOVER, takeover_from=previous, catalog=self.catalog_row(),
@@ -320,17 +318,17 @@ class LiveSession:
         finally:
             self._mark_published()
 
-    def arrive(self, carried: list[Prompt], parked: list[Prompt]) -> None:
+    def arrive(self, carried: list[Prompt]) -> list[Prompt]:
         """The move is done: the prompts carried from the old owner (announced there as
-        queued) run first, then those parked during the move, then those sent since."""
+        queued) run first. Returns those sent here meanwhile, which the caller enqueues after
+        the parked commands (in the same turn of the loop: nothing comes between)."""
         since, self.arriving = self.arriving or [], None
         for prompt in carried:
             prompt.queued = True
             (self.automatic.setdefault(prompt.kind, []) if prompt.kind in AUTOMATIC_KINDS else self.queue).append(prompt)
-        for prompt in parked + since:
-            self.enqueue(prompt)
         if self._waiting() and (self._runner is None or self._runner.done()):
             self._runner = asyncio.ensure_future(self._run())
+        return since
 
     async def hand_over(self) -> None:
         """The session moved to another worker: forget it here, writing nothing (the new
@@ -350,8 +348,6 @@ class LiveSession:
             log.warning("could not tell the agent", extra={"sessionId": self.sid}, exc_info=True)
         await self._on_gone(self)
 
-
-
     def snapshot(self, reason_event: str | None = None) -> Transition:
         """The whole state as one CREATE transition (first publish, or rewrite after loss)."""
         admitted = ([self.active] if self.active else []) + self._waiting()
@@ -370,6 +366,7 @@ class LiveSession:
             single=self.single,
             untold_request=self.untold_request,
             turns=[prompt.turn for prompt in admitted],  # their records may be lost too
+            resumed=self.resumed,
         )
         if reason_event:
             # A rewrite also carries the terminals the store lost with the rest: every

@@ -451,17 +451,7 @@ class Worker:
     def on_prompt(self, command: commands.Prompt) -> None:
         session = self.sessions.get(command.sid)
         if session is not None:
-            session.enqueue(
-                Prompt(
-                    prompt_id=command.prompt_id,
-                    blocks=command.blocks,
-                    text=command.text,
-                    meta=command.meta,
-                    client_id=command.client_id,
-                    kind=command.kind,
-                    queued_at=command.queued_at or now_ms(),
-                )
-            )
+            session.enqueue(Prompt.of(command))
 
     def on_cancel(self, command: commands.Cancel) -> None:
         session = self.sessions.get(command.sid)
@@ -645,11 +635,14 @@ class Worker:
             return
         parked: list[commands.Command | commands.MalformedCommand] = []
         await _stored(lambda: self._take_parked(session, parked))
-        prompts = [Prompt.of(c) for c in parked if isinstance(c, commands.Prompt)]
-        session.arrive([Prompt.of(p) for p in carry.prompts] if carry else [], prompts)
-        for parked_command in parked:
-            if not isinstance(parked_command, (commands.Prompt, commands.MalformedCommand)):
+        since = session.arrive([Prompt.of(p) for p in carry.prompts] if carry else [])
+        for parked_command in parked:  # in the order they were sent, as from an inbox
+            if isinstance(parked_command, commands.MalformedCommand):
+                log.error("dropping a parked command that could not be handled: %s", parked_command)
+            else:
                 commands.dispatch(self, parked_command)
+        for prompt in since:
+            session.enqueue(prompt)
         answer = {"ok": True, "createdAt": iso(session.created_ms), "incarnation": session.incarnation}
         with contextlib.suppress(Exception):  # the mover reads the owner from the store if this is lost
             await self.store.reply(command.request_id, answer)

@@ -365,6 +365,8 @@ class RedisStore:
             ops["single"] = True
         if t.restore:
             ops["missing_only"] = True
+        if t.resumed:
+            ops["resumed"] = True
         if t.takeover_from is not None:
             ops["from"] = t.takeover_from
         if t.uncatalog:

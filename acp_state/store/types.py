@@ -223,6 +223,7 @@ class Transition:
     untold_request: str | None = None  # CREATE: the create's request id, until an API took its answer
     single: bool = False  # CREATE: the session holds its workspace's single-scope slot
     restore: bool = False  # CREATE after a loss: only if the session is missing
+    resumed: bool = False  # CREATE of a resumed session: its ended turns of before stay
     end_admitted: EndAdmitted | None = None  # DELETE: end the prompts left admitted
     op: int | None = None  # the owner's running number (a retry applies once)
     turns: list[TurnRecord] = field(default_factory=list)  # turn records to write whole

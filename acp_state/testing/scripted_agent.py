@@ -87,6 +87,7 @@ Environment
                         after the ``session/new`` answer; ``before``: right before it.
 ``ACP_SCRIPTED_STATE_DIR``  where the history is kept (created on the first write); default
                         ``$HOME/.acp-state-scripted``.
+``ACP_SCRIPTED_LOAD_DELAY_S``  seconds ``session/load`` waits after its replay before it answers.
 ``ACP_SCRIPTED_NO_LOAD``  ``1``: ``loadSession`` is false and ``session/load`` gets -32601, like an
                         agent without the capability. History is still written.
 """
@@ -773,6 +774,8 @@ class ScriptedAgent:
             kind = "user_message_chunk" if message["role"] == "user" else "agent_message_chunk"
             update = {"sessionUpdate": kind, "content": text_block(message["text"])}
             await self.channel.notify("session/update", {"sessionId": session_id, "update": update})
+        # A slow load (a long history to read) keeps a session mid-move for as long.
+        await asyncio.sleep(float(os.environ.get("ACP_SCRIPTED_LOAD_DELAY_S") or 0))
 
     def set_mode(self, params: JSON) -> JSON:
         self.session(params)

@@ -48,6 +48,15 @@ local function transition(at, inc, ops, ttl_ms, batch)
       if not (ops.set and ops.set[name]) then attention_unset(at[12], at[13], ops.sid, name) end
     end
     redis.call('DEL', hash, log)
+    if ops.resumed then
+      -- The turns of its earlier life that ended stay; one that never ended (its worker died
+      -- under it, and its prompt got its terminal from the sweep) is no turn of this one.
+      local ended_ids = {}
+      for _, id in ipairs(redis.call('LRANGE', ended, 0, -1)) do ended_ids[id] = true end
+      for _, id in ipairs(redis.call('HKEYS', turns)) do
+        if not ended_ids[id] then redis.call('HDEL', turns, id) end
+      end
+    end
     redis.call('HSET', hash, {{F.OWNER}}, inc)
     redis.call('SADD', live, ops.sid)
     redis.call('PEXPIRE', live, ops.retention or ttl_ms)
@@ -168,7 +177,13 @@ local function transition(at, inc, ops, ttl_ms, batch)
     -- there) leaves no catalog row when its worker is swept.
     local untold = ops.uncatalog_untold and held[{{F.REQUEST}}] ~= nil
     for _, name in ipairs(fields) do attention_unset(at[12], at[13], ops.sid, name) end
-    redis.call('DEL', hash, turns, ended)
+    if ops.uncatalog or untold then
+      redis.call('DEL', hash, turns, ended)
+    else
+      -- A session that stays listed may be resumed: its turn records stay (their own TTL),
+      -- so that its turns answer again then (see the resumed CREATE above).
+      redis.call('DEL', hash)
+    end
     if batch then
       batch.removed[#batch.removed + 1] = ops.sid
     else

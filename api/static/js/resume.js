@@ -30,6 +30,12 @@ export function neverResumable(error) {
   return error?.code === "not_resumable";
 }
 
+/** Whether `error` is one of the refusals a resume explains (a load of a session that
+ * died meanwhile is a resume, and may get them). */
+export function explainsResume(error) {
+  return Boolean(error?.code && EXPLAINED.has(error.code) && error.code !== "session_not_found");
+}
+
 /** A failed resume (an ApiError) in plain language. */
 export function resumeErrorText(error) {
   if (error?.status === 0) return t("resume.error.network");

@@ -6,12 +6,19 @@
 // skipped. If the stream's snapshot shows that events happened between the two calls, or
 // the stream says history was truncated, the view loads again. EventSource resumes with
 // Last-Event-ID by itself on reconnects.
+//
+// A session that is not live is never resumed by opening it: the view reads its status
+// first, and shows a session that is not live read-only, with a Resume action (the same
+// load route, which resumes a persisted session on a live worker). A session a draining
+// worker is handing to another shows a "moving" notice until `session_moved` says it has
+// arrived; the turn the drain stopped (`turn_error` `worker_draining`) is explained.
 
 import { api } from "./api.js";
 import { h, pretty, replaceChildren, uid } from "./dom.js";
 import { hasMessage, language, onLanguageChange, t } from "./i18n.js";
 import { optionButton, selectedOutcome } from "./options.js";
-import { sessionStatus, statusBadge } from "./status.js";
+import { explainsResume, neverResumable, resumeErrorText } from "./resume.js";
+import { isMoving, movingBadge, sessionStatus, statusBadge } from "./status.js";
 import { Transcript, toolOutput } from "./transcript.js";
 
 const HISTORY_PAGE_SIZE = 100;
@@ -29,6 +36,7 @@ const STREAM_EVENT_TYPES = [
   "session_created",
   "session_closed",
   "session_died",
+  "session_moved",
   "session_snapshot",
   "replay_complete",
   "history_truncated",
@@ -43,9 +51,14 @@ const STATUS_EVENTS = new Set([
   "pending_prompt_started",
   "pending_prompt_completed",
   "prompt_cancelled",
+  "session_moved",
 ]);
 const ERROR_KINDS = { loop_detected: "loopDetected", model_stream_interrupted: "modelStreamInterrupted" };
-const RETRYABLE = new Set(["model_stream_interrupted"]);
+// Turn errors the daemon itself gives (a `code`, no agent `errorKind`): the worker drained
+// (the turn outlived the drain's grace) or died (its sweeper ended the turn).
+const ERROR_CODES = { worker_draining: "workerDraining", worker_lost: "workerLost" };
+const RETRYABLE = new Set(["model_stream_interrupted", "worker_draining"]);
+const DRAINING = "worker_draining";
 const REOPEN_DELAYS_MS = [1000, 2000, 5000, 10000];
 
 export function mountSessionView(root, { sessionId }) {
@@ -67,6 +80,8 @@ class SessionView {
     this.reloadQueued = false;
     this.buffer = []; // events that arrived while a load was in flight
     this.ended = false; // read-only once the session is gone
+    this.resumeState = { busy: false, error: null }; // the Resume action of a session not live
+    this.drainSeen = false; // a drain stopped a turn here: the session is about to move
     this.connection = "connecting";
     this.es = null;
     this.streamEpoch = null;
@@ -93,7 +108,8 @@ class SessionView {
     this.badgeSlot = h("span", { class: "session-badge" });
     this.connEl = h("span", { class: "conn", role: "status" });
     this.alertEl = h("div", { class: "banner banner-error", role: "alert", hidden: true });
-    this.infoEl = h("div", { class: "banner banner-info", hidden: true });
+    this.movingEl = h("div", { class: "banner banner-moving", role: "status", hidden: true });
+    this.endedEl = h("div", { class: "banner banner-info banner-ended", hidden: true });
     this.emptyEl = h("p", { class: "empty", hidden: true });
     this.logEl = h("div", { class: "transcript", role: "log", "aria-live": "polite", "aria-relevant": "additions" });
     this.interactionsTitle = h("h2", { class: "section-title", id: uid("interactions") });
@@ -132,7 +148,8 @@ class SessionView {
       h("nav", { class: "crumbs" }, this.backLink),
       h("div", { class: "session-head" }, h("div", { class: "session-head-main" }, this.titleEl, this.badgeSlot), this.connEl),
       this.alertEl,
-      this.infoEl,
+      this.movingEl,
+      this.endedEl,
       this.emptyEl,
       this.logEl,
       this.interactionsSection,
@@ -144,6 +161,15 @@ class SessionView {
   }
 
   async start() {
+    // The load route resumes a session that is not live: only a person's Resume may do that.
+    try {
+      await api.status(this.sid);
+    } catch (error) {
+      if (this.destroyed) return;
+      if (error.status === 404) return void (await this.showEnded());
+      // Anything else: the load below says what is wrong.
+    }
+    if (this.destroyed) return;
     await this.reload();
     if (!this.ended && !this.destroyed) this.openStream();
   }
@@ -172,17 +198,12 @@ class SessionView {
       this.loading = false;
       if (this.destroyed) return;
       if (error.status === 404) await this.showEnded();
+      else if (explainsResume(error)) this.showAlert(resumeErrorText(error)); // it died meanwhile
       else this.showAlert(t("session.loadError", { message: error.message }));
       return;
     }
     if (this.destroyed) return;
-    const model = new Transcript();
-    model.applyAll(body.compactedReplay);
-    this.model = model;
-    this.rendered.clear(); // a new model: item keys may now name other items
-    this.logEl.replaceChildren();
-    this.cursor = Number(body.lastEventId) || 0;
-    if (body.eventEpoch) this.epoch = body.eventEpoch;
+    this.applyLoad(body);
     this.loading = false;
     this.loaded = true;
     for (const envelope of this.buffer.splice(0)) this.applyEvent(envelope, { render: false });
@@ -193,6 +214,19 @@ class SessionView {
       this.reloadQueued = false;
       this.reload();
     }
+  }
+
+  /** Start over from a load's answer: the transcript, the event cursor and epoch. */
+  applyLoad(body) {
+    const model = new Transcript();
+    model.applyAll(body.compactedReplay);
+    this.model = model;
+    this.rendered.clear(); // a new model: item keys may now name other items
+    this.logEl.replaceChildren();
+    this.cursor = Number(body.lastEventId) || 0;
+    if (body.eventEpoch) this.epoch = body.eventEpoch;
+    this.drainSeen = false; // a move still under way shows in the status read next
+    this.showAlert(null);
   }
 
   openStream() {
@@ -273,6 +307,14 @@ class SessionView {
     if (changed && render) this.redrawTranscript();
     const update = envelope.data?.update;
     const startsTurn = envelope.type === "session_update" && update?.sessionUpdate === "user_message_chunk";
+    if (envelope.type === "turn_error" && envelope.data?.code === DRAINING) {
+      this.drainSeen = true; // the drain stopped the turn: the move comes next
+      this.renderMoving();
+    } else if (envelope.type === "session_moved") {
+      this.drainSeen = false; // arrived: the status read next says so too
+      if (this.summary) this.summary = { ...this.summary, moving: false };
+      this.renderHead();
+    }
     if (STATUS_EVENTS.has(envelope.type) || startsTurn) this.refreshStatus();
     if (envelope.type === "session_closed" || envelope.type === "session_died") this.endSession();
   }
@@ -312,16 +354,18 @@ class SessionView {
   endSession() {
     if (this.ended) return;
     this.ended = true;
+    this.drainSeen = false;
     this.closeStream();
     clearTimeout(this.reopenTimer);
     this.interactions = [];
     this.renderAll();
   }
 
-  /** A session that is not live: its persisted transcript, read-only. */
+  /** A session that is not live: its persisted transcript, read-only (until resumed). */
   async showEnded() {
     this.ended = true;
     this.loaded = true;
+    this.closeStream();
     try {
       const page = await api.transcript(this.sid, HISTORY_PAGE_SIZE);
       const model = new Transcript();
@@ -336,6 +380,32 @@ class SessionView {
   }
 
   // ---- actions ----------------------------------------------------------------------------
+
+  /** Resume a session that is not live (the load route), then follow it as a live one. */
+  async resumeSession() {
+    if (this.resumeState.busy || !this.ended) return;
+    this.resumeState = { busy: true, error: null };
+    this.renderEnded();
+    let body;
+    try {
+      body = await api.resume(this.sid);
+    } catch (error) {
+      if (this.destroyed) return;
+      this.resumeState = { busy: false, error };
+      this.renderEnded();
+      return;
+    }
+    if (this.destroyed) return;
+    this.resumeState = { busy: false, error: null };
+    this.ended = false;
+    this.summary = null;
+    this.applyLoad(body);
+    this.renderAll();
+    scrollToEnd();
+    this.refreshStatus();
+    this.openStream();
+    this.input.focus();
+  }
 
   onComposerKey(event) {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
@@ -420,8 +490,7 @@ class SessionView {
     this.hintEl.textContent = t("session.hint");
     this.sendButton.textContent = t("session.send");
     this.stopButton.textContent = t("session.stop");
-    this.infoEl.hidden = !this.ended;
-    this.infoEl.textContent = this.ended ? t("session.ended") : "";
+    this.renderEnded();
     this.setConnection(this.ended ? "ended" : this.connection);
     this.renderHead();
     this.cards.forEach((entry) => (entry.sig = null));
@@ -435,7 +504,61 @@ class SessionView {
     this.titleEl.textContent = name;
     document.title = `${name} · ${t("app.product")}`;
     const status = this.ended ? "ended" : this.summary ? sessionStatus(this.summary) : null;
-    replaceChildren(this.badgeSlot, status ? statusBadge(status) : null);
+    replaceChildren(this.badgeSlot, status ? statusBadge(status) : null, this.moving ? movingBadge() : null);
+    this.renderMoving();
+  }
+
+  /** A draining worker is handing the session over (its status says so, or the drain
+   * already stopped a turn here and `session_moved` has not come yet). */
+  get moving() {
+    return !this.ended && (this.drainSeen || isMoving(this.summary));
+  }
+
+  renderMoving() {
+    const moving = this.moving;
+    this.movingEl.hidden = !moving;
+    this.movingEl.dataset.moving = String(moving);
+    replaceChildren(
+      this.movingEl,
+      moving
+        ? [
+            h("span", { class: "banner-icon", "aria-hidden": "true" }, "⇄"),
+            h("span", {}, h("strong", {}, t("session.moving.title")), " ", t("session.moving")),
+          ]
+        : null,
+    );
+  }
+
+  /** Read-only: why, and the Resume action unless it is known that it cannot be. */
+  renderEnded() {
+    this.endedEl.hidden = !this.ended;
+    if (!this.ended) return void this.endedEl.replaceChildren();
+    const { busy, error } = this.resumeState;
+    const never = neverResumable(error);
+    const focused = this.endedEl.contains(document.activeElement);
+    const button = never
+      ? null
+      : h(
+          "button",
+          {
+            type: "button",
+            class: "btn btn-primary btn-small ended-resume",
+            "aria-disabled": busy ? "true" : null, // keeps the focus, unlike `disabled`
+            onClick: () => this.resumeSession(),
+          },
+          busy ? t("resume.busy") : [h("span", { class: "btn-icon", "aria-hidden": "true" }, "↻"), t("resume.action")],
+        );
+    replaceChildren(
+      this.endedEl,
+      h(
+        "div",
+        { class: "ended-main" },
+        h("p", { class: "ended-text" }, t(never ? "session.endedCannot" : "session.endedResume")),
+        button,
+      ),
+      error && !never ? h("p", { class: "ended-error", role: "alert" }, resumeErrorText(error)) : null,
+    );
+    if (focused && button) button.focus();
   }
 
   setConnection(state) {
@@ -472,7 +595,7 @@ class SessionView {
     let previous = null;
     for (const item of this.model.items) {
       seen.add(item.key);
-      const sig = `${item.rev}|${lang}`;
+      const sig = `${item.rev}|${lang}|${this.ended}`; // an error's Retry goes when the session ends
       let entry = this.rendered.get(item.key);
       if (!entry || entry.sig !== sig) {
         const el = this.renderItem(item);
@@ -509,7 +632,7 @@ class SessionView {
       case "error":
         return this.renderError(item);
       default:
-        return h("p", { class: "notice" }, t(item.noticeKey));
+        return h("p", { class: `notice notice-${item.notice}`, dataset: { notice: item.notice } }, t(item.noticeKey));
     }
   }
 
@@ -572,15 +695,21 @@ class SessionView {
   }
 
   renderError(item) {
-    const key = ERROR_KINDS[item.errorKind];
+    const key = ERROR_KINDS[item.errorKind] ?? (item.errorKind ? undefined : ERROR_CODES[item.code]);
     const title = t(key ? `error.${key}.title` : "error.unknown.title");
     const text = key ? t(`error.${key}`) : item.message || t("error.unknown");
-    const retry = RETRYABLE.has(item.errorKind)
+    // Retry sends the prompt again: not once the session has ended (it would be refused).
+    const retryable = RETRYABLE.has(item.errorKind) || (!item.errorKind && RETRYABLE.has(item.code));
+    const retry = retryable && !this.ended
       ? h("button", { type: "button", class: "btn btn-primary btn-small", onClick: () => this.retry(item) }, t("error.retry"))
       : null;
     return h(
       "div",
-      { class: `turn-error turn-error-${item.errorKind || "unknown"}`, role: "alert", dataset: { errorKind: item.errorKind || "" } },
+      {
+        class: `turn-error turn-error-${item.errorKind || item.code || "unknown"}`,
+        role: "alert",
+        dataset: { errorKind: item.errorKind || "", errorCode: item.code || "" },
+      },
       h("div", { class: "turn-error-icon", "aria-hidden": "true" }, "!"),
       h(
         "div",

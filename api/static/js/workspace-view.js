@@ -428,7 +428,7 @@ class WorkspaceView {
       {
         class: `session-row status-${status}${moving ? " session-row-moving" : ""}`,
         href: `#/session/${encodeURIComponent(row.sessionId)}`,
-        dataset: { sessionId: row.sessionId, status, moving: moving ? "true" : null },
+        dataset: moving ? { sessionId: row.sessionId, status, moving: "true" } : { sessionId: row.sessionId, status },
       },
       moving ? h("span", { class: "row-badges" }, statusBadge(status), movingBadge()) : statusBadge(status),
       h(
