@@ -104,7 +104,10 @@ async def load(request: Request) -> Response:
         # Not live: a persisted session is resumed on a live worker (its agent's history).
         ref, resumed = await resume(state, sid, principal, client_id)
         attached = not resumed
-    if not await commands.send_attach(state.store, ref.ws, ref.owner, commands.Attach(sid=sid, client_id=client_id)):
+    attach = commands.Attach(sid=sid, client_id=client_id)
+    if not await state.locator.to_owner(
+        sid, ref, lambda owner: commands.send_attach(state.store, ref.ws, owner, attach), lambda attached: not attached
+    ):
         raise not_found(sid)
     snapshot = await state.store.load_snapshot(ref.ws, sid, page_size)
     view, page = snapshot.view, snapshot.page

@@ -7,6 +7,7 @@ read then costs exactly one round trip to the store (the session's view).
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Awaitable, Callable, TypeVar
 
 from acp_state import ids
 from acp_state.registry import WorkerRegistry
@@ -17,6 +18,9 @@ from .cache import CachedSession, StateCache
 from .responses import ApiError
 
 CACHE_SIZE = 100_000
+# How many moves one command follows (a session moves once per drain of its worker).
+MOVES_FOLLOWED = 3
+T = TypeVar("T")
 
 
 def not_found(sid: str) -> ApiError:
@@ -74,6 +78,24 @@ class SessionLocator:
         if entry is None or not principal.may(entry.ws) or not self.registry.holds_lease(entry.owner):
             return None
         return entry
+
+    async def to_owner(
+        self, sid: str, ref: CachedSession, send: Callable[[str], Awaitable[T]], refused: Callable[[T], bool]
+    ) -> T:
+        """`send(owner)` to the session's owner. A refusal (`refused`: the owner fenced it)
+        may mean that a drain moved the session to another worker since it was located: then
+        it goes to the new owner, read from the store, instead of answering that the session
+        is gone."""
+        owner = ref.owner
+        for _ in range(MOVES_FOLLOWED):
+            result = await send(owner)
+            if not refused(result):
+                return result
+            view = await self.store.session(ref.ws, sid)
+            if view is None or view.owner == owner or not await self.registry.is_live(view.owner):
+                return result
+            owner = view.owner
+        return result
 
     async def _read(self, sid: str) -> CachedSession:
         if not ids.is_token(sid):

@@ -39,6 +39,11 @@ WAIT_STEP_S = 0.1
 CHANNEL_PROMPT_META_KEY = "qwen.channel.prompt"
 
 
+def gone(admission: Admission) -> bool:
+    """SEND refused the command: the session is not its owner's (any more)."""
+    return admission.status is AdmissionStatus.GONE
+
+
 def client_id_header(request: Request) -> str | None:
     """`X-Qwen-Client-Id`: optional, at most 128 chars of `[A-Za-z0-9._:-]`."""
     value = request.headers.get("x-qwen-client-id")
@@ -441,9 +446,9 @@ async def prompt(request: Request) -> Response:
             queued_at=now_ms(),
         )
         async with effect(state.store.resends):
-            admission = await commands.send_prompt(
-                state.store, ref.ws, ref.owner, command, admit_limit=1 + MAX_QUEUED_PROMPTS, idempotency_key=key
-            )
+            admission = await state.locator.to_owner(sid, ref, lambda owner: commands.send_prompt(
+                state.store, ref.ws, owner, command, admit_limit=1 + MAX_QUEUED_PROMPTS, idempotency_key=key
+            ), gone)
     assert admission is not None
     if admission.status is AdmissionStatus.GONE:
         raise not_found(sid)
@@ -466,7 +471,9 @@ async def cancel(request: Request) -> Response:
     ref, admission = await live_or_first(request, sid, key)
     if ref is not None:
         async with effect(state.store.resends):
-            admission = await commands.send_cancel(state.store, ref.ws, ref.owner, commands.Cancel(sid=sid), key)
+            admission = await state.locator.to_owner(sid, ref, lambda owner: commands.send_cancel(
+                state.store, ref.ws, owner, commands.Cancel(sid=sid), key
+            ), gone)
     if admission is None or admission.status is not AdmissionStatus.OK:
         raise not_found(sid)
     return Response(status_code=204)  # the reference's: no body
@@ -482,7 +489,9 @@ async def close(request: Request) -> Response:
     if ref is not None:
         command = commands.Close(sid=sid, request_id=request_id, reason=commands.CLOSED_BY_CLIENT)
         async with effect(state.store.resends):
-            admission = await commands.send_close(state.store, ref.ws, ref.owner, command, key)
+            admission = await state.locator.to_owner(
+                sid, ref, lambda owner: commands.send_close(state.store, ref.ws, owner, command, key), gone
+            )
     if admission is None or admission.status is not AdmissionStatus.OK:
         raise not_found(sid)
     if admission.repeated:

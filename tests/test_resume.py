@@ -322,3 +322,47 @@ async def test_commands_sent_while_a_session_moves_are_parked_and_run_on_its_new
     assert at["session_moved"] < at["turn_complete" + first] < at["turn_complete" + second]
     assert "remember PUFFIN" in str([e for e in log if e.get("promptId") == first])
     assert "moving" not in await status(api, sid)
+
+
+async def test_a_command_that_finds_the_session_moved_since_it_was_located_goes_to_the_new_owner() -> None:
+    """The race the cache cannot close: a route located the session under its old owner, and
+    the move's takeover landed before its SEND. The SEND is refused (not that owner's any
+    more): the locator reads the new owner and sends there, rather than answer 404 for a
+    session that is live. (A unit test on the embedded store: the window is microseconds.)"""
+    import secrets
+
+    from acp_state import commands as wire
+    from acp_state.api.cache import CachedSession
+    from acp_state.api.locator import SessionLocator
+    from acp_state.api.sessions import gone
+    from acp_state.ids import new_id
+    from acp_state.registry import WorkerRegistry
+    from acp_state.store import AdmissionStatus, CatalogRow, Mode, RedisStore, Transition
+
+    store = RedisStore.from_url(f"memory://moves-{secrets.token_hex(4)}")
+    ws, sid, old, new = secrets.token_hex(8), new_id(), "w-old", "w-new"
+    for inc in (old, new):
+        await store.heartbeat(inc, {}, 60_000)
+    meta = {"sessionId": sid, "workspaceCwd": "/w", "createdAt": "2020-01-01T00:00:00Z"}
+    await store.apply(ws, sid, old, Transition(mode=Mode.CREATE, meta=meta, epoch="e", catalog=CatalogRow(meta["createdAt"], meta["createdAt"], 1)))
+    located = CachedSession(ws, old, await store.session(ws, sid))  # type: ignore[arg-type]
+    assert await store.mark_moving(ws, sid, old, new)
+    await store.apply(ws, sid, new, Transition(mode=Mode.TAKEOVER, takeover_from=old, op=1))
+    registry = WorkerRegistry(store)
+    locator = SessionLocator(store, registry, cache=None)  # type: ignore[arg-type]
+    tried: list[str] = []
+    command = wire.Prompt(sid=sid, prompt_id="p1", blocks=[], text="after the move")
+
+    async def send(owner: str):
+        tried.append(owner)
+        return await store.send(ws, owner, command, admit_limit=6)
+
+    admission = await locator.to_owner(sid, located, send, gone)
+    assert admission.status is AdmissionStatus.OK and tried == [old, new]
+    read = await store.read_commands({store.inbox_feed(ws, new): "0"}, block_ms=10)
+    assert [c for _, _, c in read] == [command]
+    # A session that is gone stays gone: no owner to follow.
+    await store.apply(ws, sid, new, Transition(mode=Mode.DELETE, op=2))
+    tried.clear()
+    assert (await locator.to_owner(sid, located, send, gone)).status is AdmissionStatus.GONE and tried == [old]
+    await store.close()
