@@ -294,6 +294,7 @@ async def test_close_removes_live_state_but_keeps_the_catalog_row(harness: Harne
         "clientCount": 0,
         "hasActivePrompt": False,
         "isArchived": False,
+        "resumable": True,  # acp-state's own: a load resumes it (its agent can load sessions)
     }
     assert (await api.client.delete(f"/session/{sid}")).status_code == 404
 
