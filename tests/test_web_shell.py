@@ -1,10 +1,11 @@
 """The Web Shell in a real browser: Playwright drives Debian's Chromium (headless) against
 real API and worker processes on a real Redis. No sleeps: Playwright's expectations wait.
 
-Screenshots of the workspace view, of a loop-stopped session and of the deployment view, of
-a persisted session's Resume (refused: no worker), of sessions moving to another worker and
-of a moved session, in English and Chinese, go to artifacts/screenshots/ at the repository
-root.
+Screenshots of the workspace view, of a loop-stopped session and of the deployment view; of
+persisted sessions' Resume (a refusal said under the row; a session that is not live, opened
+read-only), and of a drain (the workspace and the session while the session moves, the
+deployment view's draining worker, the moved session), in English and Chinese, go to
+artifacts/screenshots/ at the repository root.
 """
 
 from __future__ import annotations
@@ -695,6 +696,9 @@ TEXT["zh-CN"].update({
     "cannot_resume": "无法恢复",
     "no_store_worker": "暂时没有能读取此会话历史记录的在线工作进程，请稍后重试。",
     "moving": "迁移中",
+    "moving_banner": "正在迁移到另一个工作进程。",
+    "ended_resume": "恢复后即可在在线的工作进程上继续对话。",
+    "draining_worker": "排空中",
     "moved_note": "原工作进程正在关闭，会话已迁移到另一个工作进程，对话继续。",
     "draining_title": "本轮已停止：工作进程正在关闭",
     "draining_text": "会话本身会迁移到另一个工作进程并保持可用",
@@ -764,8 +768,15 @@ async def test_a_session_whose_worker_died_is_resumed_from_its_row(
     await expect(ended).to_contain_text(TEXT["en"]["ended_cannot"])
     await expect(ended.get_by_role("button")).to_have_count(0)
     await page.goto(f"http://127.0.0.1:{api.port}/#/session/{sid}")
-    await expect(page.locator(".banner-ended")).to_contain_text(TEXT["en"]["ended_resume"])
+    await expect(ended).to_contain_text(TEXT["en"]["ended_resume"])
+    await expect(page.locator(".msg-user", has_text="remember PELICAN")).to_be_visible()
     assert (await api.client.get(f"/session/{sid}/status")).status_code == 404  # still not live
+    await shoot(page, "session-ended-en.png")
+    await page.get_by_label("Language").select_option("zh-CN")
+    await expect(ended).to_contain_text(TEXT["zh-CN"]["ended_resume"])
+    await expect(ended.get_by_role("button", name=TEXT["zh-CN"]["resume"])).to_be_visible()
+    await shoot(page, "session-ended-zh-CN.png")
+    await page.get_by_label("语言").select_option("en")
 
     # Resume from the row makes the session live (on the worker that reads its history) and opens it.
     await page.get_by_role("link", name="All sessions").click()
@@ -802,9 +813,11 @@ async def test_a_drained_session_shows_moving_then_the_move_and_the_stopped_turn
     late_agent = f"sh -c {shlex.quote(f'sleep 5; exec {shlex.quote(sys.executable)} -m acp_state.testing.scripted_agent')}"
     await harness.worker("--agent", late_agent)
 
-    rows = {lang: await open_page(api, locale) for locale, lang in (("en-US", "en"), ("zh-CN", "zh-CN"))}
+    languages = (("en-US", "en"), ("zh-CN", "zh-CN"))
+    rows = {lang: await open_page(api, locale) for locale, lang in languages}
+    sessions = {lang: await open_page(api, locale, f"/#/session/{sid}") for locale, lang in languages}
     deployment = await open_page(api, "en-US", "/#/deployment")
-    page = await open_page(api, "en-US", f"/#/session/{sid}")
+    page = sessions["en"]
     for lang, view in rows.items():
         await expect(view.locator(f'.session-row[data-session-id="{sid}"]')).to_have_attribute("data-status", "idle")
     await expect(deployment.locator(".workers-table tbody tr")).to_have_count(2)
@@ -823,17 +836,26 @@ async def test_a_drained_session_shows_moving_then_the_move_and_the_stopped_turn
     async def worker_draining() -> None:
         marked = deployment.locator(f'.workers-table tr[data-incarnation="{draining.incarnation}"]')
         await expect(marked).to_have_attribute("data-draining", "true")
-        await expect(marked.locator(".draining-badge")).to_have_text(re.compile(TEXT["en"]["draining_worker"]))
+        for lang in ("en", "zh-CN"):  # redrawn from the last read at once: the switch is safe here
+            if lang != "en":
+                await deployment.get_by_label("Language").select_option(lang)
+            await expect(marked.locator(".draining-badge")).to_have_text(re.compile(TEXT[lang]["draining_worker"]))
+            await shoot(deployment, f"deployment-draining-{lang}.png")
+        await deployment.get_by_label("语言").select_option("en")
 
-    async def session_moving() -> None:
-        error = page.locator(".turn-error")
+    async def session_moving(lang: str) -> None:
+        view = sessions[lang]
+        error = view.locator(".turn-error")
         await expect(error).to_have_attribute("data-error-code", "worker_draining")
-        await expect(error).to_contain_text(TEXT["en"]["draining_title"])
-        await expect(page.locator(".banner-moving")).to_contain_text(TEXT["en"]["moving_banner"])
-        await expect(page.locator(".session-badge")).to_contain_text(TEXT["en"]["moving"])
+        await expect(error).to_contain_text(TEXT[lang]["draining_title"])
+        await expect(view.locator(".banner-moving")).to_contain_text(TEXT[lang]["moving_banner"])
+        await expect(view.locator(".session-badge")).to_contain_text(TEXT[lang]["moving"])
+        await shoot(view, f"session-moving-{lang}.png")
 
     # Each waits on its own: the states last only as long as the hand-over.
-    await asyncio.gather(row_moving("en"), row_moving("zh-CN"), worker_draining(), session_moving())
+    await asyncio.gather(
+        row_moving("en"), row_moving("zh-CN"), worker_draining(), session_moving("en"), session_moving("zh-CN")
+    )
 
     moved = page.locator(".notice-moved")
     await expect(moved).to_have_text(TEXT["en"]["moved_note"])
@@ -868,7 +890,9 @@ async def test_a_drained_session_shows_moving_then_the_move_and_the_stopped_turn
     await expect(agent_says(page, "recall: remember OSPREY")).to_be_visible()
     await expect(moved).to_be_visible()
     await expect(error).to_have_count(0)  # the new turn supersedes the stopped one
-    for view in (*rows.values(), deployment, page):
+    await expect(sessions["zh-CN"].locator(".notice-moved")).to_have_text(TEXT["zh-CN"]["moved_note"])
+    await expect(sessions["zh-CN"].locator(".banner-moving")).to_be_hidden()
+    for view in (*rows.values(), *sessions.values(), deployment):
         assert view.errors == []  # type: ignore[attr-defined]
 
 

@@ -19,7 +19,7 @@ import { hasMessage, language, onLanguageChange, t } from "./i18n.js";
 import { optionButton, selectedOutcome } from "./options.js";
 import { explainsResume, neverResumable, resumeErrorText } from "./resume.js";
 import { isMoving, movingBadge, sessionStatus, statusBadge } from "./status.js";
-import { Transcript, toolOutput } from "./transcript.js";
+import { Transcript, messageText, toolOutput } from "./transcript.js";
 
 const HISTORY_PAGE_SIZE = 100;
 const STREAM_EVENT_TYPES = [
@@ -82,6 +82,8 @@ class SessionView {
     this.ended = false; // read-only once the session is gone
     this.resumeState = { busy: false, error: null }; // the Resume action of a session not live
     this.drainSeen = false; // a drain stopped a turn here: the session is about to move
+    this.missing = false; // no such session at all: nothing to resume
+    this.fallbackTitle = null; // a session not live: its first prompt, as the listing titles it
     this.connection = "connecting";
     this.es = null;
     this.streamEpoch = null;
@@ -309,7 +311,7 @@ class SessionView {
     const startsTurn = envelope.type === "session_update" && update?.sessionUpdate === "user_message_chunk";
     if (envelope.type === "turn_error" && envelope.data?.code === DRAINING) {
       this.drainSeen = true; // the drain stopped the turn: the move comes next
-      this.renderMoving();
+      this.renderHead();
     } else if (envelope.type === "session_moved") {
       this.drainSeen = false; // arrived: the status read next says so too
       if (this.summary) this.summary = { ...this.summary, moving: false };
@@ -373,8 +375,13 @@ class SessionView {
       this.model = model;
       this.rendered.clear();
       this.logEl.replaceChildren();
+      // Neither the status nor the transcript route has the title: the whole transcript
+      // does (the listing's title is the first prompt's text).
+      const first = page.hasMore ? null : model.items.find((item) => item.kind === "message" && item.role === "user");
+      this.fallbackTitle = first ? messageText(first).trim().slice(0, 120) || null : null;
     } catch (error) {
-      this.showAlert(error.status === 404 ? t("session.notFound") : t("session.loadError", { message: error.message }));
+      this.missing = error.status === 404;
+      this.showAlert(this.missing ? t("session.notFound") : t("session.loadError", { message: error.message }));
     }
     this.renderAll();
   }
@@ -481,7 +488,7 @@ class SessionView {
   // ---- rendering --------------------------------------------------------------------------
 
   renderAll() {
-    document.title = `${this.summary?.displayName || t("ws.untitled")} · ${t("app.product")}`;
+    document.title = `${this.title} · ${t("app.product")}`;
     this.backLink.replaceChildren(h("span", { "aria-hidden": "true" }, "← "), t("session.back"));
     this.logEl.setAttribute("aria-label", t("session.transcript"));
     this.interactionsTitle.textContent = t("interactions.heading");
@@ -500,12 +507,16 @@ class SessionView {
   }
 
   renderHead() {
-    const name = this.summary?.displayName || t("ws.untitled");
+    const name = this.title;
     this.titleEl.textContent = name;
     document.title = `${name} · ${t("app.product")}`;
     const status = this.ended ? "ended" : this.summary ? sessionStatus(this.summary) : null;
     replaceChildren(this.badgeSlot, status ? statusBadge(status) : null, this.moving ? movingBadge() : null);
     this.renderMoving();
+  }
+
+  get title() {
+    return this.summary?.displayName || this.fallbackTitle || t("ws.untitled");
   }
 
   /** A draining worker is handing the session over (its status says so, or the drain
@@ -516,6 +527,9 @@ class SessionView {
 
   renderMoving() {
     const moving = this.moving;
+    const sig = `${moving}|${language()}`;
+    if (sig === this.movingSig) return; // unchanged: not announced again
+    this.movingSig = sig;
     this.movingEl.hidden = !moving;
     this.movingEl.dataset.moving = String(moving);
     replaceChildren(
@@ -531,8 +545,8 @@ class SessionView {
 
   /** Read-only: why, and the Resume action unless it is known that it cannot be. */
   renderEnded() {
-    this.endedEl.hidden = !this.ended;
-    if (!this.ended) return void this.endedEl.replaceChildren();
+    this.endedEl.hidden = !this.ended || this.missing;
+    if (this.endedEl.hidden) return void this.endedEl.replaceChildren();
     const { busy, error } = this.resumeState;
     const never = neverResumable(error);
     const focused = this.endedEl.contains(document.activeElement);
