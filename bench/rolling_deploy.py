@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import json
 import os
 import platform
@@ -60,12 +59,10 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
-
-import httpx
 
 from acp_state.ids import workspace_id
 from acp_state.store import keys
@@ -102,8 +99,8 @@ class Plan:
     lease_ms: int = 3000
     seed: int = 1
     create_concurrency: int = 8
-    event_timeout_s: float = 180.0  # the longest a prompt's terminal may take to arrive
-    stop_timeout_s: float = 300.0  # the longest a drain may take (SIGTERM to exit)
+    event_timeout_s: float = 900.0  # the longest a prompt's terminal may take to arrive
+    stop_timeout_s: float = 1800.0  # the longest a drain may take (SIGTERM to exit; then killed)
     pollers: int = 2  # status readers (the checker's "no zombies" needs reads)
 
     @property
@@ -116,7 +113,7 @@ class Plan:
 # ---------------------------------------------------------------------------- the history
 
 
-class History(chaos.Recorder):
+class KeptRecorder(chaos.Recorder):
     """The chaos run's recorder (JSON lines, numbered), keeping the records in memory too."""
 
     def __init__(self, path: Path) -> None:
@@ -200,7 +197,6 @@ class Client(chaos.Load):
             workspace=run.workspace, load_end=float("inf"), args=SimpleNamespace(actors=0),
         )
         super().__init__(host)  # type: ignore[arg-type]
-        self.run_ = run
         self.plan = run.plan
         self.tracked: dict[str, Tracked] = {}
         self.order: list[str] = []
@@ -303,7 +299,7 @@ class Client(chaos.Load):
         """One prompt and its end as this client sees it."""
         reader = s.reader
         status, body, key = await self.send(s, text, rng)
-        outcome: dict[str, Any] = {"sid": s.sid, "key": key, "status": status, "t_sent_s": now()}
+        outcome: dict[str, Any] = {"sid": s.sid, "key": key, "status": status, "t_answered": now()}
         prompt_id = body.get("promptId") if isinstance(body, dict) else None
         outcome["promptId"] = prompt_id
         if status is not None and 200 <= status < 300 and prompt_id:
@@ -373,7 +369,7 @@ class Run:
         self.log_dir = log_dir
         self.workspace = harness.workspace
         self.ws = workspace_id(self.workspace)
-        self.rec = History(log_dir / "history.jsonl")
+        self.rec = KeptRecorder(log_dir / "history.jsonl")
         self.api_ports: list[int] = []
         self.workers: list[WorkerProcess] = []  # the serving workers, by slot
         self.restarts: list[dict[str, Any]] = []
@@ -400,12 +396,15 @@ class Run:
         self.rec("worker", slot=slot, pid=worker.pid, inc=worker.incarnation, t=now(), event="started")
         return worker
 
-    def sigterm(self, worker: WorkerProcess, times: int = 1) -> None:
-        """SIGTERM (a drain; a second one: stop at once), recorded: the checker holds a
-        drain's moves, stops and closes to the workers told to stop."""
+    def sigterm(self, worker: WorkerProcess, at_once: bool = False) -> None:
+        """SIGTERM (a drain), recorded: the checker holds a drain's moves, stops and closes to
+        the workers told to stop. `at_once`: then SIGINT, which the worker takes as a second
+        SIGTERM (stop now, closing what has not moved); a second SIGTERM sent right after the
+        first may merge with it while pending (the kernel keeps one of each signal)."""
         assert worker.proc is not None
-        for _ in range(times):
-            worker.proc.send_signal(signal.SIGTERM)
+        worker.proc.send_signal(signal.SIGTERM)
+        if at_once:
+            worker.proc.send_signal(signal.SIGINT)
         self.rec("worker", slot=self.slot_of[worker.pid], pid=worker.pid, inc=worker.incarnation,
                  incarnations=[worker.incarnation], t=now(), event="sigterm")
 
@@ -430,6 +429,7 @@ class Run:
     async def run(self) -> dict[str, Any]:
         plan = self.plan
         t_start = now()
+        self.load_avg = {"start": [round(x, 2) for x in os.getloadavg()]}  # the machine is shared: say how busy
         self.redis = connect(self.harness.redis_url)
         log(f"{plan.workers} workers (qwen), 2 APIs, drain grace {plan.drain_grace_s} s, {plan.sessions} sessions")
         self.workers = list(await asyncio.gather(*(self.start_worker(slot) for slot in range(plan.workers))))
@@ -442,6 +442,11 @@ class Run:
         await client.open()
         try:
             return await self._run(client, t_start)
+        except BaseException:
+            # Leave no drain behind: the caller's harness would wait out each worker's grace.
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self.stop_all(), 90)
+            raise
         finally:
             await client.close()
             with contextlib.suppress(Exception):
@@ -501,7 +506,9 @@ class Run:
         await self.stop_all()
         await self.scan_keys()
         self.rec("end", t=now())
+        self.load_avg["end"] = [round(x, 2) for x in os.getloadavg()]
         return self.figures(client, after, {
+            "load_avg_1_5_15min": self.load_avg,
             "setup_s": round(setup_s, 1), "deploy_s": round(deploy_s, 1), "wall_s": round(now() - t_start, 1),
             "placed_before": sorted(placed.values()), "sessions_per_worker_after": sorted(hosting.values()),
         })
@@ -586,7 +593,7 @@ class Run:
         workers = [p for p in self.harness.processes
                    if isinstance(p, WorkerProcess) and p.proc is not None and p.proc.returncode is None]
         for worker in workers:
-            self.sigterm(worker, times=2)
+            self.sigterm(worker, at_once=True)
         self.stop_codes = list(await asyncio.gather(*(self.exit_of(w, 60) for w in workers)))
         for process in self.harness.processes:
             if process.proc is not None and process.proc.returncode is None:
@@ -616,7 +623,9 @@ class Run:
             if r["kind"] == "sse" and r.get("id") is not None and not r["reader"].startswith("final-"):
                 frames[r["sid"]].append((r["t"], r.get("type")))
 
+        acked = [p for p in client.prompts if p["status"] is not None and 200 <= p["status"] < 300 and p.get("promptId")]
         restarts, gaps, moved_total, window_total = [], [], 0, 0.0
+        across: list[dict[str, Any]] = []  # prompts acknowledged while their session was on its way
         for restart in self.restarts:
             t0, ids = restart["t_sigterm"], set(restart["sessions"])
             moved_at = {}
@@ -626,6 +635,7 @@ class Run:
             for sid, t_moved in moved_at.items():
                 ended = [t for t, kind in frames[sid] if t0 <= t < t_moved and kind in TERMINALS]
                 gaps.append(t_moved - max([t0, *ended]))
+                across += [p for p in acked if p["sid"] == sid and t0 <= p["t_answered"] <= t_moved]
             window = (max(moved_at.values()) - t0) if moved_at else 0.0
             moved_total += len(moved_at)
             window_total += window
@@ -636,7 +646,6 @@ class Run:
                 "old_exit_s": round(restart["t_exit"] - t0, 2), "old_exit_code": restart["exit_code"],
             })
 
-        acked = [p for p in client.prompts if p["status"] is not None and 200 <= p["status"] < 300 and p.get("promptId")]
         refused = [p for p in client.prompts if p not in acked]
         completed = [p for p in acked if terminals.get(p["promptId"]) == ["turn_complete"]]
         errored = [p for p in acked if "turn_error" in terminals.get(p["promptId"], [])]
@@ -663,6 +672,10 @@ class Run:
                 "turn_error": len(errored), "no_terminal": len(unended), "refused": len(refused),
                 "refused_by_status": dict(Counter(f"{p['status']} {p.get('code')}" for p in refused)),
                 "lost": len(acked) - len(completed) + len(refused),
+                # Acknowledged after the session's worker was told to drain and before the
+                # session_moved reached the client: queued, carried or parked, run after the move.
+                "during_a_move": len(across),
+                "during_a_move_completed": sum(1 for p in across if terminals.get(p["promptId"]) == ["turn_complete"]),
                 "turn_error_codes": dict(Counter(
                     (e["env"].get("data") or {}).get("code") for e in history.events_of_type("turn_error")
                 )),

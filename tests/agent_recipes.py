@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from tests.redis_server import free_port
+
 NODE_BIN = Path(__file__).resolve().parent / "node" / "node_modules" / ".bin"
 MODEL = "fake-model"
 API_KEY = "sk-scripted"
@@ -26,6 +28,12 @@ class Launch:
     """The environment an agent's worker runs with (its preset's executable on PATH)."""
 
     env: dict[str, str]
+    # What differs between workers that share this home (the resume and drain steps start
+    # more): the n-th worker's additions to `env`.
+    per_worker: Callable[[int], dict[str, str]] | None = None
+
+    def worker_env(self, n: int) -> dict[str, str]:
+        return {**self.env, **(self.per_worker(n) if self.per_worker else {})}
 
 
 @dataclass
@@ -84,7 +92,10 @@ def _gemini(home: Path, url: str, _cwd: str) -> Launch:
     settings = {
         # folderTrust off: the workspace counts as trusted, so "Allow for this session" works
         "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
-        "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+        # sessionRetention off: its cleanup at every start deletes each session file sharing
+        # an 8-character id prefix with a file that holds no conversation, which a
+        # `session/load` leaves next to the session it resumes (docs/agents.md, "Resuming").
+        "general": {"disableAutoUpdate": True, "disableUpdateNag": True, "sessionRetention": {"enabled": False}},
         "privacy": {"usageStatisticsEnabled": False},
         "telemetry": {"enabled": False},
         "model": {"name": "gemini-2.5-flash"},
@@ -163,7 +174,16 @@ def _cline(home: Path, url: str, _cwd: str) -> Launch:
     # Its ACP mode restores only Cline's own sign-ins; a key and provider in the environment
     # let it start a session on the provider `cline auth` configured.
     env.update({"CLINE_API_KEY": API_KEY, "CLINE_PROVIDER": "openai-compatible", "CLINE_MODEL": MODEL})
-    return Launch(env)
+
+    def own_hub(n: int) -> dict[str, str]:
+        # Each worker's Cline a hub of its own: by default all Cline processes of a host share
+        # one hub (port 25463, found through a file in the home), which holds their live
+        # sessions; the worker that started it ends it when it stops, and a session another
+        # worker's Cline had loaded there is gone (`session not found`). See docs/agents.md.
+        hub = home / ".cline" / "data" / "locks" / "hub"
+        return {"CLINE_HUB_PORT": str(free_port()), "CLINE_HUB_DISCOVERY_PATH": str(hub / f"worker-{n}.json")}
+
+    return Launch(env, own_hub)
 
 
 RECIPES: dict[str, Recipe] = {

@@ -1,5 +1,6 @@
 """The agent matrix: every real ACP coding agent of tests/agent_recipes.py, one row each,
-through two API processes and a worker, against the scripted model endpoint, offline.
+through two API processes and a worker (two more, on the same agent home, for the resume and
+the drain), against the scripted model endpoint, offline.
 
 Each row: create (naming the agent); a prompt whose text reaches the transcript and the
 event stream; a permission request in `pendingInteractions` with the agent's own options; a
@@ -23,6 +24,7 @@ writes what it saw there as JSON (scripts/agent-matrix prints the table).
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import os
 import time
@@ -119,6 +121,7 @@ class Row:
     def __init__(self, recipe: Recipe) -> None:
         self.record: dict[str, Any] = {"agent": recipe.name, "package": recipe.package, "steps": {}, "notes": []}
         self._started = time.monotonic()
+        self.kept_created = 0.0  # when the session the resume step loads was created (epoch s)
 
     def step(self, name: str, ok: bool, since: float, **detail: Any) -> None:
         self.record["steps"][name] = {"ok": ok, "seconds": round(time.monotonic() - since, 2), **detail}
@@ -157,7 +160,7 @@ async def _row(
         "--loop-identical", str(LOOP_IDENTICAL), "--loop-max-tool-calls", str(LOOP_MAX_TOOL_CALLS),
     ]
     events = await harness.events()
-    worker = await harness.worker(*args, "--lease-ms", FIRST_LEASE_MS, env={**launch.env, ROW_MARK: mark})
+    worker = await harness.worker(*args, "--lease-ms", FIRST_LEASE_MS, env={**launch.worker_env(0), ROW_MARK: mark})
     first, second = await harness.api(), await harness.api()
 
     # 1. Create, naming the agent; one API creates, the other streams and reads.
@@ -297,6 +300,7 @@ async def _row(
     made_kept = await first.client.post("/session", json=body, timeout=CREATE_TIMEOUT_S)
     assert made_kept.status_code == 200, made_kept.text
     kept = made_kept.json()["sessionId"]
+    row.kept_created = time.time()
     told = await prompt(first, kept, f"remember the code word {fact}")
     end = await turn_end(events, kept, told)
     assert end["type"] == "turn_complete", end
@@ -315,10 +319,10 @@ async def _row(
     await stream.close()
 
     # 10-11. Resume on a new worker with the same agent home, then drain it to a third.
-    resumer = await harness.worker(*args, "--drain-grace-s", DRAIN_GRACE_S, env=launch.env)
+    resumer = await harness.worker(*args, "--drain-grace-s", DRAIN_GRACE_S, env=launch.worker_env(1))
     try:
-        await _resume_and_drain(recipe, row, model, harness, events, (first, second), workspace, args, launch.env,
-                                resumer, kept, fact, tmp_path / "home")
+        await _resume_and_drain(recipe, row, model, harness, events, (first, second), workspace, args,
+                                launch.worker_env(2), resumer, kept, fact, tmp_path / "home")
     except BaseException:
         if resumer.proc is not None and resumer.proc.returncode is None:
             # It may host the session with nowhere to drain it: its SIGTERM at teardown
@@ -339,9 +343,12 @@ async def _resume_and_drain(
     await events.wait_type(kept, "session_died", SWEPT_TIMEOUT_S)
     listed = (await first.client.get(f"/workspace/{workspace_id(workspace)}/sessions")).json()["sessions"]
     [resumable] = [r.get("resumable") for r in listed if r["sessionId"] == kept]
+    loading = time.time()
     loaded = await second.client.post(f"/session/{kept}/load", json={}, timeout=CREATE_TIMEOUT_S)
     answer = loaded.json()
-    outcome = {"loadSession": resumable, "status": loaded.status_code, "code": answer.get("code")}
+    # When, in UTC: Gemini CLI refuses a load in the minute its session started (see docs/agents.md).
+    outcome = {"loadSession": resumable, "status": loaded.status_code, "code": answer.get("code"),
+               "created": _utc(row.kept_created), "loaded": _utc(loading)}
     if loaded.status_code != 200:
         reason = answer.get("error") or answer.get("message") or ""
         # Not a failure: the agent cannot resume. Which way, the row records.
@@ -361,17 +368,23 @@ async def _resume_and_drain(
     # it answers, and the model still sees the code word.
     since = time.monotonic()
     await harness.worker(*args, env=env)
+    before = len(events.of(kept))
+    earlier = {id(e) for e in events.of(kept)}  # (the first worker's death among them)
     stopping = asyncio.ensure_future(resumer.terminate(timeout=MOVE_TIMEOUT_S))
     try:
-        moved = await events.wait_type(kept, "session_moved", MOVE_TIMEOUT_S)
+        # (a drain that finds no worker to load the session closes it when its grace ends)
+        moved = await events.wait_for(lambda e: e["_channel"].endswith(kept) and id(e) not in earlier and e["type"] in (
+            "session_moved", "session_closed", "session_died"), MOVE_TIMEOUT_S)
     finally:
         exit_code = await stopping
+    if moved["type"] != "session_moved":
+        row.step("drain", False, since, ended=moved["type"], reason=moved["data"].get("reason"), exit=exit_code)
+        raise AssertionError(f"the drain did not move the session: {moved}")
     carried, seen = await _asks(model, events, second, kept, "(after the drain)", fact)
-    died = [e["type"] for e in events.of(kept) if e["type"] in ("session_died", "session_closed")
-            and e["id"] > moved["id"]]
-    ok = carried and exit_code == 0 and not died
-    row.step("drain", ok, since, carried=carried, turns=seen, exit=exit_code, ended=died)
-    assert ok, (carried, exit_code, died, seen)
+    ended = [e["type"] for e in events.of(kept)[before:] if e["type"] in ("session_died", "session_closed")]
+    ok = carried and exit_code == 0 and not ended
+    row.step("drain", ok, since, carried=carried, turns=seen, exit=exit_code, ended=ended)
+    assert ok, (carried, exit_code, ended, seen)
 
     # A control: a new session asked the same has no code word to carry (the history came
     # from the load, not from something the agent keeps across sessions).
@@ -400,6 +413,10 @@ async def _asks(
     carried = bool(main) and all(fact in json.dumps(t.raw) for t in main)
     seen = [{"api": t.api, "tools": len(t.tools), "carries": fact in json.dumps(t.raw)} for t in mine]
     return carried, seen
+
+
+def _utc(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%H:%M:%S")
 
 
 def _files_with(home: Path, fact: str) -> list[str]:

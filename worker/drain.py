@@ -15,8 +15,10 @@ prompts that arrive queue), its running turn gets the grace to finish, and then 
    kept, one `session_moved` event), then runs the carried prompts, the parked ones, and
    those sent to it since, in that order. The worker here forgets the session.
 
-A target that fails or dies is replaced by another (MOVE again names the new one, whose
-takeover alone can succeed). A turn still running when the grace runs out ends with a
+Moves spread over the targets (the one with the most room, counting the moves already sent
+it), a few hand-offs at a time to each. A target that fails or dies is replaced by another
+(MOVE again names the new one, whose takeover alone can succeed); a session that ended under
+a target meanwhile is forgotten here, never written again. A turn still running when the grace runs out ends with a
 `turn_error` (`worker_draining`), its pending requests cancelled. A session that finds no
 target before the grace ends is closed, as a stop without a drain closes it.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from acp_state import commands, ids
@@ -44,96 +47,136 @@ STOPPED_MESSAGE = "the worker was drained before the turn completed"
 MOVE_WAIT_S = 60.0
 # How often a session that found no target looks again while the grace lasts.
 RETRY_S = 0.25
+RETRY_MAX_S = 4.0
+# Hand-offs in flight to one target: a new worker's agent starts cold, and a burst of loads
+# queued behind it would time out together.
+HANDOFFS_PER_TARGET = 8
+# The live workers' reports are read at most this often (one read serves every move).
+REPORTS_FRESH_S = 0.5
 
 
 async def drain(worker: Worker, grace_s: float) -> None:
     """Move every session of `worker` to other workers within `grace_s` (see module)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + grace_s
-    registry = WorkerRegistry(worker.store)
-    log.info("draining %d sessions (grace %.1f s)", len(worker.sessions), grace_s)
-    handled: set[str] = set()
-    moved = 0
-    # Creates already under way when the drain began still add sessions: they move too.
-    while sessions := [s for s in worker.sessions.values() if s.sid not in handled]:
-        handled.update(s.sid for s in sessions)
-        for session in sessions:
-            session.hold()
-        results = await asyncio.gather(
-            *(_move(worker, registry, session, deadline) for session in sessions), return_exceptions=True
+    await Drain(worker, grace_s).run()
+
+
+class Drain:
+    """One drain of one worker: its moves share the targets' view, spread over them."""
+
+    def __init__(self, worker: Worker, grace_s: float) -> None:
+        self.worker = worker
+        self.loop = asyncio.get_running_loop()
+        # The grace bounds the turns and the wait for a target; a move that found one may
+        # go on to other targets for one more hand-off's time after it.
+        self.deadline = self.loop.time() + grace_s
+        self.last_try = self.deadline + MOVE_WAIT_S
+        self.registry = WorkerRegistry(worker.store)
+        self.assigned: Counter[str] = Counter()  # moves sent to each target by this drain
+        self.slots: dict[str, asyncio.Semaphore] = {}
+        self._reports: list[dict] = []
+        self._read_at = float("-inf")
+
+    async def run(self) -> None:
+        worker = self.worker
+        log.info("draining %d sessions (grace %.1f s)", len(worker.sessions), self.deadline - self.loop.time())
+        handled: set[str] = set()
+        moved = 0
+        # Creates already under way when the drain began still add sessions: they move too.
+        while sessions := [s for s in worker.sessions.values() if s.sid not in handled]:
+            handled.update(s.sid for s in sessions)
+            for session in sessions:
+                session.hold()
+            results = await asyncio.gather(*(self._move(session) for session in sessions), return_exceptions=True)
+            moved += sum(1 for result in results if result is True)
+            for session, result in zip(sessions, results, strict=True):
+                if isinstance(result, BaseException):
+                    log.error("moving a session failed: %r", result, extra={"sessionId": session.sid})
+        log.info("drained: %d of %d sessions moved (to %s)", moved, len(handled), dict(self.assigned))
+
+    async def _move(self, session: LiveSession) -> bool:
+        """Move one session; True once another worker holds it. One that cannot move is
+        left to the shutdown, which closes it."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(session.until_idle(), max(0.0, self.deadline - self.loop.time()))
+        if session.closed or session.resumable is False:
+            return False  # (an agent that cannot load sessions cannot take it elsewhere: it closes)
+        if session.active is not None:
+            await session.stop_turn(DRAINING, STOPPED_MESSAGE)
+        tried: set[str] = set()
+        pause = RETRY_S
+        while not session.closed:
+            target = await self._target(session, tried)
+            if target is None:
+                if self.loop.time() >= self.deadline:
+                    return False
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, RETRY_MAX_S)  # targets that keep failing are not hammered
+                tried.clear()  # a target that failed may serve again later
+                continue
+            if self.loop.time() >= self.last_try:
+                return False
+            tried.add(target)
+            if not await self.worker.store.mark_moving(session.ws, session.sid, session.incarnation, target):
+                # Not ours any more: a target we gave up on took it over, or it ended (its
+                # new owner died and was swept). Either way nothing of it is ours to write.
+                await session.hand_over()
+                return False
+            if not session.moving:
+                session.moving = True  # the worker's rewrites leave it to us from now on
+                try:
+                    await asyncio.wait_for(session.wait_marker(), MOVE_WAIT_S)
+                except asyncio.TimeoutError:  # the store lost it (restarted empty): closed instead
+                    log.warning("the move's marker never came back", extra={"sessionId": session.sid})
+                    return False
+            await session.written()
+            async with self.slots.setdefault(target, asyncio.Semaphore(HANDOFFS_PER_TARGET)):
+                owner = await self._hand_to(session, target)
+            if owner == target:
+                await session.hand_over()
+                log.info("session moved to %s", target, extra={"sessionId": session.sid})
+                return True
+            if owner != session.incarnation:  # it ended meanwhile (swept): forget it, write nothing
+                await session.hand_over()
+                return False
+            log.warning("moving the session to %s failed", target, extra={"sessionId": session.sid})
+        return False
+
+    async def _target(self, session: LiveSession, tried: set[str]) -> str | None:
+        """The live worker that can resume the session and has the most room, counting the
+        moves this drain already sent it; not us, and none tried."""
+        now = self.loop.time()
+        if now - self._read_at >= REPORTS_FRESH_S:
+            self._read_at = now
+            live = [inc for inc in await self.registry.live() if inc != self.worker.incarnation]
+            self._reports = list((await self.worker.store.worker_reports(live)).values())
+        agent = session.agent_name or self.worker.config.default_agent
+        fitting = [
+            r for r in self._reports
+            if r["incarnation"] not in tried and accepts(r, agent, session.state_store)
+        ]
+        if not fitting:
+            return None
+        chosen = min(
+            fitting,
+            key=lambda r: (r.get("sessions", 0) + self.assigned[r["incarnation"]]) / max(r.get("maxSessions", 1), 1),
         )
-        moved += sum(1 for result in results if result is True)
-        for session, result in zip(sessions, results, strict=True):
-            if isinstance(result, BaseException):
-                log.error("moving a session failed: %r", result, extra={"sessionId": session.sid})
-    log.info("drained: %d of %d sessions moved", moved, len(handled))
+        self.assigned[chosen["incarnation"]] += 1  # counted at once: concurrent moves spread
+        return chosen["incarnation"]
 
-
-async def _move(worker: Worker, registry: WorkerRegistry, session: LiveSession, deadline: float) -> bool:
-    """Move one session; True once another worker holds it. A session that cannot move
-    by the deadline is left to the shutdown, which closes it."""
-    loop = asyncio.get_running_loop()
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(session.until_idle(), max(0.0, deadline - loop.time()))
-    if session.closed or session.resumable is False:
-        return False  # (an agent that cannot load sessions cannot take it elsewhere: it closes)
-    if session.active is not None:
-        await session.stop_turn(DRAINING, STOPPED_MESSAGE)
-    tried: set[str] = set()
-    marked = False
-    # The grace bounds the wait for a target; a hand-off under way may take its own time.
-    while not session.closed:
-        target = await _target(worker, registry, session, tried)
-        if target is None:
-            if loop.time() >= deadline:
-                return False
-            await asyncio.sleep(RETRY_S)
-            tried.clear()  # a target that failed may serve again later
-            continue
-        tried.add(target)
-        if not await worker.store.mark_moving(session.ws, session.sid, session.incarnation, target):
-            return False  # not ours any more (we were declared dead meanwhile)
-        if not marked:
-            marked = True
-            try:
-                await asyncio.wait_for(session.wait_marker(), MOVE_WAIT_S)
-            except asyncio.TimeoutError:  # the store lost it (restarted empty): closed instead
-                log.warning("the move's marker never came back", extra={"sessionId": session.sid})
-                return False
-        await session.written()
-        if await _hand_to(worker, registry, session, target):
-            await session.hand_over()
-            log.info("session moved to %s", target, extra={"sessionId": session.sid})
-            return True
-        log.warning("moving the session to %s failed", target, extra={"sessionId": session.sid})
-        if loop.time() >= deadline:
-            return False
-    return False
-
-
-async def _target(worker: Worker, registry: WorkerRegistry, session: LiveSession, tried: set[str]) -> str | None:
-    """The least loaded live worker that can resume the session, other than us and those
-    tried."""
-    live = [inc for inc in await registry.live() if inc != worker.incarnation and inc not in tried]
-    reports = await worker.store.worker_reports(live)
-    agent = session.agent_name or worker.config.default_agent
-    fitting = [r for r in reports.values() if accepts(r, agent, session.state_store)]
-    fitting.sort(key=lambda r: r.get("sessions", 0) / max(r.get("maxSessions", 1), 1))
-    return fitting[0]["incarnation"] if fitting else None
-
-
-async def _hand_to(worker: Worker, registry: WorkerRegistry, session: LiveSession, target: str) -> bool:
-    """Send `target` the create that loads the session; whether it holds it now."""
-    request_id = ids.new_id()
-    create = commands.Create(
-        ws=session.ws, sid=session.sid, cwd=session.cwd, request_id=request_id, agent=session.agent_name,
-        scope="single" if session.single else "thread",
-        load=True, agent_sid=session.agent_sid, move_from=session.incarnation, carry=session.carry().pack(),
-    )
-    await commands.send_create(worker.store, target, create)
-    reply = await worker.store.await_reply(request_id, MOVE_WAIT_S, alive=lambda: registry.is_live(target))
-    if reply is not None and reply.get("ok"):
-        return True
-    # No answer (a late one would find the request abandoned): the store says who holds it.
-    view = await worker.store.session(session.ws, session.sid)
-    return view is not None and view.owner == target
+    async def _hand_to(self, session: LiveSession, target: str) -> str | None:
+        """Send `target` the create that loads the session; who holds it now (None: no one)."""
+        request_id = ids.new_id()
+        create = commands.Create(
+            ws=session.ws, sid=session.sid, cwd=session.cwd, request_id=request_id, agent=session.agent_name,
+            scope="single" if session.single else "thread",
+            load=True, agent_sid=session.agent_sid, move_from=session.incarnation, carry=session.carry().pack(),
+        )
+        await commands.send_create(self.worker.store, target, create)
+        reply = await self.worker.store.await_reply(
+            request_id, MOVE_WAIT_S, alive=lambda: self.registry.is_live(target)
+        )
+        if reply is not None and reply.get("ok"):
+            return target
+        # No answer (a late one would find the request abandoned): the store says who holds it.
+        view = await self.worker.store.session(session.ws, session.sid)
+        return view.owner if view is not None else None

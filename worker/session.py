@@ -123,7 +123,7 @@ class LiveSession:
         "display_name", "clients", "loop_limits", "_on_state", "state", "active", "queue",
         "automatic", "pending", "turn_error", "turn_error_event", "closed", "_order", "_runner",
         "_guard", "_loop_stop", "agent_name", "state_store", "resumable", "resumed", "holding",
-        "arriving", "_marker_read", "_idle")
+        "moving", "arriving", "_marker_read", "_idle")
 
     def __init__(
         self,
@@ -194,6 +194,9 @@ class LiveSession:
         # A drain holds the session: no new turn starts here; what is admitted waits, queued,
         # and moves with it.
         self.holding = False
+        # Marked moving in the store (MOVE): another worker may own it now, so only the drain
+        # decides what becomes of it; the worker never rewrites it.
+        self.moving = False
         # Moving here: prompts that arrive before the carried and parked ones are placed wait.
         self.arriving: list[Prompt] | None = None
         self._marker_read: asyncio.Event | None = None  # our inbox's `moving` marker was read

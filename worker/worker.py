@@ -29,6 +29,7 @@ from acp_state import commands
 from acp_state.agents import DEFAULT_AGENT
 from acp_state.clock import iso, now_ms
 from acp_state.moves import Carry
+from acp_state.turn_errors import from_exception
 from acp_state.store import ApplyOutcome, ReplyFate, Standing, Store
 from acp_state.summary import SESSION_STATES
 from acp_state.sweeper import run_sweeper
@@ -314,7 +315,7 @@ class Worker:
         restart can still fail a write or two (a pooled connection to the old server)."""
 
         async def one(session: LiveSession) -> None:
-            if session.closed:
+            if session.closed or session.moving:  # (a moving session is the drain's)
                 return
             try:
                 await self.store.index_session(session.incarnation, session.ws, session.sid, True)
@@ -371,7 +372,7 @@ class Worker:
             await survive("session refresh", lambda: self._touch(batch))
 
     async def _touch(self, batch: list[LiveSession]) -> None:
-        live = [s for s in batch if not s.closed and s.incarnation == self.incarnation and s.published]
+        live = [s for s in batch if not s.closed and s.incarnation == self.incarnation and s.published and not s.moving]
         if not live:
             return
         missing = await self.store.touch_sessions(self.incarnation, [(s.ws, s.sid, s.single) for s in live])
@@ -564,8 +565,9 @@ class Worker:
             self._creating -= 1
             log.exception("%s the session failed", "loading" if command.load else "creating", extra={"sessionId": sid})
             code = "resume_failed" if command.load else "agent_unavailable"
+            reason = from_exception(error).message  # an agent's JSON-RPC error: its details, not "Internal error"
             with contextlib.suppress(Exception):  # else the API times out and says so
-                await self.store.reply(command.request_id, {"ok": False, "code": code, "error": str(error)})
+                await self.store.reply(command.request_id, {"ok": False, "code": code, "error": reason})
             return
         session = LiveSession(
             store=self.store,
