@@ -18,9 +18,10 @@ prompts that arrive queue), its running turn gets the grace to finish, and then 
 Moves spread over the targets (the one with the most room, counting the moves already sent
 it), a few hand-offs at a time to each. A target that fails or dies is replaced by another
 (MOVE again names the new one, whose takeover alone can succeed); a session that ended under
-a target meanwhile is forgotten here, never written again. A turn still running when the grace runs out ends with a
-`turn_error` (`worker_draining`), its pending requests cancelled. A session that finds no
-target before the grace ends is closed, as a stop without a drain closes it.
+a target meanwhile is forgotten here, never written again. A turn still running when the
+grace runs out ends with a `turn_error` (`worker_draining`), its pending requests cancelled.
+A session that finds no target before the grace ends is closed, as a stop without a drain
+closes it.
 """
 
 from __future__ import annotations
