@@ -51,6 +51,9 @@ class Carry:
     prompts: list[commands.Prompt] = field(default_factory=list)
     turn_error: dict[str, Any] | None = None
     turn_error_event: bool = False
+    # The agent was sent a prompt of the session: it has a history to load. A session that
+    # never had one moves as a new agent session (an agent keeps nothing of it to load).
+    history: bool = True
 
     def pack(self) -> dict[str, Any]:
         packed: dict[str, Any] = {"createdAt": self.created_at, "updatedAt": self.updated_at}
@@ -63,6 +66,8 @@ class Carry:
         if self.turn_error is not None:
             packed["turnError"] = self.turn_error
             packed["turnErrorEvent"] = self.turn_error_event
+        if not self.history:
+            packed["history"] = False
         return packed
 
     @classmethod
@@ -80,11 +85,15 @@ class Carry:
                 prompts=prompts,  # type: ignore[arg-type]
                 turn_error=packed.get("turnError"),
                 turn_error_event=bool(packed.get("turnErrorEvent")),
+                history=packed.get("history", True) is not False,
             )
         except (KeyError, TypeError) as error:
             raise commands.MalformedCommand(f"create command has a malformed carry ({error})", commands.Create.TYPE) from None
 
     @classmethod
     def of_row(cls, row: dict[str, Any]) -> Carry:
-        """What a load of a persisted session carries: its catalog row's times and title."""
-        return cls(row["createdAt"], row.get("updatedAt") or row["createdAt"], row.get("displayName"))
+        """What a load of a persisted session carries: its catalog row's times and title.
+        A row with neither a title nor a turn that ended was never prompted: nothing to load."""
+        updated = row.get("updatedAt") or row["createdAt"]
+        history = bool(row.get("displayName")) or updated != row["createdAt"]
+        return cls(row["createdAt"], updated, row.get("displayName"), history=history)

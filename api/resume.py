@@ -64,13 +64,14 @@ async def resume(state: AppState, sid: str, principal: Principal, client_id: str
 
 
 async def _load(state: AppState, ws: str, sid: str, row: dict, client_id: str) -> None:
-    carry = Carry.of_row(row).pack()
+    carry = Carry.of_row(row)
 
     def create(request_id: str) -> commands.Create:
         return commands.Create(
             ws=ws, sid=sid, cwd=state.workspaces[ws], client_id=client_id,
             wait_ms=int(state.settings.create_timeout_s * 1000), request_id=request_id, agent=row.get("agent"),
-            load=True, agent_sid=row.get("agentSessionId"), carry=carry,
+            # (A session never prompted has no history: its agent starts it anew.)
+            load=carry.history, agent_sid=row.get("agentSessionId"), carry=carry.pack(),
         )
 
     async with effect(state.store.resends):  # a load sent to a worker may have happened

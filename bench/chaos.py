@@ -3,8 +3,10 @@
 Starts a Redis (one redis-server, or with --cluster a 3-master cluster with one replica per
 master), 2 workers and 2 API processes, drives a load over HTTP and SSE while a fault
 schedule derived only from `random.Random(seed)` (and the run's shape: minutes, lease,
-single or cluster) injects faults, records every request, every SSE frame and every fault to
-a JSONL history, and checks the history (bench/chaos_check.py). Exits non-zero on any
+single or cluster) injects faults, drains among them (`worker_drain`: the workers run with
+--drain-grace-s, so a drained worker's sessions move to the other one; see docs/chaos.md,
+"Drains"), records every request, every SSE frame, every fault and the sessions' owners
+to a JSONL history, and checks the history (bench/chaos_check.py). Exits non-zero on any
 violation.
 
     python -m bench.chaos --seed 7 --minutes 1 [--cluster] [--lease-ms 3000] [--drain-grace-s 2]
@@ -62,13 +64,15 @@ WORKER_NAME = "chaos-w{slot}"  # --name: incarnations are `<name>-<pid>-<8 hex>`
 ENDING = chaos_check.ENDINGS
 # The workers' --drain-grace-s: how long a drained worker's running turns may finish before
 # its sessions move. The load's turns run 0.05-1 s (an echo, `#slow 1`) or wait for votes
-# its voters send within moments, so 2 s lets most turns running at the SIGTERM end on
-# their own while a turn still waiting (its voters slow, or none coming: a cancel or a
-# close instead) is stopped with `turn_error` `worker_draining`: both ways are taken.
-# Short against the schedule too: a drain's grace, hand-offs and exit fit in its estimate,
-# so no other fault overlaps one; and the final SIGTERM (both workers draining, no target)
+# its voters send within moments, so 2 s lets the turns running at the SIGTERM end on
+# their own, while its long turns (`#slow 5`, LONG_TURN_S) and a turn whose voters are
+# slow are stopped with `turn_error` `worker_draining`: both ways are taken. Short
+# against the schedule too: a drain's grace, hand-offs and exit fit in its estimate, so
+# no other fault overlaps one; and the final SIGTERM (both workers draining, no target)
 # costs only the grace.
 DRAIN_GRACE_S = 2.0
+# The load's long turn (`#slow 5`, 4% of its steps): longer than the grace.
+LONG_TURN_S = 5
 # How long a drained worker may take to exit (its grace, every hand-off, the shutdown)
 # before it is killed; the fault records the kill (the checker then counts it killed).
 DRAIN_EXIT_TIMEOUT_S = 90.0
@@ -740,6 +744,8 @@ class Chaos:
             "requests_by_route_and_status": checked["counts"]["requests by route and status"],
             "events": {"sse_frames": checked["counts"]["sse frames"], "distinct_events": checked["counts"]["distinct events"],
                        "sse_connections": checked["counts"]["sse connections"]},
+            "moves": {k: checked["counts"].get(k, 0) for k in (
+                "moves", "sessions moved", "turns ended worker_draining", "sessions closed worker_shutdown")},
             "checks": checked["checks"],
             "violations_by_invariant": checked["violations_by_invariant"],
             "violations_total": checked["violations_total"],
@@ -1146,11 +1152,14 @@ class Load:
             pid = await self.prompt(sid, "hello", rng)
             await self.turn_end(reader, pid, 6)
         elif roll < 0.37:
-            pid = await self.prompt(sid, "#slow 1", rng)
+            # A few turns (4% of steps, picked by the same roll: no other draw moves) outlast
+            # a drain's grace, so a drain catching one ends it `worker_draining`.
+            seconds = 1 if roll < 0.33 else LONG_TURN_S
+            pid = await self.prompt(sid, f"#slow {seconds}", rng)
             if pid and rng.random() < 0.3:
                 await asyncio.sleep(rng.uniform(0.1, 0.6))
                 await self.call("POST", "cancel", f"/session/{sid}/cancel", rng=rng, sid=sid, json_body={})
-            await self.turn_end(reader, pid, 8)
+            await self.turn_end(reader, pid, 7 + seconds)
         elif roll < 0.62:
             await self.interaction(sid, reader, "#permission", rng)
         elif roll < 0.77:

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SEED = 210  # its schedules: pub/sub kill, pause (write), a drain by `acp-state drain`,
-# kill -9, pause (all), restart-empty / on the cluster: a failover, pause (write), a drain by
-# SIGTERM, kill -9, pause (all)
+SEED = 339  # its schedules: pub/sub kill, a drain by SIGTERM, restart-empty, kill -9,
+# pause (all) / on the cluster: a failover, a drain by `acp-state drain`, maxmemory, kill -9,
+# pub/sub kill
 RUN_TIMEOUT_S = 170
 
 

@@ -129,6 +129,7 @@ async def test_a_session_a_rewrite_could_not_index_is_indexed_at_the_next_heartb
         """What a rewrite uses of a LiveSession."""
 
         closed = False
+        moving = False
 
         def __init__(self) -> None:
             self.incarnation, self.ws, self.sid = bridge.incarnation, "ws1", "s1"

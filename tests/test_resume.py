@@ -366,3 +366,24 @@ async def test_a_command_that_finds_the_session_moved_since_it_was_located_goes_
     tried.clear()
     assert (await locator.to_owner(sid, located, send, gone)).status is AdmissionStatus.GONE and tried == [old]
     await store.close()
+
+
+async def test_a_session_never_prompted_moves_and_resumes_as_a_new_agent_session(harness: Harness, workspace: str) -> None:
+    """Its agent has nothing of it to load (the scripted agent, like many, writes a history at
+    its first turn): a drain moves it all the same, and so does a load after a kill -9."""
+    draining = await harness.worker("--drain-grace-s", "20", "--lease-ms", LEASE_MS)
+    api = await harness.api()
+    watcher = await harness.events()
+    sid = (await create(api, workspace))["sessionId"]
+    await harness.worker("--lease-ms", LEASE_MS)
+    assert await draining.terminate() == 0
+    await watcher.wait_type(sid, "session_moved")
+    assert "recall:" in await recalled(harness, api, sid)  # the new owner's agent runs it
+
+    other = (await create(api, workspace))["sessionId"]
+    hosts = [w for w in harness.processes if getattr(w, "incarnation", None) and w.proc.returncode is None]
+    await hosts[-1].kill9()
+    await watcher.wait_type(other, "session_died")
+    await harness.worker("--lease-ms", LEASE_MS)
+    assert (await load(api, other)).status_code == 200
+    assert "recall:" in await recalled(harness, api, other)

@@ -99,8 +99,8 @@ class Drain:
         left to the shutdown, which closes it."""
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(session.until_idle(), max(0.0, self.deadline - self.loop.time()))
-        if session.closed or session.resumable is False:
-            return False  # (an agent that cannot load sessions cannot take it elsewhere: it closes)
+        if session.closed or (session.resumable is False and session.has_history):
+            return False  # (an agent that cannot load its history cannot take it elsewhere: it closes)
         if session.active is not None:
             await session.stop_turn(DRAINING, STOPPED_MESSAGE)
         tried: set[str] = set()
@@ -170,7 +170,10 @@ class Drain:
         create = commands.Create(
             ws=session.ws, sid=session.sid, cwd=session.cwd, request_id=request_id, agent=session.agent_name,
             scope="single" if session.single else "thread",
-            load=True, agent_sid=session.agent_sid, move_from=session.incarnation, carry=session.carry().pack(),
+            # A session whose agent was never sent a prompt has nothing to load: the target
+            # starts a new agent session for it.
+            load=session.has_history, agent_sid=session.agent_sid, move_from=session.incarnation,
+            carry=session.carry().pack(),
         )
         await commands.send_create(self.worker.store, target, create)
         reply = await self.worker.store.await_reply(

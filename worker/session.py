@@ -8,6 +8,7 @@ rewrite whole (`snapshot`) when Redis lost it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -47,6 +48,8 @@ RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 1.0
 WRITE_PATIENCE_S = 120.0
 TERMINALS = ("turn_complete", "turn_error")
+# How long a drain waits for the agent to answer a turn it cancelled (see stop_turn).
+CANCEL_ANSWER_S = 5.0
 CANCELLED = {"outcome": {"outcome": "cancelled"}}
 
 # Automatic turns wait in their own queues and run before the next queued foreground prompt.
@@ -123,7 +126,7 @@ class LiveSession:
         "display_name", "clients", "loop_limits", "_on_state", "state", "active", "queue",
         "automatic", "pending", "turn_error", "turn_error_event", "closed", "_order", "_runner",
         "_guard", "_loop_stop", "agent_name", "state_store", "resumable", "resumed", "holding",
-        "moving", "arriving", "_marker_read", "_idle")
+        "moving", "arriving", "has_history", "_marker_read", "_idle")
 
     def __init__(
         self,
@@ -191,6 +194,7 @@ class LiveSession:
         self.state_store: str | None = None
         self.resumable: bool | None = None
         self.resumed = False  # loaded from the agent's history (its row existed before)
+        self.has_history = False  # the agent was sent a prompt of it: it has something to load
         # A drain holds the session: no new turn starts here; what is admitted waits, queued,
         # and moves with it.
         self.holding = False
@@ -242,6 +246,7 @@ class LiveSession:
         self.updated_ms = from_iso(carry.updated_at)
         self.display_name = carry.display_name
         self.clients.update(carry.clients)
+        self.has_history = carry.history
         if carry.turn_error is not None:
             view = carry.turn_error
             self.turn_error = TurnError(view.get("message", ""), view.get("code"), view.get("errorKind"))
@@ -258,6 +263,7 @@ class LiveSession:
             prompts=[prompt.command(self.sid) for prompt in waiting],
             turn_error=self.turn_error.status_view() if self.turn_error is not None else None,
             turn_error_event=self.turn_error_event,
+            history=self.has_history,
         )
 
     def hold(self) -> None:
@@ -303,6 +309,11 @@ class LiveSession:
         data = {"sessionId": self.sid, "message": message, "code": code, "promptId": prompt.prompt_id}
         transition.events.append(events.body("turn_error", data, prompt.prompt_id))
         await self._write(transition)
+        if prompt.sent and self._runner is not None:
+            # The agent answers the cancelled prompt once it has recorded the turn: the
+            # session's history must be complete before another worker loads it.
+            with contextlib.suppress(asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._runner), CANCEL_ANSWER_S)
 
     def _went_idle(self) -> None:
         if self._idle is not None and self.active is None:
@@ -532,6 +543,7 @@ class LiveSession:
                 await self._complete(prompt, "cancelled")
                 continue
             prompt.sent = True
+            self.has_history = True
             try:
                 response = await self.agent.prompt(self.agent_sid, prompt.blocks, prompt.meta)
             except ConnectionError:

@@ -590,7 +590,7 @@ class Worker:
             session.resume_from(carry)
         if command.move_from is not None:
             session.arriving = []  # prompts sent to us before the carried ones are placed wait
-        elif not command.load:
+        elif carry is None:  # a new session (a resumed one's row stands whatever happens)
             session.untold_request = command.request_id
         agent.adopt(agent_sid, session)
         self.sessions[sid] = session

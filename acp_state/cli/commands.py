@@ -119,7 +119,7 @@ async def run_api(args: argparse.Namespace) -> None:
 async def run_worker(args: argparse.Namespace) -> None:
     from acp_state.worker.worker import Worker
 
-    store = RedisStore.from_url(args.redis_url, _retention(args))
+    store = RedisStore.from_url(args.redis_url, _retention(args), lease_ms=args.lease_ms)
     worker = Worker(store, _worker_config(args))
     logs.stamp(workerId=worker.incarnation)
 
@@ -150,7 +150,7 @@ async def run_dev(args: argparse.Namespace) -> None:
     from acp_state.api.app import create_app, end_streams
     from acp_state.worker.worker import Worker
 
-    store = RedisStore.from_url(args.redis_url, _retention(args))
+    store = RedisStore.from_url(args.redis_url, _retention(args), lease_ms=args.lease_ms)
     settings = _api_settings(args)
     worker = Worker(store, _worker_config(args))
     app = create_app(settings, store=store)

@@ -78,7 +78,10 @@ SWEEP_CLAIM_LIMIT = 64
 # connections open and silent, and on a cluster its replica may take the registry's slot
 # over meanwhile: a renewal waiting on the stalled master past this gives up, and the next
 # one (the cluster client having refreshed its slot map) reaches the new master within the
-# lease, instead of after the 5 s default.
+# lease, instead of after the 5 s default. A worker's lease clients wait up to half its
+# lease (`lease_socket_timeout`): a round trip that slow still renews the lease in time
+# (a renewal every third of a lease), and with the 1 s floor alone every renewal of a 3 s
+# lease failed once the network took more than 1 s per round trip (tests/test_partitions.py).
 LEASE_SOCKET_TIMEOUT_S = 1.0
 # Workspaces whose last listing's live sessions are remembered (see RedisStore.list_page).
 LIST_HINTS = 4096
@@ -87,6 +90,11 @@ PROMPT_ID_SLOT = "@PID@"
 # Sessions per SWEEP call: ~15 ms of Redis each, short enough that the heartbeats queued
 # behind it are not held up, long enough that a call's overhead is shared by many.
 SWEEP_BATCH = 100
+
+
+def lease_socket_timeout(lease_ms: int | None) -> float:
+    """How long a lease client waits for a reply: half the lease, at least 1 s."""
+    return max(LEASE_SOCKET_TIMEOUT_S, (lease_ms or 0) / 2000)
 
 
 T = TypeVar("T")
@@ -170,12 +178,23 @@ class Script:
 class RedisStore:
     """`Store` over redis-py. Transitions from one process are auto-pipelined in order."""
 
-    def __init__(self, redis: Client, retention: Retention | None = None, lease_redis: Client | None = None) -> None:
+    def __init__(
+        self,
+        redis: Client,
+        retention: Retention | None = None,
+        lease_redis: Client | None = None,
+        heartbeat_redis: Client | None = None,
+    ) -> None:
         self.redis = redis
         # Lease decisions go out on a client of their own: a shard that stalls must not hold
         # up a heartbeat to the registry's shard behind the main client's connections and
         # slot-map refreshes.
         self.lease_redis = lease_redis or redis
+        # The heartbeat has a connection of its own, kept open: were it to share the lease
+        # client with the sweeper, a renewal that came while a CLAIM_DEAD was out would open
+        # a second connection, and under latency a new connection's handshake is what costs
+        # a lease.
+        self.heartbeat_redis = heartbeat_redis or self.lease_redis
         # redis-py's cluster client resends a command whose connection broke (up to 10
         # times, also while it refreshes its slot map: it masks its own races that way). A
         # command may then have run on an attempt before the error it reports, so no error
@@ -195,7 +214,7 @@ class RedisStore:
         self._release_single = Script(redis, scripts.RELEASE_SINGLE)
         self._attention_page = Script(redis, scripts.ATTENTION_PAGE)
         self._attention_of = Script(redis, scripts.ATTENTION_OF)
-        self._heartbeat = Script(self.lease_redis, scripts.HEARTBEAT, allow_oom=True)
+        self._heartbeat = Script(self.heartbeat_redis, scripts.HEARTBEAT, allow_oom=True)
         self._claim_dead = Script(self.lease_redis, scripts.CLAIM_DEAD, allow_oom=True)
         self._release = Script(self.lease_redis, scripts.RELEASE, allow_oom=True)
         self._resign = Script(self.lease_redis, scripts.RESIGN, allow_oom=True)
@@ -214,10 +233,13 @@ class RedisStore:
         self._live_in_workspace: dict[str, list[str]] = {}  # ws -> live ids its last live-state read found
 
     @classmethod
-    def from_url(cls, url: str, retention: Retention | None = None) -> RedisStore:
-        """A store on `url` (see acp_state.store.connection), with its own client for leases."""
-        lease = connect(url, socket_timeout=LEASE_SOCKET_TIMEOUT_S) if not url.startswith(MEMORY) else None
-        return cls(connect(url), retention, lease)
+    def from_url(cls, url: str, retention: Retention | None = None, lease_ms: int | None = None) -> RedisStore:
+        """A store on `url` (see acp_state.store.connection), with its own clients for leases
+        and for the heartbeat; `lease_ms`: the lease of the worker that uses it, if any."""
+        if url.startswith(MEMORY):
+            return cls(connect(url), retention)
+        timeout = lease_socket_timeout(lease_ms)
+        return cls(connect(url), retention, connect(url, socket_timeout=timeout), connect(url, socket_timeout=timeout))
 
     async def close(self) -> None:
         if self._readers is not None:
@@ -225,6 +247,8 @@ class RedisStore:
         await self.redis.aclose()
         if self.lease_redis is not self.redis:
             await self.lease_redis.aclose()
+        if self.heartbeat_redis is not self.lease_redis and self.heartbeat_redis is not self.redis:
+            await self.heartbeat_redis.aclose()
 
     # ---- worker side -------------------------------------------------------------------
 
