@@ -12,13 +12,10 @@ worker, so every script and transaction stays inside one slot.
 
 from __future__ import annotations
 
-import asyncio
-import socket
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.maint_notifications import MaintNotificationsConfig
 
 MEMORY = "memory://"
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -29,67 +26,7 @@ HEALTH_CHECK_S = 15
 # this pool instead makes the next caller wait for a free connection, up to POOL_WAIT_S.
 POOL_SIZE = 512
 POOL_WAIT_S = 10
-# A peer that goes silent (a partition, a host gone without a FIN or RST, a half-open
-# connection) is noticed by the kernel in seconds, not in its defaults' two hours (keepalive)
-# or fifteen minutes (retransmissions): an idle connection is probed after KEEPALIVE_IDLE_S,
-# then every KEEPALIVE_INTERVAL_S, and any connection whose data (a probe, a command, a pub/sub
-# ping) has gone unacknowledged for USER_TIMEOUT_MS is closed (TCP_USER_TIMEOUT, which also
-# ends the keepalive probing). Only the network is judged: a Redis that stalls (DEBUG SLEEP,
-# CLIENT PAUSE, SIGSTOP) still has its kernel acknowledge, so no connection to it is closed.
-# Within every lease (10 s by default, 3 s in the chaos runs) a pub/sub connection that went
-# dead is replaced and its listeners told (acp_state/store/fanout.py).
-KEEPALIVE_IDLE_S = 1
-KEEPALIVE_INTERVAL_S = 1
-KEEPALIVE_COUNT = 3
-USER_TIMEOUT_MS = 4000
 _memory_servers: dict[str, Any] = {}
-
-
-def keepalive_options() -> dict[int, int]:
-    """socket_keepalive_options for redis-py (level IPPROTO_TCP), those this platform has."""
-    wanted = {
-        "TCP_KEEPIDLE": KEEPALIVE_IDLE_S,
-        "TCP_KEEPINTVL": KEEPALIVE_INTERVAL_S,
-        "TCP_KEEPCNT": KEEPALIVE_COUNT,
-        "TCP_USER_TIMEOUT": USER_TIMEOUT_MS,
-    }
-    return {getattr(socket, name): value for name, value in wanted.items() if hasattr(socket, name)}
-
-
-def _common(options: dict[str, Any]) -> dict[str, Any]:
-    """What every connection of a (non-embedded) client gets, unless the caller says otherwise.
-
-    A new connection costs one round trip before its first command (HELLO), not four: no
-    CLIENT SETINFO (the library's name in CLIENT LIST), no maintenance-notification handshake
-    (Redis Enterprise's; Redis 7 answers it with an error) and no health-check PING before
-    the HELLO (`_FreshConnection`). Under latency that mattered: a worker's heartbeat that
-    needed a new connection (the sweeper held the other) took five round trips, longer than
-    a 3 s lease at 400 ms each way (tests/test_partitions.py)."""
-    options.setdefault("socket_keepalive", True)
-    options.setdefault("socket_keepalive_options", keepalive_options())
-    options.setdefault("driver_info", None)
-    options.setdefault("maint_notifications_config", MaintNotificationsConfig(enabled=False))
-    return options
-
-
-class _FreshConnection:
-    """Mixed into a pool's connection class: a connection just made is healthy, so its
-    handshake does not begin with a health-check PING (redis-py pings before the HELLO of
-    every new connection once health checks are on: a round trip for nothing)."""
-
-    health_check_interval: float
-    next_health_check: float
-
-    async def on_connect_check_health(self, check_health: bool = True) -> None:
-        if self.health_check_interval:
-            self.next_health_check = asyncio.get_running_loop().time() + self.health_check_interval
-        await super().on_connect_check_health(check_health)  # type: ignore[misc]
-
-
-def _fresh(connection_class: type) -> type:
-    if issubclass(connection_class, _FreshConnection):
-        return connection_class
-    return type(f"Fresh{connection_class.__name__}", (_FreshConnection, connection_class), {})
 
 
 
@@ -118,7 +55,7 @@ def connect(url: str, **options: Any) -> Client:
 
         server = _memory_servers.setdefault(url, fakeredis.FakeServer())
         return fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
-    options = _common(options)
+    options.setdefault("socket_keepalive", True)
     scheme, sep, rest = url.partition("://")
     if scheme in CLUSTER_SCHEMES:
         options.setdefault("max_connections", POOL_SIZE)
@@ -127,7 +64,6 @@ def connect(url: str, **options: Any) -> Client:
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=POOL_SIZE, timeout=POOL_WAIT_S, decode_responses=True, **options
     )
-    pool.connection_class = _fresh(pool.connection_class)
     return aioredis.Redis(connection_pool=pool)
 
 
@@ -142,11 +78,11 @@ def node_client(node: ClusterNode) -> aioredis.Redis:
         key: value
         for key, value in node.connection_kwargs.items()
         if key in ("username", "password", "credential_provider", "client_name", "socket_connect_timeout",
-                   "socket_keepalive", "socket_keepalive_options", "driver_info", "maint_notifications_config")
+                   "socket_keepalive")
         or key.startswith("ssl")
     }
     pool = aioredis.ConnectionPool(
-        connection_class=_fresh(node.connection_class),
+        connection_class=node.connection_class,
         host=node.host,
         port=node.port,
         decode_responses=True,

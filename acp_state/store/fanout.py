@@ -496,12 +496,8 @@ class Fanout:
             response = await connection.read_response(timeout=math.inf, disconnect_on_error=False, push_request=True)
         except (RedisConnectionError, RedisTimeoutError):
             # redis-py's own recovery: it reconnects and subscribes again (the repeated
-            # confirmations say so), or raises, and the pump starts the link over. The
-            # listeners are told now, not once that is settled (a connect to a host cut off
-            # waits out its timeout): each checks the store, and an event stream whose API
-            # cannot reach Redis ends, so its client resumes on another API.
+            # confirmations say so), or raises, and the pump starts the link over.
             log.info("pub/sub connection %s broke; reconnecting", link.name)
-            self._interrupt(list(link.channels))
             return await pubsub.get_message(timeout=5.0)
         if connection.health_check_interval and response in pubsub.health_check_response:
             return None
@@ -548,16 +544,8 @@ class Fanout:
             link.pubsub.shard_channels.pop(channel, None)
             self._lost([channel])
 
-    def _interrupt(self, channels: list[str]) -> None:
-        """Tell each listener of these channels that messages may have been lost (it checks
-        the store and catches up from the log, or ends if the store cannot be reached)."""
-        for channel in channels:
-            for subscription in list(self._subscriptions.get(channel, ())):
-                subscription.deliver(None)
-
     def _lost(self, channels: list[str]) -> None:
         """Messages on these channels may be lost until they are confirmed again."""
-        self._interrupt(channels)
         for channel in channels:
             if channel in self._confirmed:
                 self._confirmed[channel].clear()  # whoever waits for it, waits for its return
