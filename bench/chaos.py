@@ -41,8 +41,9 @@ import orjson
 from acp_state.store.connection import connect
 from acp_state.ids import workspace_id
 
-from . import chaos_check
+from . import chaos_check, chaos_network
 from .chaos_redis import ChaosRedis, ChaosRedisCluster, client as redis_client
+from .hosts import UNAVAILABLE_EXIT, HostsUnavailable, TestBed
 from tests.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,6 +83,11 @@ FAULTS_SINGLE = (
     "client_pause_write", "redis_restart_empty", "maxmemory", "api_kill9", "pubsub_kill",
 )
 FAULTS_CLUSTER = tuple(k for k in FAULTS_SINGLE if k != "redis_restart_empty") + ("cluster_failover",)
+# A run across hosts (--hosts) draws these too (bench/chaos_network.py), and runs a lane of
+# link conditions (latency, jitter, loss) beside the schedule.
+FAULTS_HOSTS = chaos_network.CUTS
+# Off loopback an API needs a bearer token; the load sends this one (role user).
+HOSTS_TOKEN = "chaos-hosts-token-0123456789"
 
 
 def now() -> float:
@@ -97,7 +103,7 @@ def log(message: str) -> None:
 
 def make_schedule(
     seed: int, minutes: float, lease_ms: int, cluster: bool, node_timeout_ms: int = 2000,
-    only: list[str] | None = None, drain_grace_s: float = DRAIN_GRACE_S,
+    only: list[str] | None = None, drain_grace_s: float = DRAIN_GRACE_S, hosts: bool = False,
 ) -> list[dict[str, Any]]:
     """The fault plan: only `random.Random(seed)` picks kinds, targets, parameters and
     times; the run's shape (length, lease, single or cluster) bounds them. Targets are
@@ -109,6 +115,9 @@ def make_schedule(
     cooldown = max(10.0, 3 * lease)
     window_end = duration - cooldown
     kinds = [k for k in (FAULTS_CLUSTER if cluster else FAULTS_SINGLE) if only is None or k in only]
+    cuts = [k for k in FAULTS_HOSTS if hosts and (only is None or k in only)]
+    rng.shuffle(cuts)
+    kinds += cuts * chaos_network.CUT_WEIGHT
     plan: list[dict[str, Any]] = []
     t = WARMUP_S + rng.uniform(0, 2)
     bag: list[str] = []
@@ -118,6 +127,9 @@ def make_schedule(
             bag = kinds[:]
             rng.shuffle(bag)
         kind = bag.pop()
+        if kind in FAULTS_HOSTS:
+            # Cuts take turns, so each kind is drawn as often as the others (to within one).
+            kind = cuts[sum(1 for f in plan if f["kind"] in FAULTS_HOSTS) % len(cuts)]
         params: dict[str, Any] = {}
         target: Any = None
         if kind in ("worker_kill9", "worker_stop"):
@@ -161,6 +173,8 @@ def make_schedule(
             target = rng.randrange(3)
             params["restart_as_replica"] = rng.random() < 0.75
             est = 3 * node_timeout_ms / 1000 + 5.0
+        elif kind in FAULTS_HOSTS:
+            target, params, est = chaos_network.plan_cut(rng, kind, lease)
         else:  # pragma: no cover
             raise AssertionError(kind)
         if t + est > window_end:
@@ -209,8 +223,9 @@ class AcpProcess:
     change of incarnation is noticed (and recorded)."""
 
     def __init__(self, role: str, slot: int, argv: list[str], log_dir: Path, rec: Recorder, port: int | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, prefix: list[str] | None = None) -> None:
         self.role = role
+        self.prefix = prefix or []  # e.g. `ip netns exec <host>`: run on a host of the test bed
         self.env = env or {}
         self.slot = slot
         self.argv = argv
@@ -240,7 +255,7 @@ class AcpProcess:
     async def start(self) -> AcpProcess:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "ACP_STATE_LOG": "INFO", **self.env}
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "acp_state.cli", *self.argv,
+            *self.prefix, sys.executable, "-m", "acp_state.cli", *self.argv,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(ROOT), env=env,
         )
         self._log = open(self.log_path, "ab")  # noqa: SIM115
@@ -378,8 +393,14 @@ class Chaos:
         self.cluster: bool = args.cluster
         self.drain_grace_s: float = args.drain_grace_s
         self.schedule = make_schedule(args.seed, args.minutes, args.lease_ms, args.cluster, args.node_timeout_ms,
-                                      faults_option(args), args.drain_grace_s)
-        stem = f"chaos-{'cluster' if args.cluster else 'single'}-seed{args.seed}"
+                                      faults_option(args), args.drain_grace_s, args.hosts)
+        # Across hosts: the test bed (built in `run`), its faults, and the link-condition lane.
+        self.bed: TestBed | None = None
+        self.network: chaos_network.Network | None = None
+        self.conditions = (chaos_network.make_conditions(args.seed, args.minutes, args.lease_ms)
+                           if args.hosts and faults_option(args) != [] else [])
+        self.condition_log: list[dict[str, Any]] = []
+        stem = f"chaos-{'hosts-' if args.hosts else ''}{'cluster' if args.cluster else 'single'}-seed{args.seed}"
         self.out = Path(args.out) if args.out else RESULTS / f"{stem}.json"
         self.history_path = self.out.with_suffix(".history.jsonl")
         if args.log_dir:
@@ -412,14 +433,28 @@ class Chaos:
     def redis_url(self) -> str:
         return self.redis.url_for_alive() if self.cluster else self.redis.url
 
+    def host(self, role: str, slot: int) -> Any:
+        """The test-bed host of a process (a run across hosts), or None."""
+        return self.bed.hosts[f"{role}-{slot + 1}"] if self.bed is not None else None
+
+    def api_base(self, slot: int) -> str:
+        host = self.host("api", slot)
+        return f"http://{host.ip if host else '127.0.0.1'}:{self.api_ports[slot]}"
+
     async def start_worker(self, slot: int) -> AcpProcess:
+        host = self.host("worker", slot)
+        # Across hosts each worker has its own HOME; the agents' state (--state-dir) is one
+        # folder for all, as a volume the workers' hosts share (docs/api.md, "Resume"), so
+        # a drained worker's sessions still load on another host.
         process = AcpProcess(
             "worker", slot,
             ["worker", "--redis-url", self.redis_url(), "--lease-ms", str(self.lease_ms), "--max-sessions", "400",
              "--name", WORKER_NAME.format(slot=slot), "--drain-grace-s", str(self.drain_grace_s),
-             "--state-dir", str(self.agent_home)],
+             "--state-dir", str(self.agent_home), *(["--state-store", "shared-volume"] if host else [])],
             self.log_dir, self.rec,
-            env={"ACP_SCRIPTED_STATE_DIR": str(self.agent_home / ".acp-state-scripted")},
+            env={"ACP_SCRIPTED_STATE_DIR": str(self.agent_home / ".acp-state-scripted"),
+                 **({"HOME": str(host.home)} if host else {})},
+            prefix=host.exec_prefix if host else None,
         )
         await process.start()
         self.workers[slot] = process
@@ -429,12 +464,15 @@ class Chaos:
         port = self.api_ports[slot]
         last: Exception | None = None
         for _ in range(10):
+            host = self.host("api", slot)
             process = AcpProcess(
                 "api", slot,
                 ["api", "--redis-url", self.redis_url(), "--port", str(port), "--workspace", self.workspace,
                  # Short enough that a create its API gave up on is taken back within a run.
-                 "--create-timeout-s", str(CREATE_TIMEOUT_S)],
-                self.log_dir, self.rec, port=port,
+                 "--create-timeout-s", str(CREATE_TIMEOUT_S),
+                 *(["--host", host.ip, "--token", HOSTS_TOKEN] if host else [])],
+                self.log_dir, self.rec, port=port, prefix=host.exec_prefix if host else None,
+                env={"HOME": str(host.home)} if host else None,
             )
             try:
                 await process.start()
@@ -536,6 +574,16 @@ class Chaos:
             elif kind == "pubsub_kill":
                 ports = self.redis.alive_ports()
                 detail["killed"] = await self._on_ports(ports, "CLIENT", "KILL", "TYPE", "pubsub")
+            elif kind in FAULTS_HOSTS:
+                assert self.network is not None
+                role, number = target.split("-")
+                process = (self.workers if role == "worker" else self.apis)[int(number) - 1]
+                if role == "worker" and process is not None:
+                    # A worker cut from Redis past its lease is declared dead, as a stopped
+                    # one is: the checker holds its sessions' deaths to these incarnations.
+                    record["incarnations"] = list(process.incarnations)
+                    record["pid"] = process.pid
+                await self.network.cut(kind, target, params, detail)
             elif kind == "cluster_failover":
                 masters = await self.masters()
                 with_replica = [(m, r) for m in masters if (r := await asyncio.to_thread(self.redis.replica_of, m))]
@@ -615,6 +663,23 @@ class Chaos:
                          detail={"error": repr(error)})
                 log(f"fault {plan['kind']} failed: {error!r}")
 
+    async def run_conditions(self) -> None:
+        """The link-condition lane (a run across hosts), beside the fault schedule."""
+        assert self.network is not None
+        for plan in self.conditions:
+            wait = self.t0 + plan["at_s"] - now()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            start = now()
+            try:
+                detail = await self.network.condition(plan)
+            except Exception as error:  # noqa: BLE001 - recorded
+                detail = {"error": repr(error)}
+            record = {"condition": plan["kind"], "target": plan["target"], "planned": plan, "t_start": start,
+                      "t_end": now(), "detail": detail}
+            self.rec("condition", **record)
+            self.condition_log.append(record)
+
     async def wait_redis_healthy(self, timeout: float = 60) -> bool:
         """Faults are over: lift any limit a fault left behind, restart dead nodes, and wait
         until every node answers (on a cluster: state ok, replicas linked)."""
@@ -638,9 +703,23 @@ class Chaos:
         args = self.args
         log(f"seed {self.seed}, {args.minutes} min, {'cluster' if self.cluster else 'single Redis'}, lease {self.lease_ms} ms")
         log("fault schedule:\n" + format_schedule(self.schedule))
-        self.redis = (ChaosRedisCluster(node_timeout_ms=args.node_timeout_ms) if self.cluster else ChaosRedis())
         started = now()
-        await asyncio.to_thread(self.redis.start)
+        if args.hosts:
+            # First: the bed marks every process started after it, Redis too, for its reaper.
+            self.bed = await asyncio.to_thread(
+                TestBed(chaos_network.host_names(), proxy_seed=self.seed, folder=self.log_dir / "hosts").start)
+            self.network = chaos_network.Network(self.bed)
+            log(f"hosts up: {', '.join(f'{h.name} {h.ip}' for h in self.bed.hosts.values())}; Redis at {self.bed.redis_ip}")
+            log("link conditions:\n" + format_schedule(self.conditions))
+        address = self.bed.redis_ip if self.bed else None
+        self.redis = (ChaosRedisCluster(node_timeout_ms=args.node_timeout_ms, address=address) if self.cluster
+                      else ChaosRedis(address))
+        try:
+            await asyncio.to_thread(self.redis.start)
+        except BaseException:
+            if self.bed is not None:
+                self.bed.stop()
+            raise
         log(f"Redis up on {self.redis.ports}")
         load: Load | None = None
         try:
@@ -651,7 +730,7 @@ class Chaos:
             self.rec(
                 "meta", seed=self.seed, minutes=args.minutes, cluster=self.cluster, lease_ms=self.lease_ms,
                 node_timeout_ms=args.node_timeout_ms if self.cluster else None, schedule=self.schedule,
-                drain_grace_s=self.drain_grace_s,
+                drain_grace_s=self.drain_grace_s, hosts=bool(self.bed), conditions=self.conditions,
                 workspace=self.workspace, workspace_id=workspace_id(self.workspace), log_dir=str(self.log_dir),
                 redis_ports=self.redis.ports, api_ports=self.api_ports, t=now(),
             )
@@ -660,7 +739,7 @@ class Chaos:
             load = self.load = Load(self)
             await load.open()
             log(f"load: {args.actors} session actors on {APIS} APIs for {args.minutes * 60:.0f} s")
-            await asyncio.gather(load.run(), self.run_faults())
+            await asyncio.gather(load.run(), self.run_faults(), *([self.run_conditions()] if self.bed else []))
             log("load and faults done; waiting for a healthy Redis and a lease")
             healthy = await self.wait_redis_healthy()
             self.rec("settle", t=now(), redis_healthy=healthy)
@@ -686,6 +765,8 @@ class Chaos:
                 self.rec("end", t=now())
                 self.rec.close()
                 await asyncio.to_thread(self.redis.stop)
+                if self.bed is not None:
+                    await asyncio.to_thread(self.bed.stop)
         return self.summarize(started)
 
     async def terminate_all(self, role: str, processes: list[AcpProcess | None]) -> None:
@@ -741,6 +822,8 @@ class Chaos:
                 {k: f.get(k) for k in ("fault", "target", "t_start", "t_end", "incarnations", "detail")}
                 for f in self.fault_log
             ],
+            "hosts": bool(self.bed),
+            "conditions_by_kind": dict(sorted(Counter(c["condition"] for c in self.condition_log).items())),
             "requests_by_route_and_status": checked["counts"]["requests by route and status"],
             "events": {"sse_frames": checked["counts"]["sse frames"], "distinct_events": checked["counts"]["distinct events"],
                        "sse_connections": checked["counts"]["sse connections"]},
@@ -932,11 +1015,12 @@ class Load:
         self.moves_seen: set[tuple[str, int]] = set()
 
     async def open(self) -> None:
-        for port in self.chaos.api_ports:
-            base = f"http://127.0.0.1:{port}"
+        headers = {"Authorization": f"Bearer {HOSTS_TOKEN}"} if self.chaos.bed else {}
+        for slot in range(APIS):
+            base = self.chaos.api_base(slot)
             limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
-            self.clients.append(httpx.AsyncClient(base_url=base, timeout=REQUEST_TIMEOUT, limits=limits))
-            self.sse_clients.append(httpx.AsyncClient(base_url=base, timeout=SSE_TIMEOUT,
+            self.clients.append(httpx.AsyncClient(base_url=base, timeout=REQUEST_TIMEOUT, limits=limits, headers=headers))
+            self.sse_clients.append(httpx.AsyncClient(base_url=base, timeout=SSE_TIMEOUT, headers=headers,
                                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=0)))
         self.redis = connect(self.chaos.redis_url())
 
@@ -1348,6 +1432,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-dir", help="where the processes' logs (and the sessions' workspace) go "
                         "(default: a new temporary folder)")
     parser.add_argument("--print-schedule", action="store_true", help="print the fault schedule as JSON and exit")
+    parser.add_argument("--hosts", action="store_true",
+                        help="run each process on its own host of a network-namespace test bed (bench/hosts.py, "
+                             "root and nftables needed) and draw network faults too (bench/chaos_network.py)")
     return parser.parse_args(argv)
 
 
@@ -1357,7 +1444,7 @@ def faults_option(args: argparse.Namespace) -> list[str] | None:
     if args.faults.strip() == "none":
         return []
     chosen = [k.strip() for k in args.faults.split(",") if k.strip()]
-    unknown = [k for k in chosen if k not in FAULTS_SINGLE + FAULTS_CLUSTER]
+    unknown = [k for k in chosen if k not in FAULTS_SINGLE + FAULTS_CLUSTER + FAULTS_HOSTS]
     if unknown:
         raise SystemExit(f"unknown fault kinds: {', '.join(unknown)}")
     return chosen
@@ -1367,11 +1454,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.print_schedule:
         plan = make_schedule(args.seed, args.minutes, args.lease_ms, args.cluster, args.node_timeout_ms,
-                             faults_option(args), args.drain_grace_s)
-        print(json.dumps(plan, indent=2))
+                             faults_option(args), args.drain_grace_s, args.hosts)
+        conditions = chaos_network.make_conditions(args.seed, args.minutes, args.lease_ms) if args.hosts else []
+        print(json.dumps({"faults": plan, "conditions": conditions} if args.hosts else plan, indent=2))
         return 0
     chaos = Chaos(args)
-    summary = asyncio.run(chaos.run())
+    try:
+        summary = asyncio.run(chaos.run())
+    except HostsUnavailable as error:
+        print(f"the run across hosts cannot run here: {error}", file=sys.stderr)
+        return UNAVAILABLE_EXIT
     chaos.out.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(chaos_check.render(chaos.report, examples=2))
     print(f"summary: {chaos.out}\nhistory: {chaos.history_path}\nlogs: {chaos.log_dir}")

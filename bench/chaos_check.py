@@ -68,6 +68,10 @@ INVARIANTS = {
     "i": "a move hands a session over whole; drains stop and close only where they must",
 }
 
+# Faults that stop a worker from reaching Redis for a while: SIGSTOP, and across hosts
+# (bench/chaos_network.py) a cut of the worker's host from Redis. Past its lease either one
+# is declared dead: its sessions may die `worker_lost`, as a killed worker's do.
+STOPPING = ("worker_stop", "host_partition", "host_partition_oneway", "half_open", "link_down")
 TERMINALS = ("turn_complete", "turn_error")
 ENDINGS = ("session_died", "session_closed")
 # A drain handed the session to another worker: not an end (worker/drain.py).
@@ -349,7 +353,7 @@ class History:
             detail = f.get("detail") or {}
             if f.get("fault") == "worker_kill9":
                 p["killed"] = f["t_start"] if p["killed"] is None else min(p["killed"], f["t_start"])
-            elif f.get("fault") == "worker_stop":
+            elif f.get("fault") in STOPPING:
                 p["stops"].append((f["t_start"], (f.get("t_end") or f["t_start"]) + 1.0))
             elif f.get("fault") == "worker_drain":
                 p["told"] = f["t_start"] if p["told"] is None else min(p["told"], f["t_start"])
@@ -724,7 +728,7 @@ def check_f_no_outage_sweeps(h: History, report: Report) -> None:
     }
     faulted: dict[str, float] = {}
     for f in h.faults:
-        if f.get("fault") not in ("worker_kill9", "worker_stop"):
+        if f.get("fault") != "worker_kill9" and f.get("fault") not in STOPPING:
             continue
         named = set(f.get("incarnations") or [])
         named |= {

@@ -37,17 +37,24 @@ def client(port: int, **options: Any) -> redis.Redis:
     return redis.Redis(host="127.0.0.1", port=_guard(port), decode_responses=True, **options)
 
 
+def bind_args(address: str | None) -> list[str]:
+    """Listen on loopback (the fault injector's own connections) and, for a run across
+    hosts, on the address the other hosts reach (bench/hosts.py's `redis_ip`)."""
+    return ["--bind", "127.0.0.1", address] if address else []
+
+
 class ChaosRedis:
     """One redis-server on a free port that can be killed and started again, empty, on the
-    same port."""
+    same port. `address`: also listen there (a run across hosts)."""
 
-    def __init__(self) -> None:
+    def __init__(self, address: str | None = None) -> None:
         self.server = RedisServer()
+        self.address = address
         _guard(self.server.port)
 
     @property
     def url(self) -> str:
-        return self.server.url
+        return f"redis://{self.address}:{self.server.port}/0" if self.address else self.server.url
 
     @property
     def ports(self) -> list[int]:
@@ -60,7 +67,7 @@ class ChaosRedis:
         return [self.server.port] if self.server.process and self.server.process.poll() is None else []
 
     def start(self) -> ChaosRedis:
-        self.server.start(DEBUG_ARGS)
+        self.server.start(DEBUG_ARGS + bind_args(self.address))
         return self
 
     def kill9(self) -> None:
@@ -72,7 +79,7 @@ class ChaosRedis:
     def restart_empty(self) -> None:
         """Start again on the same port with no data (no persistence is configured)."""
         self.kill9()
-        self.server.start(DEBUG_ARGS)
+        self.server.start(DEBUG_ARGS + bind_args(self.address))
 
     def healthy(self) -> bool:
         try:
@@ -88,9 +95,11 @@ class ChaosRedisCluster(RedisCluster):
     """`masters` masters with `replicas` replicas each, `cluster-node-timeout` of
     `node_timeout_ms`, and replicas that may always take over (validity factor 0)."""
 
-    def __init__(self, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 2000) -> None:
+    def __init__(self, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 2000,
+                 address: str | None = None) -> None:
         super().__init__(masters=masters, replicas=replicas)
         self.node_timeout_ms = node_timeout_ms
+        self.address = address
         for node in self.nodes:
             _guard(node.port)
 
@@ -100,6 +109,9 @@ class ChaosRedisCluster(RedisCluster):
             "--cluster-node-timeout", str(self.node_timeout_ms),
             "--cluster-replica-validity-factor", "0",
             *DEBUG_ARGS,
+            # Across hosts the nodes announce the address the hosts reach them on.
+            *bind_args(self.address),
+            *(["--cluster-announce-ip", self.address] if self.address else []),
         ]
 
     def start(self) -> ChaosRedisCluster:
@@ -123,7 +135,7 @@ class ChaosRedisCluster(RedisCluster):
     def url_for_alive(self) -> str:
         """A cluster URL whose seed node is up now (a replacement process must bootstrap)."""
         alive = self.alive_ports()
-        return f"redis+cluster://127.0.0.1:{alive[0] if alive else self.nodes[0].port}"
+        return f"redis+cluster://{self.address or '127.0.0.1'}:{alive[0] if alive else self.nodes[0].port}"
 
     def _nodes_view(self) -> list[dict[str, Any]]:
         """CLUSTER NODES as seen by the first node that answers."""

@@ -14,13 +14,14 @@ from typing import Any, Callable
 import httpx
 import orjson
 
-from acp_state.store import keys
+from acp_state.store import is_transient, keys
 from acp_state.store.connection import connect
 from acp_state.store.fanout import Fanout
 from acp_state.ids import workspace_id
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 30
+HOST_TOKEN = "test-bed-host-token-0123456789"  # the APIs on test-bed hosts require one
 
 
 async def _python_stacks(pid: int) -> str:
@@ -39,8 +40,10 @@ class Process:
 
     ready_marker = ""
 
-    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None,
+                 prefix: list[str] | None = None) -> None:
         self.argv = argv
+        self.prefix = prefix or []  # e.g. `ip netns exec <host>` (bench/hosts.py)
         self.log_path = log_path
         self.env = env  # extra variables, laid over os.environ
         self.proc: asyncio.subprocess.Process | None = None
@@ -50,7 +53,7 @@ class Process:
         env = {**os.environ, **(self.env or {}), "PYTHONPATH": str(ROOT), "ACP_STATE_LOG": "INFO"}
         self._log = open(self.log_path, "ab")
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "acp_state.cli", *self.argv,
+            *self.prefix, sys.executable, "-m", "acp_state.cli", *self.argv,
             stdout=asyncio.subprocess.PIPE, stderr=self._log, cwd=str(ROOT), env=env,
         )
         assert self.proc.stdout is not None
@@ -97,10 +100,12 @@ class WorkerProcess(Process):
 class ApiProcess(Process):
     ready_marker = "acp-state api listening on "
 
-    def __init__(self, argv: list[str], log_path: Path, port: int) -> None:
-        super().__init__(argv, log_path)
+    def __init__(self, argv: list[str], log_path: Path, port: int, host: str = "127.0.0.1",
+                 prefix: list[str] | None = None, token: str | None = None) -> None:
+        super().__init__(argv, log_path, prefix=prefix)
         self.port = port
-        self.client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.client = httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=30, headers=headers)
 
 
 class EventWatcher:
@@ -149,9 +154,19 @@ class EventWatcher:
                 seen = await self._add(channel, delivery.raw, seen)
 
     async def _catch_up(self, channel: str, seen: int) -> int:
-        for _, fields in await self.redis.xrange(channel, f"({seen}-0", "+"):
-            seen = await self._add(channel, fields["e"], seen)
-        return seen
+        """Read the log past `seen`; while the store cannot answer (the fan-out tells of a
+        lost subscription at once, a failover may still be under way), again shortly."""
+        while True:
+            try:
+                entries = await self.redis.xrange(channel, f"({seen}-0", "+")
+            except Exception as error:
+                if not is_transient(error):
+                    raise
+                await asyncio.sleep(0.1)
+                continue
+            for _, fields in entries:
+                seen = await self._add(channel, fields["e"], seen)
+            return seen
 
     async def _add(self, channel: str, raw: str, seen: int) -> int:
         event = orjson.loads(raw)
@@ -217,7 +232,7 @@ class Harness:
             self._watching = True
         return self.watcher
 
-    async def worker(self, *args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+    async def worker(self, *args: str, env: dict[str, str] | None = None, host: Any = None) -> WorkerProcess:
         """A worker; `env` adds to (or overrides) the inherited environment, which its agents inherit.
         Its SIGTERM closes its sessions at once unless the test gives `--drain-grace-s` (a
         drain would move them to the test's other workers, or wait for one)."""
@@ -225,19 +240,24 @@ class Harness:
         if "--drain-grace-s" not in args:
             args = (*args, "--drain-grace-s", "0")
         process = WorkerProcess(
-            ["worker", "--redis-url", self.redis_url, *args], self.logs / f"worker-{n}.log", env=env
+            ["worker", "--redis-url", self.redis_url, *args], self.logs / f"worker-{n}.log", env=env,
+            prefix=host.exec_prefix if host else None,
         )
         await process.start()
         self.processes.append(process)
         return process
 
-    async def api(self, *args: str, workspaces: list[str] | None = None) -> ApiProcess:
+    async def api(self, *args: str, workspaces: list[str] | None = None, host: Any = None) -> ApiProcess:
+        """An API process; `host`: on that host of a test bed (bench/hosts.py), listening on
+        its address with a bearer token (off loopback one is required)."""
         port = self.free_port()
         ws_args = [a for w in (workspaces or [self.workspace]) for a in ("--workspace", w)]
+        on_host = ["--host", host.ip, "--token", HOST_TOKEN] if host else []
         process = ApiProcess(
-            ["api", "--redis-url", self.redis_url, "--port", str(port), *ws_args, *args],
+            ["api", "--redis-url", self.redis_url, "--port", str(port), *ws_args, *on_host, *args],
             self.logs / f"api-{len(self.processes)}.log",
             port,
+            **({"host": host.ip, "prefix": host.exec_prefix, "token": HOST_TOKEN} if host else {}),
         )
         await process.start()
         self.processes.append(process)

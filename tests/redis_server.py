@@ -5,13 +5,22 @@ No persistence, its own folder; never the machine's shared Redis on 6379.
 
 from __future__ import annotations
 
+import ctypes
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
 import redis
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the thread that started it ends (Linux)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -35,7 +44,10 @@ class RedisServer:
         if binary is None:
             raise RuntimeError("redis-server is not installed (scripts/test installs it)")
         self.process = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            # It dies with the process that started it, even one killed with -9 (a crashed
+            # test run or chaos run leaves no Redis behind: tests/test_hosts.py).
+            preexec_fn=_die_with_parent,
+            args=[binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", self.dir, "--daemonize", "no", "--loglevel", "warning",
              # Fault tests stall the server on purpose (DEBUG SLEEP), from loopback only.
              "--enable-debug-command", "local", *(extra or [])],

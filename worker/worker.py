@@ -48,6 +48,8 @@ log = logging.getLogger("worker")
 REFRESH_FRACTION = 0.5
 REFRESH_TICK_S = 1.0
 PULSE_S = 0.1
+# Renewals the heartbeat may have out at once (see `_heartbeat_loop`).
+RENEWALS_OUT = 3
 # On SIGTERM, how long each session's last write may wait for a store that is away (the
 # sweeper removes what is left once the lease lapses).
 SHUTDOWN_PATIENCE_S = 3.0
@@ -133,6 +135,8 @@ class Worker:
         # last accepted renewal: what tells "the store lost us" from "we may have been swept".
         self._frozen_s = 0.0
         self._standing: asyncio.Task[None] | None = None
+        self._renewals: set[asyncio.Task[bool]] = set()  # the heartbeat's, in flight
+        self._acting = asyncio.Lock()  # one renewal at a time acts on what the store said
         self._workspace_load: dict[str, int] = {}
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -232,7 +236,8 @@ class Worker:
         log.info("worker stopping: %d sessions, %d agent children", len(self.sessions), len(self.agents))
         if self._draining is not None:  # (a second SIGTERM: the sessions not moved yet close now)
             await within_limit("the drain", SHUTDOWN_STEP_S, cancel_until_done([self._draining]), self.overran)
-        await within_limit("background tasks", SHUTDOWN_STEP_S, cancel_until_done(self._tasks), self.overran)
+        await within_limit("background tasks", SHUTDOWN_STEP_S, cancel_until_done([*self._tasks, *self._renewals]),
+                           self.overran)
         for session in self.sessions.values():
             session.write_patience_s = SHUTDOWN_PATIENCE_S  # a store that is away does not hold us up
         closing = asyncio.gather(*(s.close("worker_shutdown") for s in list(self.sessions.values())), return_exceptions=True)
@@ -254,10 +259,18 @@ class Worker:
     # ---- the lease ------------------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
+        """A renewal every third of the lease, each on its own: one that waits on a dead
+        connection (a half-open link: only its socket timeout ends it) or on a slow network
+        does not hold up the next, which takes another connection. Waiting for each in turn,
+        one black-holed renewal (half a lease to time out) and the gap before the next cost
+        a 3 s lease (bench/chaos.py --hosts, `half_open`)."""
         interval = self.config.lease_ms / 3000
         while True:
             await asyncio.sleep(interval)
-            await survive("heartbeat", self.check_standing)
+            if len(self._renewals) < RENEWALS_OUT:
+                renewal = asyncio.ensure_future(survive("heartbeat", self._renew))
+                self._renewals.add(renewal)
+                renewal.add_done_callback(self._renewals.discard)
 
     async def _pulse(self) -> None:
         """Notice when this process itself was frozen: a short sleep that overslept."""
@@ -276,8 +289,14 @@ class Worker:
     async def _renew(self) -> None:
         frozen_s = self._frozen_s
         retry = set(self._unrewritten)
-        standing = await self.store.heartbeat(self.incarnation, self.report(), self.config.lease_ms)
+        incarnation = self.incarnation
+        standing = await self.store.heartbeat(incarnation, self.report(), self.config.lease_ms)
         LEASE_RENEWALS.inc()
+        async with self._acting:
+            if incarnation == self.incarnation:  # (else an overlapping renewal found it dead)
+                await self._act_on(standing, frozen_s, retry)
+
+    async def _act_on(self, standing: Standing, frozen_s: float, retry: set[str]) -> None:
         if standing is Standing.DEAD:
             LEASES_LOST.inc()
             await self._rejoin("it was declared dead after its lease lapsed")

@@ -12,10 +12,14 @@ worker, so every script and transaction stays inside one slot.
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from .faults import torn_under_write
 
 MEMORY = "memory://"
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -27,7 +31,39 @@ HEALTH_CHECK_S = 15
 POOL_SIZE = 512
 POOL_WAIT_S = 10
 _memory_servers: dict[str, Any] = {}
+# A link that dies without a FIN or an RST (a partition, a host gone, a black hole) must be
+# noticed by the process itself, within a worker's lease, on every connection: an idle one
+# by TCP keepalive (probes after 1 s idle, 1 s apart, dead after 3 unanswered: ~4 s), a
+# busy one by TCP_USER_TIMEOUT (data unacknowledged that long ends the connection), and a
+# connect by its own timeout (a SYN into a partition otherwise waits out the kernel's 2
+# minutes of retries). A Redis that is stalled but up (DEBUG SLEEP, CLIENT PAUSE) still
+# acknowledges at the TCP level, so none of these mistake a stall for a death.
+CONNECT_TIMEOUT_S = 2.0
+KEEPALIVE_OPTIONS: dict[int, int] = {}
+if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; elsewhere the system's keepalive defaults
+    KEEPALIVE_OPTIONS = {socket.TCP_KEEPIDLE: 1, socket.TCP_KEEPINTVL: 1, socket.TCP_KEEPCNT: 3}
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        KEEPALIVE_OPTIONS[socket.TCP_USER_TIMEOUT] = 5_000  # milliseconds
 
+
+
+def _as_connection_error(error: BaseException) -> BaseException:
+    """A write torn by a concurrent close (uvloop's "the handler is closed") is what it is, a
+    connection error, so every caller answers it as the store being away (an API: 503)
+    rather than as a bug of ours (a 500, an SSE stream dropped without its end)."""
+    if torn_under_write(error):
+        return RedisConnectionError(f"the connection closed under a write ({error})")
+    return error
+
+
+class _Connection(aioredis.Connection):
+    """redis-py's TCP connection, raising a torn write as a ConnectionError."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        try:
+            await super().send_packed_command(command, check_health)
+        except (RuntimeError, AttributeError) as error:
+            raise _as_connection_error(error) from error
 
 
 class _Cluster(RedisCluster):
@@ -42,7 +78,10 @@ class _Cluster(RedisCluster):
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         if self._initialize:
             await self.initialize()
-        return await super().execute_command(*args, **kwargs)
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except (RuntimeError, AttributeError) as error:
+            raise _as_connection_error(error) from error
 
 
 Client = aioredis.Redis | RedisCluster
@@ -56,11 +95,15 @@ def connect(url: str, **options: Any) -> Client:
         server = _memory_servers.setdefault(url, fakeredis.FakeServer())
         return fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
     options.setdefault("socket_keepalive", True)
+    options.setdefault("socket_keepalive_options", KEEPALIVE_OPTIONS)
+    options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT_S)
     scheme, sep, rest = url.partition("://")
     if scheme in CLUSTER_SCHEMES:
         options.setdefault("max_connections", POOL_SIZE)
         return _Cluster.from_url(f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}", decode_responses=True, **options)
     options.setdefault("health_check_interval", HEALTH_CHECK_S)
+    if scheme == "redis":
+        options.setdefault("connection_class", _Connection)
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=POOL_SIZE, timeout=POOL_WAIT_S, decode_responses=True, **options
     )
@@ -78,7 +121,7 @@ def node_client(node: ClusterNode) -> aioredis.Redis:
         key: value
         for key, value in node.connection_kwargs.items()
         if key in ("username", "password", "credential_provider", "client_name", "socket_connect_timeout",
-                   "socket_keepalive")
+                   "socket_keepalive", "socket_keepalive_options")
         or key.startswith("ssl")
     }
     pool = aioredis.ConnectionPool(

@@ -499,6 +499,13 @@ class Fanout:
             # confirmations say so), or raises, and the pump starts the link over.
             log.info("pub/sub connection %s broke; reconnecting", link.name)
             return await pubsub.get_message(timeout=5.0)
+        if response is None:
+            # A read that returns nothing has met a connection that is gone (torn under a
+            # write, or closed without an error). Reading it again returns nothing again at
+            # once, and a loop whose awaits never wait never lets the event loop run: the
+            # process stopped answering and grew by gigabytes (bench/chaos.py --hosts, an
+            # API partitioned from Redis). The pump starts the link over instead.
+            raise RedisConnectionError(f"the pub/sub connection {link.name} read nothing: it is closed")
         if connection.health_check_interval and response in pubsub.health_check_response:
             return None
         return await pubsub.handle_message(response)  # type: ignore[no-any-return]
@@ -550,6 +557,13 @@ class Fanout:
             if channel in self._confirmed:
                 self._confirmed[channel].clear()  # whoever waits for it, waits for its return
                 self._interrupted.add(channel)
+            # Its listeners read the log now, not only once the subscription is back: with
+            # Redis reachable they miss nothing meanwhile (and read again at the return);
+            # with Redis away (this process cut off from it) the read fails and their
+            # streams end, so their clients reconnect, to another API process if need be,
+            # instead of waiting on a stream that says nothing.
+            for subscription in list(self._subscriptions.get(channel, ())):
+                subscription.deliver(None)
         if self.on_reset is not None and any(c.endswith(":inv") for c in channels):
             self.on_reset()
         self._broken.update(channels)

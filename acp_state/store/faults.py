@@ -40,14 +40,14 @@ _REFUSED: tuple[type[BaseException], ...] = (
 def is_transient(error: BaseException) -> bool:
     return (
         isinstance(error, TRANSIENT)
-        or _torn_under_write(error)
+        or torn_under_write(error)
         or (isinstance(error, redis_errors.ResponseError) and (is_out_of_memory(error) or _says(error, "READONLY")))
     )
 
 
 def never_ran(error: BaseException) -> bool:
     """The command cannot have run: Redis refused it, or it was never sent."""
-    if isinstance(error, _REFUSED) or _torn_under_write(error):
+    if isinstance(error, _REFUSED) or torn_under_write(error):
         return True
     if isinstance(error, redis_errors.ResponseError):
         return is_out_of_memory(error) or _says(error, "READONLY") or _says(error, "CLUSTERDOWN")
@@ -69,7 +69,7 @@ def is_out_of_memory(error: BaseException) -> bool:
     return message.startswith("OOM") or "OOM command not allowed" in message
 
 
-def _torn_under_write(error: BaseException) -> bool:
+def torn_under_write(error: BaseException) -> bool:
     """A connection closed under a write, as redis-py (8.1) lets it escape unwrapped: uvloop's
     RuntimeError "unable to perform operation on <TCPTransport closed=True ...>; the handler
     is closed", or an AttributeError on the writer a concurrent disconnect dropped. Either

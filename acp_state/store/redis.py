@@ -78,10 +78,11 @@ SWEEP_CLAIM_LIMIT = 64
 # connections open and silent, and on a cluster its replica may take the registry's slot
 # over meanwhile: a renewal waiting on the stalled master past this gives up, and the next
 # one (the cluster client having refreshed its slot map) reaches the new master within the
-# lease, instead of after the 5 s default. A worker's lease clients wait up to half its
-# lease (`lease_socket_timeout`): a round trip that slow still renews the lease in time
-# (a renewal every third of a lease), and with the 1 s floor alone every renewal of a 3 s
-# lease failed once the network took more than 1 s per round trip (tests/test_partitions.py).
+# lease, instead of after the 5 s default. A worker's lease clients wait up to three
+# quarters of its lease (`lease_socket_timeout`): a network that adds half a lease to every
+# round trip must not fail every renewal (at half the lease they all timed out, and the
+# sessions' refreshes with them: tests/test_partitions.py), and a renewal lost on a dead
+# connection costs nothing since renewals overlap (worker/worker.py, `_heartbeat_loop`).
 LEASE_SOCKET_TIMEOUT_S = 1.0
 # Workspaces whose last listing's live sessions are remembered (see RedisStore.list_page).
 LIST_HINTS = 4096
@@ -93,8 +94,8 @@ SWEEP_BATCH = 100
 
 
 def lease_socket_timeout(lease_ms: int | None) -> float:
-    """How long a lease client waits for a reply: half the lease, at least 1 s."""
-    return max(LEASE_SOCKET_TIMEOUT_S, (lease_ms or 0) / 2000)
+    """How long a lease client waits for a reply: three quarters of the lease, at least 1 s."""
+    return max(LEASE_SOCKET_TIMEOUT_S, 0.75 * (lease_ms or 0) / 1000)
 
 
 T = TypeVar("T")

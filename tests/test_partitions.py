@@ -1,0 +1,191 @@
+"""Network faults across hosts: each process on its own host of a network-namespace test bed
+(bench/hosts.py), Redis on the bed's Redis address, partitions as kernel drop rules (no RST,
+no FIN), latency through the bed's fault proxy. Skipped, saying why, where namespaces or
+nftables are not available (not root, no `ip netns`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator, Iterator
+
+import pytest
+
+from bench.hosts import HostsUnavailable, TestBed
+from tests.conftest import free_port
+from tests.harness import ApiProcess, Harness, SseClient
+from tests.helpers import create, is_type, prompt
+from tests.redis_server import RedisServer
+
+LEASE_MS = 2000
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[TestBed]:
+    try:
+        test_bed = TestBed(["api-1", "worker-1"]).start()
+    except HostsUnavailable as error:
+        pytest.skip(f"no host test bed here: {error}")
+    try:
+        yield test_bed
+    finally:
+        test_bed.stop()
+
+
+@pytest.fixture
+def bed_redis(bed: TestBed) -> Iterator[RedisServer]:
+    """A Redis of the test's own on the bed's Redis address (and loopback)."""
+    server = RedisServer().start(["--bind", "127.0.0.1", bed.redis_ip])
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def across(bed: TestBed, bed_redis: RedisServer, workspace: str) -> AsyncIterator[Harness]:
+    """A harness whose processes reach Redis across the bed; every cut healed afterwards."""
+    harness = Harness(f"redis://{bed.redis_ip}:{bed_redis.port}/0", workspace, free_port)
+    try:
+        yield harness
+    finally:
+        for name in bed.hosts:
+            bed.heal(name)
+            bed.link_up(name)
+        bed.proxy().clear_all()
+        await harness.stop_all()
+
+
+async def incarnations(api: ApiProcess) -> set[str]:
+    response = await api.client.get("/workers")
+    assert response.status_code == 200, response.text
+    return {w["incarnation"] for w in response.json()["workers"]}
+
+
+async def until(condition, timeout: float = 30.0, what: str = "the condition"):  # noqa: ANN001, ANN201
+    """Poll `condition` (an async callable) until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout} s"
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("direction", ["both", "in", "out"])
+async def test_a_worker_cut_off_past_its_lease_is_declared_dead_and_rejoins_as_a_new_incarnation(
+    bed: TestBed, across: Harness, workspace: str, direction: str,
+) -> None:
+    worker = await across.worker("--lease-ms", str(LEASE_MS), host=bed.hosts["worker-1"])
+    api = await across.api(host=bed.hosts["api-1"])
+    sid = (await create(api, workspace))["sessionId"]
+    sse = await SseClient(api, sid).start()
+    await sse.wait_for(lambda f: f["event"] == "session_snapshot")
+    await prompt(api, sid, "#slow 1")  # runs, and ends, while its worker is cut off
+
+    bed.partition("worker-1", direction)
+    died = await sse.wait_for(lambda f: f["event"] == "session_died", timeout=8 * LEASE_MS / 1000)
+    assert died["data"]["data"]["reason"] == "worker_lost"
+    assert (await api.client.get(f"/session/{sid}/status")).status_code == 404
+    assert worker.incarnation not in await incarnations(api)
+    bed.heal("worker-1")
+
+    # It joins again under a new incarnation, with nothing of the old one's.
+    fresh = await until(lambda: _new_incarnation(api, worker.incarnation), what="the rejoin")
+    again = (await create(api, workspace))["sessionId"]
+    live = await SseClient(api, again).start()
+    accepted = await prompt(api, again, "hello")
+    await live.wait_for(is_type("turn_complete", promptId=accepted["promptId"]))
+    assert await incarnations(api) == {fresh}
+    # A declared death is final: the old incarnation's turn, which ended meanwhile, never
+    # reported after the session died (its writes were refused), nor did anything else.
+    replay = await SseClient(api, sid, last_event_id=0).start()
+    frames = await replay.wait_for(lambda f: f["event"] == "session_died")
+    assert not [f for f in replay.frames if f.get("id") and int(f["id"]) > int(frames["id"])]
+    for client in (sse, live, replay):
+        await client.close()
+
+
+async def _new_incarnation(api: ApiProcess, old: str) -> str | None:
+    live = await incarnations(api) - {old}
+    return next(iter(live), None)
+
+
+async def test_an_api_cut_off_from_redis_answers_503_ends_its_streams_and_recovers(
+    bed: TestBed, across: Harness, workspace: str,
+) -> None:
+    await across.worker("--lease-ms", str(LEASE_MS), host=bed.hosts["worker-1"])
+    api = await across.api(host=bed.hosts["api-1"])
+    sid = (await create(api, workspace))["sessionId"]
+    sse = await SseClient(api, sid).start()
+    await sse.wait_for(lambda f: f["event"] == "session_snapshot")
+
+    bed.partition("api-1")
+    # Its clients still reach it; what needs Redis is refused, with a reason and a retry
+    # hint, rather than left hanging (the client's own timeout is 30 s).
+    answer = await api.client.get(f"/session/{sid}/status")
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["code"] == "store_unavailable" and answer.headers["Retry-After"]
+    refused = await api.client.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "x"}]})
+    assert refused.status_code == 503 and refused.json()["code"]
+    # Its event streams end, so their clients reconnect (to another API process).
+    await asyncio.wait_for(sse.closed.wait(), 30)
+
+    bed.heal("api-1")
+    back = await until(lambda: _status_ok(api, sid), what="the API's recovery")
+    assert back["sessionId"] == sid
+    again = await SseClient(api, sid, last_event_id=0).start()
+    accepted = await prompt(api, sid, "after the heal")
+    await again.wait_for(is_type("turn_complete", promptId=accepted["promptId"]))
+    await again.close()
+
+
+async def _status_ok(api: ApiProcess, sid: str) -> dict | None:
+    answer = await api.client.get(f"/session/{sid}/status")
+    return answer.json() if answer.status_code == 200 else None
+
+
+async def test_half_open_connections_are_noticed_by_each_process_and_cost_no_lease(
+    bed: TestBed, across: Harness, workspace: str,
+) -> None:
+    lease_ms = 3000
+    worker = await across.worker("--lease-ms", str(lease_ms), host=bed.hosts["worker-1"])
+    api = await across.api(host=bed.hosts["api-1"])
+    sid = (await create(api, workspace))["sessionId"]
+    sse = await SseClient(api, sid).start()
+    first = await prompt(api, sid, "warm")
+    await sse.wait_for(is_type("turn_complete", promptId=first["promptId"]))
+
+    # Every connection either process has open to Redis now goes silent, with no RST.
+    assert bed.half_open("worker-1") > 0 and bed.half_open("api-1") > 0
+    accepted = await until(lambda: _accepted(api, sid), what="a prompt accepted")
+    await sse.wait_for(is_type("turn_complete", promptId=accepted["promptId"]), timeout=30)
+    assert await incarnations(api) == {worker.incarnation}
+    assert not sse.events("session_died")
+    await sse.close()
+
+
+async def _accepted(api: ApiProcess, sid: str) -> dict | None:
+    answer = await api.client.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "through"}]})
+    return answer.json() if answer.status_code == 202 else None
+
+
+async def test_latency_of_half_the_lease_kills_no_worker(bed: TestBed, across: Harness, workspace: str) -> None:
+    worker = await across.worker("--lease-ms", str(LEASE_MS), host=bed.hosts["worker-1"])
+    api = await across.api(host=bed.hosts["api-1"])
+    sid = (await create(api, workspace))["sessionId"]
+    sse = await SseClient(api, sid).start()
+    await sse.wait_for(lambda f: f["event"] == "session_snapshot")
+
+    # A quarter lease each way: every round trip of the worker takes half its lease.
+    bed.proxy().set(bed.hosts["worker-1"].ip, latency_ms=LEASE_MS / 4)
+    held_until = time.monotonic() + 4 * LEASE_MS / 1000
+    turns = 0
+    while time.monotonic() < held_until:
+        accepted = await prompt(api, sid, "slowly")
+        await sse.wait_for(is_type("turn_complete", promptId=accepted["promptId"]), timeout=30)
+        turns += 1
+    bed.proxy().clear_all()
+    assert turns >= 1
+    assert await incarnations(api) == {worker.incarnation}
+    assert not sse.events("session_died")
+    await sse.close()
