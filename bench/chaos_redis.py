@@ -39,8 +39,10 @@ def client(port: int, **options: Any) -> redis.Redis:
 
 def bind_args(address: str | None) -> list[str]:
     """Listen on loopback (the fault injector's own connections) and, for a run across
-    hosts, on the address the other hosts reach (bench/hosts.py's `redis_ip`)."""
-    return ["--bind", "127.0.0.1", address] if address else []
+    hosts, on the address the other hosts reach (bench/hosts.py's `redis_ip`), where the
+    run's own reads (owners, the final key scan) come from too: that address is on the
+    bed's private bridge, so protected mode (loopback only without a password) is off."""
+    return ["--bind", "127.0.0.1", address, "--protected-mode", "no"] if address else []
 
 
 class ChaosRedis:

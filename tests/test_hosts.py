@@ -15,6 +15,7 @@ from typing import Iterator
 import pytest
 import redis
 
+from bench.chaos_redis import bind_args
 from bench.hosts import UNAVAILABLE_EXIT, TestBed, leftovers, unavailable_reason
 from tests.redis_server import RedisServer
 
@@ -37,7 +38,7 @@ def bed() -> Iterator[TestBed]:
 
 @pytest.fixture(scope="module")
 def bed_redis(bed: TestBed) -> Iterator[RedisServer]:
-    server = RedisServer().start(["--bind", "127.0.0.1", bed.redis_ip])
+    server = RedisServer().start(bind_args(bed.redis_ip))
     yield server
     server.stop()
 

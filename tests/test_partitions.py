@@ -11,6 +11,7 @@ from typing import AsyncIterator, Iterator
 
 import pytest
 
+from bench.chaos_redis import bind_args
 from bench.hosts import HostsUnavailable, TestBed
 from tests.conftest import free_port
 from tests.harness import ApiProcess, Harness, SseClient
@@ -35,7 +36,7 @@ def bed() -> Iterator[TestBed]:
 @pytest.fixture
 def bed_redis(bed: TestBed) -> Iterator[RedisServer]:
     """A Redis of the test's own on the bed's Redis address (and loopback)."""
-    server = RedisServer().start(["--bind", "127.0.0.1", bed.redis_ip])
+    server = RedisServer().start(bind_args(bed.redis_ip))
     yield server
     server.stop()
 

@@ -1,0 +1,56 @@
+"""Every Redis client the project makes notices a dead link by itself: TCP keepalive, a
+TCP_USER_TIMEOUT and a connect timeout on each kind (single server, cluster, a cluster
+node's pub/sub client, a worker's lease clients). Without them a half-open connection or a
+SYN into a partition waits out the kernel (minutes); tests/test_partitions.py shows what
+they buy across real hosts, this module that none of the clients goes without them."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+from redis.asyncio.cluster import ClusterNode
+
+from acp_state.store import RedisStore
+from acp_state.store.connection import CONNECT_TIMEOUT_S, connect, node_client
+
+pytestmark = pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="Linux TCP options")
+
+
+def options_of(client: Any) -> dict[str, Any]:
+    manager = getattr(client, "nodes_manager", None)
+    return manager.connection_kwargs if manager is not None else client.connection_pool.connection_kwargs
+
+
+def assert_notices_dead_links(options: dict[str, Any]) -> None:
+    assert options["socket_keepalive"] is True
+    tcp = options["socket_keepalive_options"]
+    # Idle: dead after ~4 s of unanswered probes; busy: after 5 s of unacknowledged data.
+    assert tcp[socket.TCP_KEEPIDLE] + tcp[socket.TCP_KEEPINTVL] * tcp[socket.TCP_KEEPCNT] <= 5
+    assert 0 < tcp[socket.TCP_USER_TIMEOUT] <= 5_000
+    assert options["socket_connect_timeout"] == CONNECT_TIMEOUT_S
+
+
+@pytest.mark.parametrize("url", ["redis://10.213.0.2:6390/0", "redis+cluster://10.213.0.2:7000"])
+async def test_every_client_notices_a_dead_link(url: str) -> None:
+    client = connect(url)
+    assert_notices_dead_links(options_of(client))
+    await client.aclose()
+
+
+async def test_a_cluster_node_s_pub_sub_client_notices_a_dead_link() -> None:
+    cluster = connect("redis+cluster://10.213.0.2:7000")
+    node = node_client(ClusterNode("10.213.0.2", 7000, **options_of(cluster)))
+    assert_notices_dead_links(options_of(node))
+    await node.aclose()
+    await cluster.aclose()
+
+
+async def test_a_worker_s_lease_clients_notice_a_dead_link_and_wait_under_its_lease() -> None:
+    store = RedisStore.from_url("redis://10.213.0.2:6390/0", lease_ms=4000)
+    for client in (store.redis, store.lease_redis, store.heartbeat_redis):
+        assert_notices_dead_links(options_of(client))
+    for client in (store.lease_redis, store.heartbeat_redis):
+        assert options_of(client)["socket_timeout"] == 3.0  # three quarters of the lease
+    await store.close()
