@@ -79,7 +79,7 @@ def scenario(
     duplicate_terminal: bool = False,
     resolved: bool = True,
     ending: str | None = "closed",
-    faulted_owner: bool = False,
+    faulted_owner: bool | str = False,
     text_500: bool = False,
     ttl: int = 60_000,
     restart_after_ack: bool = False,
@@ -133,7 +133,8 @@ def scenario(
     if duplicate_terminal:
         ev("turn_error", {"sessionId": SID, "message": "closed", "promptId": PROMPT}, PROMPT)
     if faulted_owner:
-        h.add("fault", fault="worker_kill9", target=0, t_start=T0 + 0.15, t_end=T0 + 1.0, incarnations=[OWNER], detail={})
+        kind = faulted_owner if isinstance(faulted_owner, str) else "worker_kill9"
+        h.add("fault", fault=kind, target=0, t_start=T0 + 0.15, t_end=T0 + 1.0, incarnations=[OWNER], detail={})
     end_t = T0 + 2.0
     if ending == "closed":
         h.http("delete", end_t, 204, None, key="delete-1", content_type="")
@@ -278,6 +279,21 @@ def test_f_a_session_swept_before_its_worker_was_killed_is_a_violation() -> None
     fault = next(r for r in records if r["kind"] == "fault")
     fault["t_start"] = T0 + 5  # the kill came after the sweep: the sweep was not its doing
     assert invariants(records) == ["f: live session swept (worker_lost) before its worker was killed or stopped"]
+
+
+@pytest.mark.parametrize("cut", ["host_partition", "host_partition_oneway", "half_open", "link_down"])
+def test_f_a_session_swept_after_its_worker_was_cut_from_redis_is_not_a_violation(cut: str) -> None:
+    """Across hosts a worker cut off from Redis past its lease is declared dead, as a
+    stopped one is (bench/chaos_network.py)."""
+    assert invariants(scenario(ending="died", faulted_owner=cut)) == []
+
+
+def test_f_a_session_swept_under_a_link_condition_alone_is_a_violation() -> None:
+    """Latency, jitter and loss are conditions, not cuts: a death under them alone is f."""
+    records = scenario(ending="died")
+    records.append({"seq": 10_000, "kind": "condition", "condition": "latency", "target": "worker-1",
+                    "t_start": T0, "t_end": T0 + 5, "detail": {}})
+    assert invariants(records) == ["f: live session swept (worker_lost) though its worker was never killed or stopped"]
 
 
 def test_g_a_text_500_is_a_violation() -> None:

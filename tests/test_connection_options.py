@@ -54,3 +54,24 @@ async def test_a_worker_s_lease_clients_notice_a_dead_link_and_wait_under_its_le
     for client in (store.lease_redis, store.heartbeat_redis):
         assert options_of(client)["socket_timeout"] == 3.0  # three quarters of the lease
     await store.close()
+
+
+def test_a_write_torn_by_a_closed_connection_is_a_connection_error(redis_server) -> None:  # noqa: ANN001
+    """On uvloop (the API's loop) a write into a connection closed under it raised a bare
+    RuntimeError ("the handler is closed"): an API answered it as a bug of ours (500, an
+    event stream dropped without its end). It is the store being away: a ConnectionError."""
+    import uvloop
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    async def torn() -> None:
+        client = connect(redis_server.url)
+        await client.ping()
+        connection = await client.connection_pool.get_connection()
+        connection._writer.transport.abort()  # closed under the next write, as a partition's reset does
+        with pytest.raises(RedisConnectionError, match="closed under a write"):
+            await connection.send_packed_command(b"*1\r\n$4\r\nPING\r\n", check_health=False)
+        await client.connection_pool.release(connection)
+        assert await client.ping()  # the next command takes a new connection
+        await client.aclose()
+
+    uvloop.run(torn())

@@ -148,16 +148,22 @@ async def _status_ok(api: ApiProcess, sid: str) -> dict | None:
 async def test_half_open_connections_are_noticed_by_each_process_and_cost_no_lease(
     bed: TestBed, across: Harness, workspace: str,
 ) -> None:
-    lease_ms = 3000
-    worker = await across.worker("--lease-ms", str(lease_ms), host=bed.hosts["worker-1"])
+    worker = await across.worker("--lease-ms", str(LEASE_MS), host=bed.hosts["worker-1"])
     api = await across.api(host=bed.hosts["api-1"])
     sid = (await create(api, workspace))["sessionId"]
     sse = await SseClient(api, sid).start()
     first = await prompt(api, sid, "warm")
     await sse.wait_for(is_type("turn_complete", promptId=first["promptId"]))
 
-    # Every connection either process has open to Redis now goes silent, with no RST.
-    assert bed.half_open("worker-1") > 0 and bed.half_open("api-1") > 0
+    # Every connection the worker has open to Redis goes silent, with no RST: its inbox read
+    # is found dead by keepalive (~4 s, two leases), its renewals in flight by their
+    # timeout; the API, which sweeps, would declare it dead were its lease to lapse.
+    assert bed.half_open("worker-1") > 0
+    accepted = await prompt(api, sid, "through")
+    await sse.wait_for(is_type("turn_complete", promptId=accepted["promptId"]), timeout=30)
+    assert await incarnations(api) == {worker.incarnation}
+    # Then the API's: it finds its own dead connections and takes the next prompt.
+    assert bed.half_open("api-1") > 0
     accepted = await until(lambda: _accepted(api, sid), what="a prompt accepted")
     await sse.wait_for(is_type("turn_complete", promptId=accepted["promptId"]), timeout=30)
     assert await incarnations(api) == {worker.incarnation}
