@@ -60,6 +60,7 @@ REQUEST_TIMEOUT = httpx.Timeout(45.0, connect=3.0)
 POLL_TIMEOUT = httpx.Timeout(8.0, connect=2.0)
 SSE_TIMEOUT = httpx.Timeout(connect=3.0, read=25.0, write=5.0, pool=5.0)
 CREATE_TIMEOUT_S = 15
+SNAPSHOT_WAIT_S = 30.0  # how long a new session's actor waits for its reader's snapshot
 CHAIN_BUDGET_S = 120.0  # how long one logical mutating request is retried with its key
 WORKER_NAME = "chaos-w{slot}"  # --name: incarnations are `<name>-<pid>-<8 hex>`
 ENDING = chaos_check.ENDINGS
@@ -1211,8 +1212,12 @@ class Load:
             return
         reader = Reader(self, sid, f"r{next(self.ids)}", rng.randrange(APIS)).start()
         self.readers.append(reader)
+        # Prompts wait for the reader's snapshot: one sent before it would have its events
+        # before any reader's first id, where nothing in the history could show its
+        # terminal. Across hosts an API's cut can hold the reader's first connection for a
+        # while (it alternates APIs on each failure): 5 s was too short there.
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(reader.snapshot.wait(), 5)
+            await asyncio.wait_for(reader.snapshot.wait(), SNAPSHOT_WAIT_S)
         if rng.random() < 0.2:
             second = Reader(self, sid, f"r{next(self.ids)}", (reader.api + 1) % APIS).start()
             self.readers.append(second)

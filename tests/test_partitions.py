@@ -196,3 +196,4 @@ async def test_latency_of_half_the_lease_kills_no_worker(bed: TestBed, across: H
     assert await incarnations(api) == {worker.incarnation}
     assert not sse.events("session_died")
     await sse.close()
+

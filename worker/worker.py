@@ -135,7 +135,8 @@ class Worker:
         # last accepted renewal: what tells "the store lost us" from "we may have been swept".
         self._frozen_s = 0.0
         self._standing: asyncio.Task[None] | None = None
-        self._renewals: set[asyncio.Task[bool]] = set()  # the heartbeat's, in flight
+        self._renewals: set[asyncio.Task[bool]] = set()  # the heartbeat's
+        self._renewals_out = 0  # renewals sent and not answered yet
         self._acting = asyncio.Lock()  # one renewal at a time acts on what the store said
         self._workspace_load: dict[str, int] = {}
         self._stop = asyncio.Event()
@@ -267,7 +268,7 @@ class Worker:
         interval = self.config.lease_ms / 3000
         while True:
             await asyncio.sleep(interval)
-            if len(self._renewals) < RENEWALS_OUT:
+            if self._renewals_out < RENEWALS_OUT:
                 renewal = asyncio.ensure_future(survive("heartbeat", self._renew))
                 self._renewals.add(renewal)
                 renewal.add_done_callback(self._renewals.discard)
@@ -290,7 +291,16 @@ class Worker:
         frozen_s = self._frozen_s
         retry = set(self._unrewritten)
         incarnation = self.incarnation
-        standing = await self.store.heartbeat(incarnation, self.report(), self.config.lease_ms)
+        # Only renewals on their way count against RENEWALS_OUT: one whose answer waits for
+        # an earlier one's acting (a rewrite of every session after Redis lost them, slow
+        # under latency) must not keep the next ones from going out, or the lease lapses
+        # while the worker is busy rewriting (bench/chaos.py --hosts: a restart empty
+        # under latency).
+        self._renewals_out += 1
+        try:
+            standing = await self.store.heartbeat(incarnation, self.report(), self.config.lease_ms)
+        finally:
+            self._renewals_out -= 1
         LEASE_RENEWALS.inc()
         async with self._acting:
             if incarnation == self.incarnation:  # (else an overlapping renewal found it dead)
