@@ -6,6 +6,7 @@ nftables are not available (not root, no `ip netns`)."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from typing import AsyncIterator, Iterator
 
@@ -197,3 +198,32 @@ async def test_latency_of_half_the_lease_kills_no_worker(bed: TestBed, across: H
     assert not sse.events("session_died")
     await sse.close()
 
+
+
+async def test_a_worker_that_rejoins_over_a_slow_link_joins_once(bed: TestBed, across: Harness, workspace: str) -> None:
+    """A worker frozen past its lease joins again as a new incarnation; over a slow link its
+    renewals overlap that join. One that was sent before the join landed answers `new` for
+    the new incarnation: that is the join itself, not a store that lost its state. Taken for
+    the latter (with the freeze still counted), it gave the new incarnation up too, and the
+    sessions created on it vanished without a word (bench/chaos.py --hosts --cluster)."""
+    worker = await across.worker("--lease-ms", str(LEASE_MS), host=bed.hosts["worker-1"])
+    api = await across.api(host=bed.hosts["api-1"])
+    await create(api, workspace)
+    worker.proc.send_signal(signal.SIGSTOP)
+    try:
+        await until(lambda: _gone(api, worker.incarnation), what="the frozen worker's death")
+        bed.proxy().set(bed.hosts["worker-1"].ip, latency_ms=LEASE_MS / 4)
+    finally:
+        worker.proc.send_signal(signal.SIGCONT)
+    fresh = await until(lambda: _new_incarnation(api, worker.incarnation), what="the rejoin")
+    sid = (await create(api, workspace))["sessionId"]
+    sse = await SseClient(api, sid).start()
+    accepted = await prompt(api, sid, "after the rejoin")
+    await sse.wait_for(is_type("turn_complete", promptId=accepted["promptId"]), timeout=30)
+    assert await incarnations(api) == {fresh}
+    assert not sse.events("session_died")
+    await sse.close()
+
+
+async def _gone(api: ApiProcess, incarnation: str) -> bool:
+    return incarnation not in await incarnations(api)

@@ -291,6 +291,10 @@ class Worker:
         frozen_s = self._frozen_s
         retry = set(self._unrewritten)
         incarnation = self.incarnation
+        # Whether the store knew this incarnation when the renewal went out: `new` for one
+        # it did not know yet (sent while `_rejoin` registered it) is its registration, not a
+        # store that lost our state.
+        registered = self._registered
         # Only renewals on their way count against RENEWALS_OUT: one whose answer waits for
         # an earlier one's acting (a rewrite of every session after Redis lost them, slow
         # under latency) must not keep the next ones from going out, or the lease lapses
@@ -304,14 +308,14 @@ class Worker:
         LEASE_RENEWALS.inc()
         async with self._acting:
             if incarnation == self.incarnation:  # (else an overlapping renewal found it dead)
-                await self._act_on(standing, frozen_s, retry)
+                await self._act_on(standing, frozen_s, retry, registered)
 
-    async def _act_on(self, standing: Standing, frozen_s: float, retry: set[str]) -> None:
+    async def _act_on(self, standing: Standing, frozen_s: float, retry: set[str], registered: bool) -> None:
         if standing is Standing.DEAD:
             LEASES_LOST.inc()
             await self._rejoin("it was declared dead after its lease lapsed")
             return
-        if standing is Standing.NEW and self._registered:
+        if standing is Standing.NEW and registered and self._registered:
             LEASES_LOST.inc()
             if frozen_s > self.config.lease_ms / 2000:
                 # The store lost its record of us, and we were frozen long enough to have been
@@ -363,11 +367,14 @@ class Worker:
         old = self.incarnation
         sessions = list(self.sessions.values())
         log.warning("incarnation %s is dead (%s): ending its %d sessions and joining again", old, reason, len(sessions))
+        # One step, no await in between: a renewal sent from here on is the new
+        # incarnation's, unregistered yet, and not frozen (the old one died of that).
         self.incarnation = new_incarnation(self.config.name)
+        self._registered = False
+        self._frozen_s = 0.0
         self._cursors = {self.store.control_feed(self.incarnation): "0"}
         self._workspace_load.clear()
         await asyncio.gather(*(s.abandon() for s in sessions), return_exceptions=True)
-        self._registered = False
         standing = await self.store.heartbeat(self.incarnation, self.report(), self.config.lease_ms)
         self._registered = standing is not Standing.DEAD
         log.warning("joined again as %s", self.incarnation)
