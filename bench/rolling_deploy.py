@@ -195,6 +195,7 @@ class Client(chaos.Load):
         host = SimpleNamespace(
             rec=run.rec, seed=run.plan.seed, api_ports=run.api_ports, redis_url=lambda: run.harness.redis_url,
             workspace=run.workspace, load_end=float("inf"), args=SimpleNamespace(actors=0),
+            bed=None, api_base=lambda slot: f"http://127.0.0.1:{run.api_ports[slot]}",  # one host
         )
         super().__init__(host)  # type: ignore[arg-type]
         self.plan = run.plan
