@@ -124,17 +124,21 @@ def test_latency_delays_each_direction(proxy: ProxyProcess) -> None:
     r.close()
 
 
+def incr_apart(sock: socket.socket, key: str, count: int) -> list[bytes]:
+    """`count` INCRs of `key`, one write each, a little apart, so the proxy reads many
+    chunks, each with its own draw of jitter or loss; their replies, in arrival order."""
+    for i in range(count):
+        sock.sendall(f"INCR {key}\r\n".encode())
+        if i % 10 == 0:
+            time.sleep(0.002)  # (spacing the writes, not waiting for anything)
+    return read_replies(sock, count)
+
+
 def test_jitter_keeps_order(proxy: ProxyProcess) -> None:
     proxy.control.set(jitter_ms=20)
     key = f"fp:counter:{time.time_ns()}"
     sock = raw(proxy)
-    # One write per command, a little apart, so the proxy reads many chunks, each with its
-    # own jitter draw.
-    for i in range(200):
-        sock.sendall(f"INCR {key}\r\n".encode())
-        if i % 10 == 0:
-            time.sleep(0.002)
-    assert read_replies(sock, 200) == [f":{n}".encode() for n in range(1, 201)]
+    assert incr_apart(sock, key, 200) == [f":{n}".encode() for n in range(1, 201)]
     sock.close()
     # And as a redis-py pipeline.
     pipe = client(proxy).pipeline(transaction=False)
@@ -177,11 +181,7 @@ def test_loss_delivers_everything_in_order(proxy: ProxyProcess) -> None:
     proxy.control.set(loss=0.3)
     key = f"fp:lossy:{time.time_ns()}"
     sock = raw(proxy)
-    for i in range(100):
-        sock.sendall(f"INCR {key}\r\n".encode())
-        if i % 10 == 0:
-            time.sleep(0.002)
-    assert read_replies(sock, 100) == [f":{n}".encode() for n in range(1, 101)]
+    assert incr_apart(sock, key, 100) == [f":{n}".encode() for n in range(1, 101)]
     sock.close()
     r.close()
 

@@ -3,6 +3,7 @@ run, a failed one or one whose driver was killed. Skipped where it cannot run he
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 import redis
@@ -77,63 +78,60 @@ def test_a_partition_of_what_a_host_sends_delivers_nothing_until_healed(bed: Tes
     assert on_host(bed, bed_redis, "PING").stdout.strip() == "PONG"
 
 
+# On a host: open a connection to Redis and PING on it, say "open", wait for a line, send
+# one more command (argv[3]) on the same connection, and say whether an answer came in 2 s.
+OPEN_THEN_SEND = (
+    "import socket,sys\n"
+    "s=socket.create_connection((sys.argv[1],int(sys.argv[2])))\n"
+    "s.sendall(b'PING\\r\\n'); s.recv(64)\n"
+    "print('open',flush=True); sys.stdin.readline()\n"
+    "s.sendall(sys.argv[3].encode()+b'\\r\\n'); s.settimeout(2)\n"
+    "try: s.recv(64); print('answered')\n"
+    "except socket.timeout: print('no answer')\n"
+)
+
+
+@contextlib.contextmanager
+def open_connection(bed: TestBed, bed_redis: RedisServer, command: str) -> Iterator[Callable[[], str]]:
+    """A connection worker-1 opened to Redis before the fault; call the value to send
+    `command` on it (after the fault) and learn whether it was answered. Healed after."""
+    host = subprocess.Popen(
+        [*bed.hosts["worker-1"].exec_prefix, sys.executable, "-c", OPEN_THEN_SEND, bed.redis_ip, str(bed_redis.port),
+         command],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+
+    def send() -> str:
+        host.stdin.write("go\n")
+        host.stdin.flush()
+        return host.stdout.readline().strip()
+
+    try:
+        assert host.stdout.readline().strip() == "open"
+        yield send
+    finally:
+        bed.heal("worker-1")
+        host.kill()
+        host.wait()
+
+
 @needs_bed
 def test_a_one_way_partition_in_lets_writes_of_an_open_connection_arrive(bed: TestBed, bed_redis: RedisServer) -> None:
     """A host whose replies are dropped still changes Redis: an outcome it cannot know."""
     redis = local(bed_redis)
     redis.delete("written-blind")
-    script = (
-        "import socket,sys,time\n"
-        "s=socket.create_connection((sys.argv[1],int(sys.argv[2])))\n"
-        "s.sendall(b'PING\\r\\n'); s.recv(64)\n"
-        "print('open',flush=True); sys.stdin.readline()\n"
-        "s.sendall(b'SET written-blind 1\\r\\n'); s.settimeout(2)\n"
-        "try: s.recv(64); print('answered')\n"
-        "except socket.timeout: print('no answer')\n"
-    )
-    host = subprocess.Popen(
-        [*bed.hosts["worker-1"].exec_prefix, sys.executable, "-c", script, bed.redis_ip, str(bed_redis.port)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        assert host.stdout.readline().strip() == "open"
+    with open_connection(bed, bed_redis, "SET written-blind 1") as send:
         bed.partition("worker-1", "in")
-        host.stdin.write("go\n")
-        host.stdin.flush()
-        assert host.stdout.readline().strip() == "no answer"
+        assert send() == "no answer"
         assert redis.get("written-blind") == "1"
-    finally:
-        bed.heal("worker-1")
-        host.kill()
-        host.wait()
 
 
 @needs_bed
 def test_half_open_silences_open_connections_while_new_ones_connect(bed: TestBed, bed_redis: RedisServer) -> None:
-    script = (
-        "import socket,sys\n"
-        "s=socket.create_connection((sys.argv[1],int(sys.argv[2])))\n"
-        "s.sendall(b'PING\\r\\n'); s.recv(64)\n"
-        "print('open',flush=True); sys.stdin.readline()\n"
-        "s.sendall(b'PING\\r\\n'); s.settimeout(2)\n"
-        "try: s.recv(64); print('answered')\n"
-        "except socket.timeout: print('no answer')\n"
-    )
-    host = subprocess.Popen(
-        [*bed.hosts["worker-1"].exec_prefix, sys.executable, "-c", script, bed.redis_ip, str(bed_redis.port)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        assert host.stdout.readline().strip() == "open"
+    with open_connection(bed, bed_redis, "PING") as send:
         assert bed.half_open("worker-1") >= 1
-        host.stdin.write("go\n")
-        host.stdin.flush()
-        assert host.stdout.readline().strip() == "no answer"  # no RST either: it just waits
+        assert send() == "no answer"  # no RST either: it just waits
         assert on_host(bed, bed_redis, "PING").stdout.strip() == "PONG"  # a new connection
-    finally:
-        bed.heal("worker-1")
-        host.kill()
-        host.wait()
 
 
 DRIVER = (

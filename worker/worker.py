@@ -263,8 +263,8 @@ class Worker:
         """A renewal every third of the lease, each on its own: one that waits on a dead
         connection (a half-open link: only its socket timeout ends it) or on a slow network
         does not hold up the next, which takes another connection. Waiting for each in turn,
-        one black-holed renewal (half a lease to time out) and the gap before the next cost
-        a 3 s lease (bench/chaos.py --hosts, `half_open`)."""
+        one black-holed renewal (its socket timeout, then the gap before the next) cost a
+        3 s lease (bench/chaos.py --hosts, `half_open`; tests/test_partitions.py)."""
         interval = self.config.lease_ms / 3000
         while True:
             await asyncio.sleep(interval)
