@@ -24,8 +24,8 @@ from typing import Any
 from acp_state import events
 from acp_state.store import Mode, RedisStore, Transition
 from acp_state.store.connection import connect
-from tests.redis_server import RedisCluster
 
+from .redis_server import RedisCluster
 from .scale import RESULTS, cpu_s
 
 MIB = 2**20

@@ -44,7 +44,7 @@ from acp_state.ids import workspace_id
 from . import chaos_check, chaos_network
 from .chaos_redis import ChaosRedis, ChaosRedisCluster, client as redis_client
 from .hosts import UNAVAILABLE_EXIT, HostsUnavailable, TestBed
-from tests.redis_server import free_port
+from .redis_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -2,7 +2,7 @@
 timeout is short (so a killed master's replica is promoted within seconds), both with the
 DEBUG command enabled for local connections (`DEBUG SLEEP`).
 
-Built on tests/redis_server.py without changing it: `ChaosRedisCluster` only overrides how
+Built on bench/redis_server.py without changing it: `ChaosRedisCluster` only overrides how
 the nodes are started and adds what the fault injector needs (which nodes are masters now,
 which master has a replica, kill -9 of one node, its restart as a replica).
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from tests.redis_server import RedisCluster, RedisServer
+from .redis_server import RedisCluster, RedisServer
 
 SHARED_REDIS_PORT = 6379
 DEBUG_ARGS = ["--enable-debug-command", "local"]

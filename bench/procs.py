@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 from acp_state.cli.serving import DEFAULT_SERVER
-from tests.redis_server import RedisServer as _RedisServer
-from tests.redis_server import free_port
+
+from .redis_server import RedisServer as _RedisServer
+from .redis_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

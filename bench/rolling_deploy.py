@@ -69,10 +69,10 @@ from acp_state.store import keys
 from acp_state.store.connection import connect
 from tests.fake_openai import FakeOpenAI, find_qwen, message_text, qwen_env
 from tests.harness import Harness, WorkerProcess
-from tests.redis_server import RedisServer, free_port
 
 from . import chaos, chaos_check
 from .procs import percentile
+from .redis_server import RedisServer, free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TERMINALS = chaos_check.TERMINALS

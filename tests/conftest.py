@@ -14,8 +14,8 @@ import redis.asyncio as aioredis
 
 from acp_state.store.connection import connect
 
+from bench.redis_server import RedisServer, free_port
 from tests.harness import Harness
-from tests.redis_server import RedisServer, free_port
 
 __all__ = ["RedisServer", "free_port"]
 

@@ -23,8 +23,8 @@ from typing import Any, AsyncIterator, Iterable
 
 import httpx
 
+from bench.redis_server import free_port
 from tests.fake_openai import qwen_env
-from tests.redis_server import free_port
 
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 15

@@ -9,8 +9,8 @@ import sys
 import httpx
 import pytest
 
+from bench.redis_server import RedisServer, free_port
 from tests.harness import ROOT, Harness
-from tests.redis_server import RedisServer, free_port
 
 
 async def run_cli(*argv: str) -> tuple[int, str]:

@@ -17,9 +17,9 @@ import pytest
 
 from acp_state.store import RedisStore, keys
 from acp_state.ids import workspace_id
+from bench.redis_server import RedisCluster, free_port
 from tests.harness import Harness
 from tests.helpers import create, is_type, prompt, watched_session_after_a_turn
-from tests.redis_server import RedisCluster, free_port
 from tests.test_events import (  # noqa: F401  (collected here, on the cluster)
     test_cached_status_is_never_older_than_a_delivered_event,
     test_client_of_a_killed_api_resumes_on_another_without_loss,

@@ -21,8 +21,8 @@ from acp_state.api.auth import Token
 from acp_state.api.outcomes import effect
 from acp_state.api.settings import Settings
 from acp_state.store.connection import connect
+from bench.redis_server import RedisServer
 from tests.harness import Harness
-from tests.redis_server import RedisServer
 
 OOM = "OOM command not allowed when used memory > 'maxmemory'."
 TOKEN = "errors-test-token-0123456789"

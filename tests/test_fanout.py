@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError
 from acp_state.store import keys
 from acp_state.store.connection import connect
 from acp_state.store.fanout import FRESH_S, PING_S, Fanout
-from tests.redis_server import RedisCluster, RedisServer
+from bench.redis_server import RedisCluster, RedisServer
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from bench.fault_proxy import FaultProxyControl, FaultProxyError
-from tests.redis_server import RedisServer, free_port
+from bench.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,7 +18,7 @@ import redis
 
 from bench.chaos_redis import bind_args
 from bench.hosts import UNAVAILABLE_EXIT, TestBed, leftovers, unavailable_reason
-from tests.redis_server import RedisServer
+from bench.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 REASON = unavailable_reason()
@@ -137,7 +137,7 @@ def test_half_open_silences_open_connections_while_new_ones_connect(bed: TestBed
 DRIVER = (
     "import subprocess,sys\n"
     "from bench.hosts import TestBed\n"
-    "from tests.redis_server import RedisServer\n"
+    "from bench.redis_server import RedisServer\n"
     "bed=TestBed(['api-1','worker-1']).start()\n"
     "sleeper=subprocess.Popen([*bed.hosts['worker-1'].exec_prefix,'sleep','600'])\n"
     "redis=RedisServer().start()\n"

@@ -21,7 +21,7 @@ from acp_state.store.keys import F
 from acp_state.store.keys import VersionField as VER
 from acp_state.turns import TurnRecord, TurnState
 from acp_state.store.redis import Script
-from tests.redis_server import RedisServer
+from bench.redis_server import RedisServer
 
 WS = "0123456789abcdef"
 SID = "11111111-1111-4111-8111-111111111111"

@@ -14,10 +14,10 @@ import pytest
 
 from bench.chaos_redis import bind_args
 from bench.hosts import HostsUnavailable, TestBed
+from bench.redis_server import RedisServer
 from tests.conftest import free_port
 from tests.harness import ApiProcess, Harness, SseClient
 from tests.helpers import create, is_type, prompt
-from tests.redis_server import RedisServer
 
 LEASE_MS = 2000
 

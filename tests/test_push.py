@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from acp_state.ids import workspace_id
+from bench.redis_server import RedisServer, free_port
 from tests.harness import ApiProcess, Harness, SseClient
 from tests.helpers import create, prompt
-from tests.redis_server import RedisServer, free_port
 
 PROCEED_ONCE = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
 LEASE_MS = 1500

@@ -31,7 +31,7 @@ from acp_state.store import (
     VoteOutcome,
 )
 from acp_state.store import keys
-from tests.redis_server import RedisCluster, RedisServer
+from bench.redis_server import RedisCluster, RedisServer
 
 BACKENDS = ["memory", "redis", "cluster"]
 LEASE_MS = 60_000
