@@ -159,8 +159,7 @@ async def bench_status(ctx: dict[str, Any]) -> list[dict[str, Any]]:
 
 async def bench_reference(ctx: dict[str, Any]) -> list[dict[str, Any]]:
     """The reference daemon (`qwen serve`), when installed: its status and listing routes."""
-    sys.path.insert(0, str(ROOT))
-    from tests.fake_openai import FakeOpenAI, find_qwen, qwen_env
+    from .fake_openai import FakeOpenAI, find_qwen, qwen_env
 
     qwen = find_qwen()
     if qwen is None:

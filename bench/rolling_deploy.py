@@ -4,7 +4,7 @@ with drains (the sessions move) against today's stop (the sessions of a stopped 
 Each run starts its own redis-server, 3 workers running `qwen --acp` (`--session-mode
 default`; one HOME for all of them, holding qwen's settings and its chat history, so their
 default `--state-store` is one), 2 API processes, and the scripted OpenAI-compatible endpoint
-of the tests (`tests/fake_openai.py`, which records every request qwen sends). It creates
+of the tests (`bench/fake_openai.py`, which records every request qwen sends). It creates
 `--sessions` sessions, each told a fact in a first turn (`remember this fact: FACT-...`),
 then restarts the 3 workers one after another (SIGTERM, start a new worker, wait until it
 is ready and the old one has exited) while a client keeps `--in-flight` prompts going
@@ -67,10 +67,10 @@ from typing import Any
 from acp_state.ids import workspace_id
 from acp_state.store import keys
 from acp_state.store.connection import connect
-from tests.fake_openai import FakeOpenAI, find_qwen, message_text, qwen_env
 from tests.harness import Harness, WorkerProcess
 
 from . import chaos, chaos_check
+from .fake_openai import FakeOpenAI, find_qwen, message_text, qwen_env
 from .procs import percentile
 from .redis_server import RedisServer, free_port
 

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fake_openai import FakeOpenAI, find_qwen, qwen_env  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: bench/ and acp_state/
+from bench.fake_openai import FakeOpenAI, find_qwen, qwen_env  # noqa: E402
 
 TIMEOUT = 60.0
 PERMISSION = "session/request_permission"

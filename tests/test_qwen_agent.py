@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.fake_openai import FakeOpenAI, find_qwen, message_text, qwen_env
+from bench.fake_openai import FakeOpenAI, find_qwen, message_text, qwen_env
 from tests.harness import ApiProcess, Harness
 
 pytestmark = pytest.mark.qwen

@@ -34,7 +34,7 @@ import httpx
 import pytest
 
 from acp_state.ids import workspace_id
-from tests.fake_openai import FakeOpenAI, find_qwen, message_text, qwen_env
+from bench.fake_openai import FakeOpenAI, find_qwen, message_text, qwen_env
 from tests.harness import Harness, WorkerProcess
 from tests.reference import (
     Exchange,

@@ -1,7 +1,7 @@
 """A rolling deploy under real Qwen Code: bench/rolling_deploy.py at a test's size.
 
 3 workers running `qwen --acp` (one HOME, so one agent-state store), 2 API processes and
-the scripted model endpoint (tests/fake_openai.py, which records what qwen sends). Each
+the scripted model endpoint (bench/fake_openai.py, which records what qwen sends). Each
 session is told a fact in a first turn; then the 3 workers are restarted one after another
 (SIGTERM, a new worker started, until it is ready and the old one has exited) while a
 client keeps a prompt going on every session (the next one sent when its terminal
@@ -19,8 +19,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from bench.fake_openai import FakeOpenAI, find_qwen
 from bench.rolling_deploy import Plan, deploy
-from tests.fake_openai import FakeOpenAI, find_qwen
 from tests.harness import Harness
 
 pytestmark = pytest.mark.qwen

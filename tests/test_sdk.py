@@ -21,7 +21,7 @@ from typing import Awaitable, Callable, Iterator
 
 import pytest
 
-from tests.fake_openai import FakeOpenAI, find_qwen, qwen_env
+from bench.fake_openai import FakeOpenAI, find_qwen, qwen_env
 from tests.harness import Harness
 
 pytestmark = pytest.mark.qwen

@@ -29,7 +29,7 @@ from acp_state.testing.scripted_agent import QUESTIONS as SCRIPTED_QUESTIONS
 
 MODEL = "fake-model"
 # scripts/test installs the pinned reference (tests/node/package.json) here.
-QWEN_LOCAL = Path(__file__).resolve().parent / "node" / "node_modules" / ".bin" / "qwen"
+QWEN_LOCAL = Path(__file__).resolve().parent.parent / "tests" / "node" / "node_modules" / ".bin" / "qwen"
 QWEN_FALLBACK = "/opt/qwen/node_modules/.bin/qwen"
 SHELL_TOOL = "run_shell_command"
 QUESTION_TOOL = "ask_user_question"
