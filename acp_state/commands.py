@@ -4,9 +4,11 @@ An API process sends a command, through the store, to the worker that owns a ses
 inbox for the workspace) or, for a create, to a chosen worker (its control feed). Each
 command travels as one JSON object: `{"t": <type>, <fields in declaration order>}`, every
 field present (`null` when unset); where the store keeps it is the store's business.
-`encode` and `decode` are the only code that reads or writes that JSON; the `send_*`
-functions are what the API calls, and `dispatch` hands a decoded command to the worker's
-`CommandHandler`. The shape follows rq's `rq/command.py`.
+`encode` and `decode` are the only Python code that reads or writes that JSON (the VOTE
+script reads a vote's fields from it too: it decides the very vote it enqueues); the
+`send_*` functions are what the API calls, and `dispatch` hands a decoded command to the
+worker's `CommandHandler`. The shape follows rq's `rq/command.py`: a command's sending and
+its handling side by side.
 """
 
 from __future__ import annotations
@@ -125,15 +127,36 @@ class Close:
 
 @dataclass(frozen=True, kw_only=True)
 class Vote:
-    """The vote that won pending request `rid` (decided in Redis); the agent gets its answer."""
+    """A vote on pending request `rid`, one type from route to agent: `votes.parse` makes it
+    from the HTTP body, the VOTE script decides it (reading these fields from its wire form)
+    and enqueues it, and the owner answers the agent with `acp_response()`."""
 
     TYPE: ClassVar[str] = "vote"
     sid: str = _field()
     rid: str = _field()
     selected: bool = _field(types=bool)
     option_id: str | None = _field("optionId", types=(str, _NONE), default=None)
-    metadata: dict[str, Any] = _field(types=dict, default_factory=dict)
+    metadata: dict[str, Any] = _field(types=dict, default_factory=dict)  # passed through to the agent
     client_id: str | None = _field("clientId", types=(str, _NONE), default=None)
+
+    @property
+    def is_sentinel(self) -> bool:
+        """Selects the mediator's own cancel option (the VOTE script refuses it)."""
+        return self.selected and self.option_id == CANCEL_SENTINEL
+
+    def acp_response(self) -> dict[str, Any]:
+        """The agent's `session/request_permission` result; `answers` and any other metadata
+        sit at its root, as Qwen reads them."""
+        if not self.selected:
+            return cancelled_response()
+        return {"outcome": {"outcome": "selected", "optionId": self.option_id}, **self.metadata}
+
+
+def cancelled_response() -> dict[str, Any]:
+    """The `session/request_permission` result of a request answered cancelled: by a vote,
+    or by the worker itself (a cancel, a close, a structured turn error, a session it does
+    not host). A new dict each time: callers may hand it on."""
+    return {"outcome": {"outcome": "cancelled"}}
 
 
 @dataclass(frozen=True, kw_only=True)

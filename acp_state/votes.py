@@ -1,11 +1,14 @@
-"""Permission votes: parsing the reference's vote body and shaping the ACP response."""
+"""Permission votes: the reference's vote body, read into the one vote type.
+
+`parse` makes the `commands.Vote` that the API sends, the VOTE script decides and the
+worker answers the agent with (`Vote.acp_response`): nothing is copied or rebuilt on the way.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from .commands import CANCEL_SENTINEL
+from .commands import Vote
 
 MALFORMED_OUTCOME = (
     '`outcome` must be `{ outcome: "cancelled" }` or `{ outcome: "selected", optionId: string }`'
@@ -21,27 +24,20 @@ class MalformedVote(ValueError):
         super().__init__(MALFORMED_OUTCOME)
 
 
-@dataclass(frozen=True)
-class Vote:
-    """One parsed vote: the outcome plus metadata that passes through to the agent."""
-
-    selected: bool
-    option_id: str | None
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def is_sentinel(self) -> bool:
-        return self.selected and self.option_id == CANCEL_SENTINEL
-
-    def acp_response(self) -> dict[str, Any]:
-        """The `session/request_permission` result; `answers` sits at the root, as Qwen reads it."""
-        if not self.selected:
-            return {"outcome": {"outcome": "cancelled"}}
-        return {"outcome": {"outcome": "selected", "optionId": self.option_id}, **self.metadata}
+def check(body: Any) -> None:
+    """Judge a vote body alone (spec §1.4 steps 1, 6, 7), before the route reads anything
+    else of its request, as the reference does. Raises MalformedVote."""
+    _cast(body)
 
 
-def parse(body: Any) -> Vote:
-    """Validate a vote body (spec §1.4 steps 1, 6, 7). Raises MalformedVote."""
+def parse(body: Any, *, sid: str, rid: str, client_id: str | None) -> Vote:
+    """The vote a body casts on request `rid` of session `sid`. Raises MalformedVote."""
+    selected, option_id, metadata = _cast(body)
+    return Vote(sid=sid, rid=rid, selected=selected, option_id=option_id, metadata=metadata, client_id=client_id)
+
+
+def _cast(body: Any) -> tuple[bool, str | None, dict[str, Any]]:
+    """What the body says: selected or cancelled, the option, the metadata for the agent."""
     if not isinstance(body, dict):
         raise MalformedVote()
     outcome = body.get("outcome")
@@ -61,4 +57,4 @@ def parse(body: Any) -> Vote:
     ):
         # Not a plain string-valued object: dropped silently, the vote still counts.
         del metadata["answers"]
-    return Vote(selected=selected, option_id=option_id, metadata=metadata)
+    return selected, option_id, metadata

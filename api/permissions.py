@@ -1,7 +1,8 @@
 """Permission votes: `POST /session/:id/permission/:requestId` and the legacy route.
 
 The vote is decided inside the store (one script), so exactly one vote wins a request even
-when voters reach different API processes.
+when voters reach different API processes. The route's vote is the `commands.Vote` the
+owner answers the agent with (`votes.parse` makes it once the session is known).
 """
 
 from __future__ import annotations
@@ -22,37 +23,31 @@ from .state import app_state
 NO_REQUEST = "permission_request_not_found"
 
 
-def _parse(body: object) -> votes.Vote:
+def _check(body: object) -> object:
+    """The body, if it casts a vote; else the reference's 400. Judged before anything else
+    of the request (the client id header, the session, the request id), as before."""
     try:
-        return votes.parse(body)
+        votes.check(body)
     except votes.MalformedVote as error:
         raise ApiError(400, str(error), "invalid_vote") from None
+    return body
 
 
 async def _cast(
-    request: Request,
-    sid: str,
-    ref: CachedSession,
-    rid: str,
-    vote: votes.Vote,
-    client_id: str | None,
-    key: str | None,
-    legacy: bool = False,
+    request: Request, ref: CachedSession, vote: commands.Vote, key: str | None, legacy: bool = False
 ) -> Response:
     state = app_state(request)
-    command = commands.Vote(
-        sid=sid, rid=rid, selected=vote.selected, option_id=vote.option_id, metadata=vote.metadata, client_id=client_id
-    )
     async with effect(state.store.resends):
-        outcome = await commands.send_vote(state.store, ref.ws, ref.owner, command, key)
+        outcome = await commands.send_vote(state.store, ref.ws, ref.owner, vote, key)
     if outcome is VoteOutcome.OK:
         return OrjsonResponse({})
     if outcome in (VoteOutcome.UNKNOWN, VoteOutcome.GONE):
-        raise _no_request(sid, rid, legacy)
+        raise _no_request(vote.sid, vote.rid, legacy)
     if outcome is VoteOutcome.CLIENT:
         raise ApiError(400, "X-Qwen-Client-Id is not registered on this session", "invalid_client_id")
     raise ApiError(
-        400, "optionId is not one of the offered options", "invalid_option_id", requestId=rid, optionId=vote.option_id
+        400, "optionId is not one of the offered options", "invalid_option_id", requestId=vote.rid,
+        optionId=vote.option_id,
     )
 
 
@@ -65,7 +60,7 @@ def _no_request(sid: str, rid: str, legacy: bool = False) -> ApiError:
 
 async def vote_in_session(request: Request) -> Response:
     sid, rid = request.path_params["id"], request.path_params["requestId"]
-    vote = _parse(await json_body(request))
+    body = _check(await json_body(request))
     client_id = client_id_header(request)
     key = idempotency_key(request)
     ref, first = await live_or_first(request, sid, key)
@@ -74,13 +69,13 @@ async def vote_in_session(request: Request) -> Response:
     assert ref is not None
     if not ids.is_token(rid):
         raise _no_request(sid, rid)
-    return await _cast(request, sid, ref, rid, vote, client_id, key)
+    return await _cast(request, ref, votes.parse(body, sid=sid, rid=rid, client_id=client_id), key)
 
 
 async def vote_legacy(request: Request) -> Response:
     state = app_state(request)
     rid = request.path_params["requestId"]
-    vote = _parse(await json_body(request))
+    body = _check(await json_body(request))
     client_id = client_id_header(request)
     key = idempotency_key(request)
     where = await state.store.request_location(rid) if ids.is_token(rid) else None
@@ -95,4 +90,5 @@ async def vote_legacy(request: Request) -> Response:
     if first is not None:
         return OrjsonResponse({})  # the same vote again: it won the first time
     assert ref is not None
-    return await _cast(request, sid, ref, rid, vote, client_id, key, legacy=True)
+    vote = votes.parse(body, sid=sid, rid=rid, client_id=client_id)
+    return await _cast(request, ref, vote, key, legacy=True)

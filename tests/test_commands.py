@@ -123,7 +123,8 @@ def test_turn_kinds_and_the_sentinel_have_one_definition() -> None:
     assert not hasattr(sessions, "TURN_KINDS") and not hasattr(session, "TURN_KINDS")
     assert openapi.components()["PromptRequest"]["properties"]["turnKind"]["enum"] == list(commands.CALLER_TURN_KINDS)
     assert interactions.CANCEL_SENTINEL is commands.CANCEL_SENTINEL == "__cancelled__"
-    assert votes.parse({"outcome": {"outcome": "selected", "optionId": commands.CANCEL_SENTINEL}}).is_sentinel
+    body = {"outcome": {"outcome": "selected", "optionId": commands.CANCEL_SENTINEL}}
+    assert votes.parse(body, sid="s", rid="r", client_id=None).is_sentinel
 
 
 def test_commands_are_immutable() -> None:

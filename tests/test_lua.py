@@ -15,7 +15,7 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
-from acp_state import events
+from acp_state import commands, events
 from acp_state.store import keys, scripts
 from acp_state.store.keys import F
 from acp_state.store.keys import VersionField as VER
@@ -378,9 +378,13 @@ async def test_takeover_passes_the_session_to_the_named_target_only(r: aioredis.
 VOTE_KEYS = [SESSION, keys.inbox(WS, INC), CHANNEL, VERSION, ATTENTION, ATTENTION_DETAILS]
 
 
+def vote_command(option: str = "allow", client: str = "", kind: str = "selected") -> commands.Vote:
+    return commands.Vote(sid=SID, rid="r1", selected=kind == "selected", option_id=option, client_id=client or None)
+
+
 async def vote(r: aioredis.Redis, option: str = "allow", client: str = "", kind: str = "selected", idem: str | None = None, incarnation: str = INC) -> str:
     key_list = VOTE_KEYS + ([keys.idempotency(WS, SID, idem)] if idem else [])
-    args = [incarnation, "r1", kind, option, client, '{"t":"vote"}', TTL, 100, "__cancelled__", SID, TTL, TTL]
+    args = [incarnation, commands.encode(vote_command(option, client, kind)), TTL, 100, "__cancelled__", TTL, TTL]
     return await run(r, "VOTE", key_list, args)
 
 
@@ -404,6 +408,8 @@ async def test_exactly_one_vote_wins_a_request(r: aioredis.Redis) -> None:
     assert await vote(r, kind="cancelled") == "unknown"
     assert not await r.hexists(SESSION, F.INTERACTION + "r1") and not await r.hexists(SESSION, F.VOTABLE + "r1")
     assert await r.xlen(keys.inbox(WS, INC)) == 1
+    [(_, entry)] = await r.xrange(keys.inbox(WS, INC))
+    assert commands.decode(entry["c"]) == vote_command(client="c1")  # the vote it decided is the one enqueued
 
 
 async def test_concurrent_votes_have_one_winner(r: aioredis.Redis) -> None:

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from acp.exceptions import RequestError
 
-from acp_state import events, ids, interactions, summary, votes
+from acp_state import commands, events, ids, interactions, summary, votes
 from acp_state.interactions import CancelSentinelCollision, normalize
 from acp_state.store import SessionView
 from acp_state.store.keys import F
@@ -271,6 +271,10 @@ def test_structured_rejection_means_a_data_error_kind(data: object, structured: 
 # --- §1.4 votes ---------------------------------------------------------------------------
 
 
+def parse(body: object) -> commands.Vote:
+    return votes.parse(body, sid="s-1", rid="r-1", client_id=None)
+
+
 @pytest.mark.parametrize("body", [
     None, [], "cancelled", {}, {"outcome": None}, {"outcome": "cancelled"}, {"outcome": ["cancelled"]},
     {"outcome": {}}, {"outcome": {"outcome": "Cancelled"}}, {"outcome": {"outcome": "approved", "optionId": "a"}},
@@ -280,16 +284,28 @@ def test_structured_rejection_means_a_data_error_kind(data: object, structured: 
 ])
 def test_malformed_outcome_is_rejected_with_reference_message(body: object) -> None:
     with pytest.raises(MalformedVote) as raised:
-        votes.parse(body)
+        parse(body)
     assert str(raised.value) == MALFORMED_OUTCOME
+    with pytest.raises(MalformedVote):
+        votes.check(body)
 
 
 def test_malformed_outcome_message_is_the_reference_text() -> None:
     assert MALFORMED_OUTCOME == '`outcome` must be `{ outcome: "cancelled" }` or `{ outcome: "selected", optionId: string }`'
 
 
+def test_a_vote_is_the_command_the_worker_answers_the_agent_with() -> None:
+    body = {"outcome": {"outcome": "selected", "optionId": "ok"}, "answers": {"0": "Blue"}}
+    votes.check(body)
+    vote = votes.parse(body, sid="s-1", rid="r-1", client_id="c-1")
+    assert vote == commands.Vote(
+        sid="s-1", rid="r-1", selected=True, option_id="ok", metadata={"answers": {"0": "Blue"}}, client_id="c-1"
+    )
+    assert commands.decode(commands.encode(vote)).acp_response() == vote.acp_response()
+
+
 def test_selected_vote_with_answers_reaches_the_agent_at_the_root() -> None:
-    vote = votes.parse({"outcome": {"outcome": "selected", "optionId": "proceed_once"}, "answers": {"0": "Blue"}})
+    vote = parse({"outcome": {"outcome": "selected", "optionId": "proceed_once"}, "answers": {"0": "Blue"}})
     assert vote.selected and vote.option_id == "proceed_once"
     assert vote.acp_response() == {"outcome": {"outcome": "selected", "optionId": "proceed_once"},
                                    "answers": {"0": "Blue"}}
@@ -297,19 +313,19 @@ def test_selected_vote_with_answers_reaches_the_agent_at_the_root() -> None:
 
 @pytest.mark.parametrize("answers", [["Blue"], "Blue", {"0": 1}, {"0": "a", "1": None}, {"0": ["a"]}, None])
 def test_answers_not_a_string_valued_object_are_silently_dropped(answers: object) -> None:
-    vote = votes.parse({"outcome": {"outcome": "selected", "optionId": "ok"}, "answers": answers, "keep": 1})
+    vote = parse({"outcome": {"outcome": "selected", "optionId": "ok"}, "answers": answers, "keep": 1})
     assert vote.acp_response() == {"outcome": {"outcome": "selected", "optionId": "ok"}, "keep": 1}
 
 
 def test_empty_answers_object_is_kept() -> None:
-    vote = votes.parse({"outcome": {"outcome": "selected", "optionId": "ok"}, "answers": {}})
+    vote = parse({"outcome": {"outcome": "selected", "optionId": "ok"}, "answers": {}})
     assert vote.acp_response()["answers"] == {}
 
 
 def test_other_keys_pass_through_and_prototype_keys_are_stripped() -> None:
     body = json.loads('{"outcome":{"outcome":"selected","optionId":"ok"},"expectedPlanExecutionMode":"default",'
                       '"__proto__":{"x":1},"constructor":"c","prototype":{},"extra":[1]}')
-    assert votes.parse(body).acp_response() == {
+    assert parse(body).acp_response() == {
         "outcome": {"outcome": "selected", "optionId": "ok"}, "expectedPlanExecutionMode": "default", "extra": [1]}
 
 
@@ -318,14 +334,15 @@ def test_other_keys_pass_through_and_prototype_keys_are_stripped() -> None:
     {"outcome": {"outcome": "cancelled", "optionId": "ok"}, "answers": {"0": "x"}, "extra": 1},
 ])
 def test_cancelled_vote_response_is_exactly_cancelled(body: dict) -> None:
-    vote = votes.parse(body)
+    vote = parse(body)
     assert not vote.selected and not vote.is_sentinel
     assert orjson.dumps(vote.acp_response()) == b'{"outcome":{"outcome":"cancelled"}}'
+    assert vote.acp_response() == commands.cancelled_response()  # one shape, for votes and the worker alike
 
 
 def test_selecting_the_cancel_sentinel_is_flagged() -> None:
-    assert votes.parse({"outcome": {"outcome": "selected", "optionId": "__cancelled__"}}).is_sentinel
-    assert not votes.parse({"outcome": {"outcome": "selected", "optionId": "cancel"}}).is_sentinel
+    assert parse({"outcome": {"outcome": "selected", "optionId": "__cancelled__"}}).is_sentinel
+    assert not parse({"outcome": {"outcome": "selected", "optionId": "cancel"}}).is_sentinel
 
 
 # --- §1.2 / §1.3 summaries ----------------------------------------------------------------

@@ -19,6 +19,7 @@ import acp
 from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementation
 
 from acp_state import __version__
+from acp_state.commands import cancelled_response
 from acp_state.interactions import CancelSentinelCollision
 
 from .reaper import TAG_VARIABLE, parent_death_signal, reaper, tagged
@@ -293,7 +294,7 @@ class AgentProcess:
     async def request_permission(self, session_id: str, tool_call: Any, options: Any, **_: Any) -> dict[str, Any]:
         session = self.sessions.get(session_id)
         if session is None:
-            return {"outcome": {"outcome": "cancelled"}}
+            return cancelled_response()
         try:
             return await session.request_permission(_dump(tool_call), [_dump(o) for o in options])
         except CancelSentinelCollision as error:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from acp_state import commands, events, ids, interactions
-from acp_state.commands import CHANNEL, CRON, FOREGROUND, NOTIFICATION
+from acp_state.commands import CHANNEL, CRON, FOREGROUND, NOTIFICATION, cancelled_response
 from acp_state.clock import from_iso, iso, now_ms
 from acp_state.moves import Carry
 from acp_state.store import (
@@ -50,7 +50,6 @@ WRITE_PATIENCE_S = 120.0
 TERMINALS = ("turn_complete", "turn_error")
 # How long a drain waits for the agent to answer a turn it cancelled (see stop_turn).
 CANCEL_ANSWER_S = 5.0
-CANCELLED = {"outcome": {"outcome": "cancelled"}}
 
 # Automatic turns wait in their own queues and run before the next queued foreground prompt.
 AUTOMATIC_KINDS = (CRON, NOTIFICATION)
@@ -115,7 +114,7 @@ class Pending:
     allowed: list[str]
     order: int
     prompt_id: str | None
-    answer: asyncio.Future[tuple[dict[str, Any], str | None]]
+    answer: asyncio.Future[commands.Vote | None]  # the vote that won it; None: cancelled here
 
 
 class LiveSession:
@@ -752,7 +751,7 @@ class LiveSession:
         self.active = None
         for pending in list(self.pending.values()):
             if not pending.answer.done():
-                pending.answer.set_result((CANCELLED, None))
+                pending.answer.set_result(None)
         self.pending.clear()
         try:
             if running is not None and running.sent:
@@ -769,10 +768,9 @@ class LiveSession:
         resolved: list[str] = []
         for rid, pending in list(self.pending.items()):
             if not pending.answer.done():
-                pending.answer.set_result((CANCELLED, None))
-            event_list.append(
-                events.body("permission_resolved", {"requestId": rid, "outcome": CANCELLED["outcome"]}, pending.prompt_id)
-            )
+                pending.answer.set_result(None)
+            outcome = cancelled_response()["outcome"]
+            event_list.append(events.body("permission_resolved", {"requestId": rid, "outcome": outcome}, pending.prompt_id))
             resolved.append(rid)
             del self.pending[rid]
         return resolved
@@ -786,19 +784,19 @@ class LiveSession:
         except Exception:
             log.warning("could not %s request %s", "index" if present else "unindex", rid, extra={"sessionId": self.sid})
 
-    def resolve_vote(self, rid: str, response: dict[str, Any], voter: str | None) -> None:
-        """A vote won in Redis reached us: hand the answer to the waiting agent request."""
-        pending = self.pending.get(rid)
+    def resolve_vote(self, vote: commands.Vote) -> None:
+        """A vote won in Redis reached us: hand it to the waiting agent request."""
+        pending = self.pending.get(vote.rid)
         if pending is not None and not pending.answer.done():
-            pending.answer.set_result((response, voter))
+            pending.answer.set_result(vote)
 
     async def request_permission(self, tool_call: dict[str, Any], options: list[dict[str, Any]]) -> dict[str, Any]:
         """The agent asks: publish the request, register it, await the winning vote (spec §4.1)."""
         if self.closed:
-            return CANCELLED
+            return cancelled_response()
         if len(self.pending) >= interactions.MAX_PENDING_PER_SESSION:
             log.warning("%d pending requests, refusing another", len(self.pending), extra={"sessionId": self.sid})
-            return CANCELLED
+            return cancelled_response()
         mapped = interactions.map_options(options)
         interactions.check_sentinel(mapped)
         rid = ids.new_id()
@@ -821,14 +819,16 @@ class LiveSession:
         )
         if result is None or result.applied != ApplyOutcome.APPLIED:
             self.pending.pop(rid, None)
-            return CANCELLED
+            return cancelled_response()
         await self._locate_request(rid, True)
         try:
-            response, voter = await pending.answer
+            vote = await pending.answer
         finally:
             # The request's index stays until it expires: a vote repeated with the same
             # Idempotency-Key on the legacy route must still find the session.
             still_ours = self.pending.pop(rid, None) is not None
+        response = vote.acp_response() if vote is not None else cancelled_response()
+        voter = vote.client_id if vote is not None else None
         if still_ours:
             # Resolved by a vote: the vote script already removed the fields.
             data = {"requestId": rid, "outcome": response["outcome"]}

@@ -34,7 +34,6 @@ from acp_state.store import ApplyOutcome, ReplyFate, Standing, Store
 from acp_state.summary import SESSION_STATES
 from acp_state.sweeper import run_sweeper
 from acp_state.tasks import cancel_until_done, survive
-from acp_state.votes import Vote
 
 from .agent import AgentProcess
 from .loop_guard import LoopLimits
@@ -505,8 +504,7 @@ class Worker:
     def on_vote(self, command: commands.Vote) -> None:
         session = self.sessions.get(command.sid)
         if session is not None:
-            vote = Vote(command.selected, command.option_id, command.metadata)
-            session.resolve_vote(command.rid, vote.acp_response(), command.client_id)
+            session.resolve_vote(command)
 
     def on_attach(self, command: commands.Attach) -> None:
         session = self.sessions.get(command.sid)

@@ -759,31 +759,19 @@ class RedisStore:
         return Admission(AdmissionStatus.OK, int(result[1]), result[2], result[3], True)
 
     async def vote(self, ws: str, incarnation: str, command: Vote, idempotency_key: str | None = None) -> VoteOutcome:
-        """Decide a vote and enqueue it to the owner in one step (scripts.VOTE)."""
+        """Decide a vote and enqueue it to the owner in one step (scripts.VOTE, which reads
+        the vote from the command it enqueues)."""
         key_list = [
             keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.invalidations(ws), keys.catalog_version(ws),
             keys.attention(ws), keys.attention_details(ws),
         ]
         if idempotency_key is not None:
             key_list.append(keys.idempotency(ws, command.sid, idempotency_key))
-        outcome = await self._vote(
-            key_list,
-            [
-                incarnation,
-                command.rid,
-                "selected" if command.selected else "cancelled",
-                command.option_id or "",
-                command.client_id or "",
-                commands.encode(command),
-                INBOX_TTL_MS,
-                INBOX_MAXLEN,
-                CANCEL_SENTINEL,
-                command.sid,
-                IDEMPOTENCY_TTL_MS,
-                self.retention.catalog_ms,
-            ],
-        )
-        return VoteOutcome(outcome)
+        args = [
+            incarnation, commands.encode(command), INBOX_TTL_MS, INBOX_MAXLEN, CANCEL_SENTINEL, IDEMPOTENCY_TTL_MS,
+            self.retention.catalog_ms,
+        ]
+        return VoteOutcome(await self._vote(key_list, args))
 
     async def keep_create(self, idempotency_key: str, sid: str, client_id: str, attached: bool) -> None:
         """The create succeeded (or attached to the workspace's shared session), and its
