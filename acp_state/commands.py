@@ -8,7 +8,8 @@ field present (`null` when unset); where the store keeps it is the store's busin
 script reads a vote's fields from it too: it decides the very vote it enqueues); the
 `send_*` functions are what the API calls, and `dispatch` hands a decoded command to the
 worker's `CommandHandler`. The shape follows rq's `rq/command.py`: a command's sending and
-its handling side by side.
+its handling side by side. A worker answers a create or a close with a `Reply`, which has
+its own encode/decode pair (arq's shape: one result type, one serializer pair).
 """
 
 from __future__ import annotations
@@ -190,6 +191,36 @@ class Moving:
 
 
 Command = Create | Prompt | Cancel | Close | Vote | Attach | Drain | Moving
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reply:
+    """A worker's answer to a `Create` or a `Close` (`store.reply(command.request_id, ...)`),
+    taken by the API (or the draining worker) that waits for it. Its JSON is `{"ok": ...}`
+    and the fields that are set, in this order: the bytes workers wrote before this type."""
+
+    ok: bool = _field(types=bool)
+    # Why not: worker_full, worker_draining, agent_not_offered, not_resumable, resume_failed,
+    # agent_unavailable, session_conflict (a create); session_not_found (a close).
+    code: str | None = _field(types=(str, _NONE), default=None, omit_none=True)
+    error: str | None = _field(types=(str, _NONE), default=None, omit_none=True)  # the agent's own reason
+    # A created (or moved) session's: when it was created, and the worker that holds it.
+    created_at: str | None = _field("createdAt", types=(str, _NONE), default=None, omit_none=True)
+    incarnation: str | None = _field(types=(str, _NONE), default=None, omit_none=True)
+
+    def encode(self) -> bytes:
+        """The JSON the reply list holds."""
+        return orjson.dumps(_wire(self))
+
+    @classmethod
+    def decode(cls, payload: str | bytes) -> Reply:
+        """The reply a reply list held. Raises ValueError: not a JSON object, a field
+        missing or of the wrong JSON type (no worker writes one)."""
+        wire = orjson.loads(payload)
+        if not isinstance(wire, dict):
+            raise ValueError("reply is not a JSON object")
+        return cls(**_values(cls, wire, "reply"))
+
 _BY_TYPE: dict[str, type[Command]] = {
     cls.TYPE: cls for cls in (Create, Prompt, Cancel, Close, Vote, Attach, Drain, Moving)
 }
@@ -200,13 +231,7 @@ _BY_TYPE: dict[str, type[Command]] = {
 
 def encode(command: Command) -> bytes:
     """The JSON a command stream entry carries (field `c`)."""
-    wire: dict[str, Any] = {"t": command.TYPE}
-    for f in fields(command):
-        value = getattr(command, f.name)
-        if value is None and f.metadata["omit_none"]:
-            continue
-        wire[f.metadata["wire"] or f.name] = value
-    return orjson.dumps(wire)
+    return orjson.dumps({"t": command.TYPE, **_wire(command)})
 
 
 def decode(payload: str | bytes) -> Command:
@@ -223,20 +248,41 @@ def decode(payload: str | bytes) -> Command:
     cls = _BY_TYPE.get(command_type or "")
     if cls is None:
         raise MalformedCommand(f"unknown command type {wire.get('t')!r}", command_type)
+    try:
+        values = _values(cls, wire, f"{command_type} command")
+    except ValueError as error:
+        raise MalformedCommand(str(error), command_type) from None
+    try:
+        return cls(**values)
+    except ValueError as error:
+        raise MalformedCommand(f"{command_type} command: {error}", command_type) from None
+
+
+def _wire(value: Command | Reply) -> dict[str, Any]:
+    """Every field under its wire key, in declaration order (left off: None where `omit_none`)."""
+    wire: dict[str, Any] = {}
+    for f in fields(value):
+        item = getattr(value, f.name)
+        if item is None and f.metadata["omit_none"]:
+            continue
+        wire[f.metadata["wire"] or f.name] = item
+    return wire
+
+
+def _values(cls: type[Command] | type[Reply], wire: dict[str, Any], what: str) -> dict[str, Any]:
+    """`cls`'s constructor arguments read from `wire`. Raises ValueError, naming `what`: a
+    required field missing, a field of the wrong JSON type. Keys `cls` does not know are ignored."""
     values: dict[str, Any] = {}
     for f in fields(cls):
         key = f.metadata["wire"] or f.name
         if key not in wire:
             if f.default is MISSING and f.default_factory is MISSING:
-                raise MalformedCommand(f"{command_type} command lacks {key!r}", command_type)
+                raise ValueError(f"{what} lacks {key!r}")
             continue
         if not isinstance(wire[key], f.metadata["types"]):
-            raise MalformedCommand(f"{command_type} command has {key!r} of the wrong type", command_type)
+            raise ValueError(f"{what} has {key!r} of the wrong type")
         values[f.name] = wire[key]
-    try:
-        return cls(**values)
-    except ValueError as error:
-        raise MalformedCommand(f"{command_type} command: {error}", command_type) from None
+    return values
 
 
 # ---- the sending side (API processes) ----------------------------------------------------

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from acp_state import commands, ids
+from acp_state.commands import Reply
 from acp_state.agents import is_agent_name
 from acp_state.moves import accepts
 from acp_state.ids import workspace_id
@@ -113,7 +114,7 @@ async def place(
     before_send: Callable[[str], Awaitable[None]] | None = None,
     agent: str | None = None,
     state_store: str | None = None,
-) -> dict[str, Any]:
+) -> Reply:
     """Send a create (`create(request id)`) to a live worker offering `agent` with spare
     capacity (and, for a load, reading `state_store`); try the next one if it is full or
     draining. `before_send(request id)` runs before each create goes out."""
@@ -141,14 +142,14 @@ async def place(
             continue  # the worker died with the create: it was abandoned, try the next one
         if reply is None:
             raise ApiError(504, "the worker did not start the session in time", "agent_init_timeout")
-        if reply.get("ok"):
+        if reply.ok:
             await _told(state, command.ws, command.sid)
             return reply
-        code = reply.get("code", "agent_unavailable")
+        code = reply.code or "agent_unavailable"
         if code == "not_resumable":
             raise not_resumable(command.sid)
         if code not in ("worker_full", "agent_not_offered", "worker_draining"):
-            raise ApiError(503, reply.get("error") or "the agent could not start", code)
+            raise ApiError(503, reply.error or "the agent could not start", code)
     raise unavailable("no live worker has spare capacity", "no_worker_capacity", retry_after_s=2)
 
 
@@ -243,12 +244,12 @@ async def create_session(request: Request) -> Response:
             late = await state.store.abandon_reply(sent[-1])
         except Exception:
             raise error from None
-        if late is None or not late.get("ok"):
+        if late is None or not late.ok:
             await state.store.forget_create(key, sid)  # abandoned: the worker undoes it
             raise unavailable("the create was not confirmed and is undone; retry", "create_undone") from error
         await _told(state, ws, sid)
         body = {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id,
-                "createdAt": late["createdAt"]}
+                "createdAt": late.created_at}
     await _keep(state, key, body["sessionId"], client_id, body["attached"])
     return OrjsonResponse(body)
 
@@ -306,7 +307,7 @@ async def _create_or_attach(
             await state.store.release_single(ws, sid)
         raise
     state.locator.remember(sid, ws)
-    return {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id, "createdAt": reply["createdAt"]}
+    return {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id, "createdAt": reply.created_at}
 
 
 async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: CreateRecord) -> Response:
@@ -335,13 +336,13 @@ async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: 
             if answer is None:
                 await state.store.forget_create(key, record.sid)
                 raise ApiError(504, "the worker did not start the session in time", "agent_init_timeout")
-        if isinstance(answer, dict):
-            if not answer.get("ok"):
+        if isinstance(answer, Reply):
+            if not answer.ok:
                 await state.store.forget_create(key, record.sid)
-                raise ApiError(503, answer.get("error") or "the agent could not start", answer.get("code", "agent_unavailable"))
+                raise ApiError(503, answer.error or "the agent could not start", answer.code or "agent_unavailable")
             await _told(state, ws, record.sid)
             await _keep(state, key, record.sid, record.client_id, record.attached)
-            created_at = answer.get("createdAt")
+            created_at = answer.created_at
             break
         await asyncio.sleep(WAIT_STEP_S)
         record = await state.store.create_record(key)
@@ -364,8 +365,8 @@ async def first_create_outcome(state: AppState, key: str, ws: str, first: Create
     caller is told the outcome is unknown). None: it failed, or was abandoned (undone)."""
     assert first.request is not None
     answer = await state.store.take_reply(first.request)
-    if isinstance(answer, dict):
-        if not answer.get("ok"):
+    if isinstance(answer, Reply):
+        if not answer.ok:
             return None
         await _told(state, ws, first.sid)
     elif answer == ABANDONED or not await state.store.was_told(ws, first.sid):
@@ -503,7 +504,7 @@ async def close(request: Request) -> Response:
     if reply is None:  # the close stays queued for the worker: done later, or its death is told
         raise outcome_unknown()
     state.locator.cache.changed(ref.ws, sid)  # (ref: a first close, never a repeat)
-    if not reply.get("ok"):
+    if not reply.ok:
         raise not_found(sid)
     return Response(status_code=204)
 

@@ -11,7 +11,7 @@ import pytest
 
 from acp_state import commands
 from acp_state.store import keys
-from acp_state.commands import Attach, Cancel, Close, Create, MalformedCommand, Prompt, Vote
+from acp_state.commands import Attach, Cancel, Close, Create, MalformedCommand, Prompt, Reply, Vote
 from acp_state.store import Admission, RedisStore
 
 BLOCKS = [{"type": "text", "text": "hi"}, {"type": "image", "data": "AA==", "mimeType": "image/png"}]
@@ -132,6 +132,31 @@ def test_commands_are_immutable() -> None:
         Cancel(sid="s").sid = "t"  # type: ignore[misc]
     with pytest.raises(ValueError, match="turn kind"):
         Prompt(sid="s", prompt_id="p", blocks=[], kind="batch")
+
+
+# ---- replies -------------------------------------------------------------------------------
+
+# Every reply a worker gives, next to the dict literal it wrote before `Reply` existed: a
+# reply written by a worker of either kind is read by an API of either kind.
+REPLIES: list[tuple[Reply, dict[str, Any]]] = [
+    (Reply(ok=False, code="worker_full"), {"ok": False, "code": "worker_full"}),
+    (Reply(ok=False, code="agent_unavailable", error="boom"), {"ok": False, "code": "agent_unavailable", "error": "boom"}),
+    (Reply(ok=True, created_at="2026-12-01T00:00:00.000Z", incarnation="w-1"),
+     {"ok": True, "createdAt": "2026-12-01T00:00:00.000Z", "incarnation": "w-1"}),
+    (Reply(ok=True), {"ok": True}),
+]
+
+
+@pytest.mark.parametrize(("reply", "old_wire"), REPLIES)
+def test_every_reply_encodes_to_the_old_bytes_and_decodes_back(reply: Reply, old_wire: dict) -> None:
+    assert reply.encode() == orjson.dumps(old_wire)
+    assert Reply.decode(orjson.dumps(old_wire)) == reply
+
+
+@pytest.mark.parametrize("payload", [b"[]", b"{broken", b'{"code":"worker_full"}', b'{"ok":1}', b'{"ok":false,"code":5}'])
+def test_a_malformed_reply_is_an_error(payload: bytes) -> None:
+    with pytest.raises(ValueError):
+        Reply.decode(payload)
 
 
 # ---- dispatch -----------------------------------------------------------------------------

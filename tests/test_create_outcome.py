@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from acp_state.commands import Reply
 from acp_state.store import ABANDONED, CreateRecord
 from acp_state.api.responses import ApiError
 from acp_state.api.sessions import first_create_outcome
@@ -51,9 +52,9 @@ def state(store: Store) -> Any:
 
 
 @pytest.mark.parametrize("answer,told,listed,outcome", [
-    ({"ok": True, "createdAt": "t"}, False, True, "kept"),  # the answer was still there: taken and told here
+    (Reply(ok=True, created_at="t"), False, True, "kept"),  # the answer was still there: taken and told here
     (None, True, True, "kept"),  # taken by an API that told the session, then died
-    ({"ok": False, "code": "agent_unavailable"}, False, False, "failed"),
+    (Reply(ok=False, code="agent_unavailable"), False, False, "failed"),
     (ABANDONED, False, True, "failed"),  # abandoned: its worker undoes it
     (None, False, False, "failed"),  # never published: its worker undoes it when it answers
     (None, False, True, "unknown"),  # taken, not yet told: the next retry follows it again

@@ -9,6 +9,7 @@ from typing import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
+from acp_state.commands import Reply
 from acp_state.store import keys
 from acp_state.store.connection import connect
 from acp_state.store import RedisStore, ReplyFate, Standing, is_transient
@@ -174,7 +175,7 @@ async def test_a_sweep_tells_each_session_of_its_death_as_of_the_sweep(store: Re
 async def test_a_retried_reply_gives_nothing_twice(store: RedisStore, raw: aioredis.Redis) -> None:
     """A worker retries a reply whose answer it did not get back. A second copy would be left
     unread once the API took the first, and later be taken back as if nobody had been told."""
-    answer = {"ok": True, "createdAt": "2026-12-01T00:00:00.000Z"}
+    answer = Reply(ok=True, created_at="2026-12-01T00:00:00.000Z")
     assert await store.reply("req-1", answer) is True
     assert await store.reply("req-1", answer) is True  # the retry
     assert await raw.llen(keys.reply("req-1")) == 1
@@ -187,7 +188,7 @@ async def test_a_retried_reply_gives_nothing_twice(store: RedisStore, raw: aiore
 
 
 async def test_a_reply_nobody_took_is_taken_back_once(store: RedisStore) -> None:
-    answer = {"ok": True, "createdAt": "2026-12-01T00:00:00.000Z"}
+    answer = Reply(ok=True, created_at="2026-12-01T00:00:00.000Z")
     assert await store.reply("req-2", answer) is True
     assert await store.reclaim_replies([("req-2", answer)]) == [ReplyFate.UNTAKEN]
     assert await store.take_reply("req-2") is None  # the API, too late, finds nothing
@@ -205,7 +206,7 @@ async def test_an_answer_lost_on_its_way_to_the_api_is_still_the_apis(own_redis:
     nowhere. The API then said the create was undone, while its worker, finding the answer
     gone, counted it as taken and kept the session: a session its client was told did not
     exist (cluster seed 2002, 2026-12-01). The take now leaves a record the API's abandon reads."""
-    answer = {"ok": True, "createdAt": "2026-12-01T00:00:00.000Z"}
+    answer = Reply(ok=True, created_at="2026-12-01T00:00:00.000Z")
     assert await store.reply("req-5", answer) is True
     impatient = RedisStore(connect(own_redis.url, socket_timeout=0.3))
     sleeper = aioredis.Redis.from_url(own_redis.url)

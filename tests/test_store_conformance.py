@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from acp_state import commands, events
+from acp_state.commands import Reply
 from acp_state.ids import new_id
 from acp_state.store import (
     ABANDONED,
@@ -307,15 +308,15 @@ async def test_list_pages_newest_first_with_live_summaries(store: RedisStore) ->
 async def test_replies_reach_the_waiter_or_are_abandoned(store: RedisStore) -> None:
     request = new_id()
     waiting = asyncio.ensure_future(store.await_reply(request, 5))
-    assert await store.reply(request, {"ok": 1}) is True
-    assert await waiting == {"ok": 1}
+    assert await store.reply(request, Reply(ok=True, created_at="1")) is True
+    assert await waiting == Reply(ok=True, created_at="1")
     late = new_id()
     assert await store.await_reply(late, 0) is None  # gave up: the marker is left
-    assert await store.reply(late, {"ok": 2}) is False
+    assert await store.reply(late, Reply(ok=True, created_at="2")) is False
     assert await store.take_reply(late) == ABANDONED
     untaken = new_id()
-    await store.reply(untaken, {"ok": 3})
-    assert await store.reclaim_replies([(untaken, {"ok": 3})]) == [True]
+    await store.reply(untaken, Reply(ok=True, created_at="3"))
+    assert await store.reclaim_replies([(untaken, Reply(ok=True, created_at="3"))]) == [True]
     assert await store.take_reply(untaken) is None
 
 

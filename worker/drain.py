@@ -179,7 +179,7 @@ class Drain:
         reply = await self.worker.store.await_reply(
             request_id, MOVE_WAIT_S, alive=lambda: self.registry.is_live(target)
         )
-        if reply is not None and reply.get("ok"):
+        if reply is not None and reply.ok:
             return target
         # No answer (a late one would find the request abandoned): the store says who holds it.
         view = await self.worker.store.session(session.ws, session.sid)

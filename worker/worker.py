@@ -26,6 +26,7 @@ from typing import Any, Awaitable, Callable
 from prometheus_client import REGISTRY, make_asgi_app
 
 from acp_state import commands
+from acp_state.commands import Reply
 from acp_state.agents import DEFAULT_AGENT
 from acp_state.clock import iso, now_ms
 from acp_state.moves import Carry
@@ -145,7 +146,7 @@ class Worker:
         self.ready = asyncio.Event()
         self.overran: list[str] = []  # the shutdown steps that overran their time limit
         # Creates answered and not yet known to be taken: (deadline, n, request, answer, session).
-        self._answered: list[tuple[float, int, str, dict[str, Any], LiveSession]] = []
+        self._answered: list[tuple[float, int, str, Reply, LiveSession]] = []
         self._answered_seq = itertools.count()
         self.state_counts: dict[str, int] = dict.fromkeys(SESSION_STATES, 0)
         self._collector = WorkerCollector(self)
@@ -429,7 +430,7 @@ class Worker:
                 for entry in due:  # the store is away: ask again next time
                     heapq.heappush(self._answered, entry)
 
-    async def _reclaim(self, due: list[tuple[float, int, str, dict[str, Any], LiveSession]]) -> None:
+    async def _reclaim(self, due: list[tuple[float, int, str, Reply, LiveSession]]) -> None:
         fates = await self.store.reclaim_replies([(request, answer) for _, _, request, answer, _ in due])
         for (_, _, _, _, session), fate in zip(due, fates, strict=True):
             if fate is ReplyFate.UNTAKEN:
@@ -478,7 +479,7 @@ class Worker:
     def on_create(self, command: commands.Create) -> None:
         if self.draining or len(self.sessions) + self._creating >= self.config.max_sessions:
             code = "worker_draining" if self.draining else "worker_full"
-            asyncio.ensure_future(self.store.reply(command.request_id, {"ok": False, "code": code}))
+            asyncio.ensure_future(self.store.reply(command.request_id, Reply(ok=False, code=code)))
             return
         self._creating += 1  # capacity is reserved now, before the agent starts
         self._cursors.setdefault(self.store.inbox_feed(command.ws, self.incarnation), "0")
@@ -497,7 +498,7 @@ class Worker:
     def on_close(self, command: commands.Close) -> None:
         session = self.sessions.get(command.sid)
         if session is None:
-            asyncio.ensure_future(self.store.reply(command.request_id, {"ok": False, "code": "session_not_found"}))
+            asyncio.ensure_future(self.store.reply(command.request_id, Reply(ok=False, code="session_not_found")))
         else:
             asyncio.ensure_future(self._close(session, command))
 
@@ -581,7 +582,7 @@ class Worker:
         if name not in self.config.agents:  # placement read an old report; the API tries another
             self._creating -= 1
             with contextlib.suppress(Exception):
-                await self.store.reply(command.request_id, {"ok": False, "code": "agent_not_offered"})
+                await self.store.reply(command.request_id, Reply(ok=False, code="agent_not_offered"))
             return
         try:
             carry = Carry.unpack(command.carry) if command.carry is not None else None
@@ -589,7 +590,7 @@ class Worker:
             if command.load and not agent.supports_load:
                 self._creating -= 1
                 with contextlib.suppress(Exception):
-                    await self.store.reply(command.request_id, {"ok": False, "code": "not_resumable"})
+                    await self.store.reply(command.request_id, Reply(ok=False, code="not_resumable"))
                 return
             if command.load:
                 agent_sid = await agent.load_session(command.agent_sid or sid, cwd)
@@ -601,7 +602,7 @@ class Worker:
             code = "resume_failed" if command.load else "agent_unavailable"
             reason = from_exception(error).message  # an agent's JSON-RPC error: its details, not "Internal error"
             with contextlib.suppress(Exception):  # else the API times out and says so
-                await self.store.reply(command.request_id, {"ok": False, "code": code, "error": reason})
+                await self.store.reply(command.request_id, Reply(ok=False, code=code, error=reason))
             return
         session = LiveSession(
             store=self.store,
@@ -644,9 +645,9 @@ class Worker:
             # (A resumed session's row stands: only a session nobody was told of leaves none.)
             await session.close("conflict", publish=result is None and indexed)
             with contextlib.suppress(Exception):
-                await self.store.reply(command.request_id, {"ok": False, "code": "session_conflict"})
+                await self.store.reply(command.request_id, Reply(ok=False, code="session_conflict"))
             return
-        answer = {"ok": True, "createdAt": iso(session.created_ms), "incarnation": session.incarnation}
+        answer = Reply(ok=True, created_at=iso(session.created_ms), incarnation=session.incarnation)
         wait_ms = command.wait_ms
         wait_s = (wait_ms if isinstance(wait_ms, int) and 0 < wait_ms <= 3_600_000 else DEFAULT_REPLY_WAIT_MS) / 1000
         kept_s = math.ceil(wait_s + 3 * RECLAIM_MARGIN_S)  # still there when taken back
@@ -667,7 +668,7 @@ class Worker:
             # The mover named another target, or the session ended: it is not ours.
             await session.close("conflict", publish=False)
             with contextlib.suppress(Exception):
-                await self.store.reply(command.request_id, {"ok": False, "code": "session_conflict"})
+                await self.store.reply(command.request_id, Reply(ok=False, code="session_conflict"))
             return
         parked: list[commands.Command | commands.MalformedCommand] = []
         await _stored(lambda: self._take_parked(session, parked))
@@ -679,7 +680,7 @@ class Worker:
                 commands.dispatch(self, parked_command)
         for prompt in since:
             session.enqueue(prompt)
-        answer = {"ok": True, "createdAt": iso(session.created_ms), "incarnation": session.incarnation}
+        answer = Reply(ok=True, created_at=iso(session.created_ms), incarnation=session.incarnation)
         with contextlib.suppress(Exception):  # the mover reads the owner from the store if this is lost
             await self.store.reply(command.request_id, answer)
 
@@ -689,7 +690,7 @@ class Worker:
     async def _close(self, session: LiveSession, command: commands.Close) -> None:
         await session.close(command.reason)
         with contextlib.suppress(Exception):  # the API's wait ends in outcome_unknown; a retry sees it gone
-            await self.store.reply(command.request_id, {"ok": True})
+            await self.store.reply(command.request_id, Reply(ok=True))
 
     async def _session_gone(self, session: LiveSession) -> None:
         """A session left (closed, died, swept): drop it here and in the worker's index."""

@@ -20,7 +20,7 @@ from redis.exceptions import NoScriptError
 
 from .. import commands, events
 from ..clock import now_ms
-from ..commands import CANCEL_SENTINEL, Attach, Command, Create, Drain, MalformedCommand, Moving, Vote
+from ..commands import CANCEL_SENTINEL, Attach, Command, Create, Drain, MalformedCommand, Moving, Reply, Vote
 from ..metrics import REDIS_ROUNDTRIP
 from ..turns import KEPT_ENDED_TURNS, TurnRecord
 from ..tasks import cancel_until_done
@@ -505,26 +505,24 @@ class RedisStore:
             pipe.xtrim(stream, minid=cursor, approximate=False)
         await pipe.execute()
 
-    async def reply(self, request: str, payload: dict[str, Any], ttl_s: int = REPLY_TTL_S) -> bool:
+    async def reply(self, request: str, answer: Reply, ttl_s: int = REPLY_TTL_S) -> bool:
         """Answer a create or close, kept `ttl_s` for its API (and longer than the worker
         may want it back, see reclaim_replies); False if the API stopped waiting (see
         abandon_reply)."""
-        return bool(await self._replies((request, payload, ttl_s)))
+        return bool(await self._replies((request, answer, ttl_s)))
 
-    async def _send_replies(self, replies: list[tuple[str, dict[str, Any], int]]) -> list[Any]:
+    async def _send_replies(self, replies: list[tuple[str, Reply, int]]) -> list[Any]:
         return await self._pipelined(self._reply, [
-            ([keys.reply(request), keys.reply_given(request)], [orjson.dumps(payload), ttl_s, ABANDONED, GIVEN])
-            for request, payload, ttl_s in replies
+            ([keys.reply(request), keys.reply_given(request)], [answer.encode(), ttl_s, ABANDONED, GIVEN])
+            for request, answer, ttl_s in replies
         ])
 
-    async def reclaim_replies(self, answers: list[tuple[str, dict[str, Any]]]) -> list[ReplyFate]:
+    async def reclaim_replies(self, answers: list[tuple[str, Reply]]) -> list[ReplyFate]:
         """Past their APIs' wait, take back the answers that nobody took: nobody was told of
         those creates (their API gave up, and perhaps could not even say so), so the worker
         undoes them. A taken answer is known by its record in the given list, not by its
         absence: an answer lost with its keys is not one somebody took."""
-        calls = [
-            ([keys.reply(r), keys.reply_given(r)], [orjson.dumps(payload), GIVEN, ABANDONED]) for r, payload in answers
-        ]
+        calls = [([keys.reply(r), keys.reply_given(r)], [answer.encode(), GIVEN, ABANDONED]) for r, answer in answers]
         fates = await self._pipelined(self._reclaim, calls)
         for fate in fates:
             if isinstance(fate, Exception):
@@ -650,7 +648,7 @@ class RedisStore:
 
     async def await_reply(
         self, request: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None
-    ) -> dict[str, Any] | None:
+    ) -> Reply | None:
         """The worker's reply; None once `timeout_s` passed or `alive()` says the worker is
         gone, and then the worker is told that nobody waits any more (a create it finishes
         later is undone, not left behind).
@@ -668,7 +666,7 @@ class RedisStore:
                 await self._put_back_marker(source, given)
                 return None
             if reply:
-                return orjson.loads(reply)
+                return Reply.decode(reply)
             if loop.time() >= deadline or (alive is not None and not await alive()):
                 return await self.abandon_reply(request)
 
@@ -679,21 +677,21 @@ class RedisStore:
         pipe.expire(source, REPLY_TTL_S)
         await pipe.execute()
 
-    async def take_reply(self, request: str) -> dict[str, Any] | str | None:
+    async def take_reply(self, request: str) -> Reply | str | None:
         """Take a reply without waiting: the reply (one still there, or one taken already
         whose taker may never have answered), ABANDONED if an API gave up on it (the marker
         stays), or None if there is none yet."""
         reply = await self._take([keys.reply(request), keys.reply_given(request)], [REPLY_TTL_S, ABANDONED, GIVEN])
         if not reply:
             return None
-        return ABANDONED if reply == ABANDONED else orjson.loads(reply)
+        return ABANDONED if reply == ABANDONED else Reply.decode(reply)
 
-    async def abandon_reply(self, request: str) -> dict[str, Any] | None:
+    async def abandon_reply(self, request: str) -> Reply | None:
         """Stop waiting for a reply: the one that arrived meanwhile (or that this API's own
         take moved but never heard), or None, and then the worker is told nobody waits (it
         undoes a create it finishes later)."""
         late = await self._abandon([keys.reply(request), keys.reply_given(request)], [REPLY_TTL_S, ABANDONED, GIVEN])
-        return orjson.loads(late) if late else None
+        return Reply.decode(late) if late else None
 
     async def locate(self, sid: str) -> str | None:
         return await self.redis.get(keys.locator(sid))
