@@ -59,15 +59,11 @@ INTERACTIVE_KINDS = (FOREGROUND,)
 
 @dataclass
 class Prompt:
-    """One admitted prompt; `ended` is the terminal latch (exactly one terminal event)."""
+    """One admitted prompt here: the command that brought it, as the API sent it (carried as
+    is when the session moves), and its turn's state. `ended` is the terminal latch (exactly
+    one terminal event)."""
 
-    prompt_id: str
-    blocks: list[dict[str, Any]]
-    text: str
-    meta: dict[str, Any] | None = None
-    client_id: str | None = None
-    kind: str = FOREGROUND
-    queued_at: int = field(default_factory=now_ms)
+    command: commands.Prompt
     queued: bool = False  # waited behind another prompt (gets pending_prompt_started)
     started: bool = False
     sent: bool = False  # session/prompt went to the agent
@@ -80,6 +76,42 @@ class Prompt:
     def __post_init__(self) -> None:
         self.turn = TurnRecord.queued(self.prompt_id, self.text, self.queued_at, self.client_id)
 
+    @classmethod
+    def of(cls, command: commands.Prompt) -> Prompt:
+        """The prompt a command admitted (read from an inbox, parked, or carried). One sent
+        without its admission time (`queuedAt` 0: not by an API) is stamped on arrival."""
+        if not command.queued_at:
+            command = dataclasses.replace(command, queued_at=now_ms())
+        return cls(command)
+
+    @property
+    def prompt_id(self) -> str:
+        return self.command.prompt_id
+
+    @property
+    def blocks(self) -> list[dict[str, Any]]:
+        return self.command.blocks
+
+    @property
+    def text(self) -> str:
+        return self.command.text
+
+    @property
+    def meta(self) -> dict[str, Any] | None:
+        return self.command.meta
+
+    @property
+    def client_id(self) -> str | None:
+        return self.command.client_id
+
+    @property
+    def kind(self) -> str:
+        return self.command.kind
+
+    @property
+    def queued_at(self) -> int:
+        return self.command.queued_at
+
     def add_result(self, text: str) -> None:
         """Keep the agent's text up to just past what a turn record holds."""
         if text and self.result_chars <= TEXT_MAX_CHARS:
@@ -88,22 +120,6 @@ class Prompt:
 
     def result_text(self) -> str:
         return "".join(self.result)
-
-    def command(self, sid: str) -> commands.Prompt:
-        """The prompt as the command that brought it (carried to a new owner on a move)."""
-        return commands.Prompt(
-            sid=sid, prompt_id=self.prompt_id,
-            blocks=self.blocks, text=self.text, meta=self.meta, kind=self.kind, client_id=self.client_id,
-            queued_at=self.queued_at,
-        )
-
-    @classmethod
-    def of(cls, command: commands.Prompt) -> Prompt:
-        """The prompt a command admitted (read from an inbox, parked, or carried)."""
-        return cls(
-            prompt_id=command.prompt_id, blocks=command.blocks, text=command.text, meta=command.meta,
-            client_id=command.client_id, kind=command.kind, queued_at=command.queued_at or now_ms(),
-        )
 
 
 @dataclass
@@ -259,7 +275,7 @@ class LiveSession:
             updated_at=iso(self.updated_ms),
             display_name=self.display_name,
             clients=sorted(self.clients),
-            prompts=[prompt.command(self.sid) for prompt in waiting],
+            prompts=[prompt.command for prompt in waiting],
             turn_error=self.turn_error.status_view() if self.turn_error is not None else None,
             turn_error_event=self.turn_error_event,
             history=self.has_history,
