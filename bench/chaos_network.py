@@ -13,7 +13,7 @@ Two kinds of fault, on the hosts of bench/hosts.py's test bed:
   one host's connections to Redis or on every host's, through the fault proxy.
 
 Only `random.Random(seed)` picks kinds, targets, parameters and times, as for the other
-faults (bench/chaos.py's make_schedule).
+faults (bench/chaos_schedule.py's make_schedule).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ from acp_state.store import keys
 from acp_state.store.connection import connect
 from tests.harness import Harness, WorkerProcess
 
-from . import chaos, chaos_check
+from . import chaos_check, chaos_history, chaos_load, chaos_schedule
 from .fake_openai import FakeOpenAI, find_qwen, message_text, qwen_env
 from .procs import percentile
 from .redis_server import RedisServer, free_port
@@ -113,7 +113,7 @@ class Plan:
 # ---------------------------------------------------------------------------- the history
 
 
-class KeptRecorder(chaos.Recorder):
+class KeptRecorder(chaos_history.Recorder):
     """The chaos run's recorder (JSON lines, numbered), keeping the records in memory too."""
 
     def __init__(self, path: Path) -> None:
@@ -176,19 +176,19 @@ class Tracked:
     lost: bool = False  # ended for good (closed, or a resume failed)
 
 
-class Reader(chaos.Reader):
-    """chaos.Reader (records every frame, resumes with Last-Event-ID on either API), which
+class Reader(chaos_load.Reader):
+    """chaos_load.Reader (records every frame, resumes with Last-Event-ID on either API), which
     also tells the client of moves and endings."""
 
-    async def _frame(self, frame: dict[str, Any], base: dict[str, Any]) -> int:
-        brought = await super()._frame(frame, base)
+    async def on_frame(self, frame: dict[str, Any], base: dict[str, Any]) -> int:
+        brought = await super().on_frame(frame, base)
         if brought:
             self.load.frame_seen(self.sid, frame.get("event"))
         return brought
 
 
-class Client(chaos.Load):
-    """The deploy's client, on chaos.Load's recorded requests (Idempotency-Key on mutating
+class Client(chaos_load.Load):
+    """The deploy's client, on chaos_load.Load's recorded requests (Idempotency-Key on mutating
     routes, retried with it while the outcome is unknown or the store refused)."""
 
     def __init__(self, run: Run) -> None:
@@ -216,7 +216,7 @@ class Client(chaos.Load):
     def reader_for(self, s: Tracked) -> Reader:
         name = f"r{s.n}" if s.life == 1 else f"r{s.n}~{s.life}"
         self.reader_life[name] = s.life
-        reader = Reader(self, s.sid, name, s.n % chaos.APIS).start()
+        reader = Reader(self, s.sid, name, s.n % chaos_schedule.APIS).start()
         self.readers.append(reader)
         return reader
 
@@ -236,7 +236,7 @@ class Client(chaos.Load):
         if s is None:
             return
         if event_type == chaos_check.MOVED:
-            self.moves.append((now(), sid))  # (chaos.Reader has the new owner read: Load.moved)
+            self.moves.append((now(), sid))  # (chaos_load.Reader has the new owner read: Load.moved)
         elif event_type in ENDINGS:
             s.live = False
             if event_type == "session_died" and self.plan.resumes and not self.stop_prompting.is_set():
@@ -254,7 +254,7 @@ class Client(chaos.Load):
 
     async def resume(self, s: Tracked) -> None:
         """`POST /session/:id/load` of a session whose worker died (503 while its state is
-        not swept yet: retried, as chaos.Load retries, with Retry-After), then a reader of
+        not swept yet: retried, as chaos_load.Load retries, with Retry-After), then a reader of
         its new life."""
         sent = now()
         status, body = await self.call("POST", "load", f"/session/{s.sid}/load", rng=random.Random(s.sid),
@@ -434,7 +434,7 @@ class Run:
         self.redis = connect(self.harness.redis_url)
         log(f"{plan.workers} workers (qwen), 2 APIs, drain grace {plan.drain_grace_s} s, {plan.sessions} sessions")
         self.workers = list(await asyncio.gather(*(self.start_worker(slot) for slot in range(plan.workers))))
-        apis = [await self.harness.api() for _ in range(chaos.APIS)]
+        apis = [await self.harness.api() for _ in range(chaos_schedule.APIS)]
         self.api_ports = [api.port for api in apis]
         self.rec("meta", seed=plan.seed, cluster=False, lease_ms=plan.lease_ms, drain_grace_s=plan.drain_grace_s,
                  workspace=self.workspace,
@@ -491,7 +491,7 @@ class Run:
         await client.stop_load()
         await asyncio.wait(load, timeout=plan.event_timeout_s + 30)
         if client.resume_tasks:
-            await asyncio.wait(list(client.resume_tasks), timeout=chaos.CHAIN_BUDGET_S + 10)
+            await asyncio.wait(list(client.resume_tasks), timeout=chaos_load.CHAIN_BUDGET_S + 10)
         for task in load:
             task.cancel()
         await asyncio.gather(*load, return_exceptions=True)
@@ -572,7 +572,7 @@ class Run:
 
         async def check(s: Tracked) -> None:
             async with gate:
-                status, body = await client.status(s.sid, rng, api=s.n % chaos.APIS)
+                status, body = await client.status(s.sid, rng, api=s.n % chaos_schedule.APIS)
                 live = status == 200 and isinstance(body, dict) and body.get("sessionId") == s.sid
                 result: dict[str, Any] = {"live": live, "status": status, "life": s.life}
                 if live and not s.lost:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench import chaos_check
-from bench.chaos import make_schedule
+from bench.chaos_schedule import make_schedule
 
 SID = "11111111-1111-4111-8111-111111111111"
 PROMPT = "p-1"

@@ -1031,6 +1031,21 @@ class RedisStore:
         pipe.zrem(keys.SWEEPS, incarnation)  # the tombstone stays: dead stays dead
         await pipe.execute()
 
+    # ---- audit -------------------------------------------------------------------------
+
+    async def key_expiries(self) -> list[tuple[str, str, int]]:
+        """Every key of the store's on its server (every master's, on a cluster), with its
+        type and its TTL in ms (-1: none, -2: gone meanwhile): nothing of the runtime state
+        may outlive its TTL (the chaos run's invariant h reads this after a run)."""
+        found = []
+        async for key in self.redis.scan_iter(match=f"{keys.PREFIX}:*", count=1000):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.type(key)
+            pipe.pttl(key)
+            key_type, pttl = await pipe.execute()
+            found.append((key, key_type, pttl))
+        return found
+
 
 def _commands(reply: Any) -> list[tuple[str, str, Command | MalformedCommand]]:
     return [(stream, entry_id, _decoded(fields)) for stream, entries in reply or [] for entry_id, fields in entries]

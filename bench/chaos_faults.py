@@ -1,0 +1,255 @@
+"""How the chaos run injects each fault of its schedule (bench/chaos_schedule.py): on the
+processes (kill -9, SIGSTOP, a drain by SIGTERM or `acp-state drain`), on Redis (DEBUG
+SLEEP, CLIENT PAUSE, a restart empty, maxmemory, killed pub/sub clients, a cluster
+failover) and, across hosts, on the network (bench/chaos_network.py). Each fault goes to
+the history with what was done and when; docs/chaos.md's table says what each does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from . import chaos_network
+from .chaos_history import RecordedProcess, log, now
+from .chaos_redis import client as redis_client
+from .chaos_schedule import FAULTS_HOSTS
+from .procs import ROOT
+
+if TYPE_CHECKING:
+    from .chaos import Chaos
+
+# How long a drained worker may take to exit (its grace, every hand-off, the shutdown)
+# before it is killed; the fault records the kill (the checker then counts it killed).
+DRAIN_EXIT_TIMEOUT_S = 90.0
+
+
+class Faults:
+    """The fault lane of a run (`run_faults`), the link-condition lane of a run across hosts
+    (`run_conditions`), and what each fault and condition did (`log`, `condition_log`)."""
+
+    def __init__(self, run: Chaos) -> None:
+        self.run = run
+        self.network: chaos_network.Network | None = None  # across hosts, once the bed is up
+        self.log: list[dict[str, Any]] = []
+        self.condition_log: list[dict[str, Any]] = []
+        self.drained: list[RecordedProcess] = []  # workers told to drain, replaced in their slot
+
+    async def masters(self) -> list[int]:
+        return await asyncio.to_thread(self.run.redis.masters)
+
+    async def on_ports(self, ports: list[int], *command: Any, timeout: float = 5) -> dict[int, Any]:
+        """`command` on each node (one thread each, a plain client of its own); an error is
+        recorded as its answer."""
+
+        def on_port(port: int) -> Any:
+            try:
+                return redis_client(port, socket_timeout=timeout).execute_command(*command)
+            except Exception as error:  # noqa: BLE001 - recorded
+                return f"error: {error!r}"
+
+        results = await asyncio.gather(*(asyncio.to_thread(on_port, p) for p in ports))
+        return dict(zip(ports, results, strict=True))
+
+    async def inject(self, plan: dict[str, Any]) -> dict[str, Any]:
+        """Inject one planned fault and wait for its end; returns its record (also written)."""
+        kind, target, params = plan["kind"], plan["target"], plan["params"]
+        detail: dict[str, Any] = {}
+        record: dict[str, Any] = {"fault": kind, "target": target, "planned": plan}
+        start = now()
+        try:
+            if kind in ("worker_kill9", "worker_stop"):
+                process = self.run.workers[target]
+                assert process is not None
+                record["incarnations"] = list(process.incarnations)
+                record["pid"] = process.pid
+                if kind == "worker_kill9":
+                    await process.kill9()
+                    detail["killed_at"] = now()
+                    replacement = await self.run.start_worker(target)
+                    detail["replacement"] = replacement.inc
+                else:
+                    process.signal(signal.SIGSTOP)
+                    try:
+                        await asyncio.sleep(params["stop_s"])
+                    finally:
+                        process.signal(signal.SIGCONT)
+            elif kind == "worker_drain":
+                process = self.run.workers[target]
+                assert process is not None
+                record["incarnations"] = list(process.incarnations)
+                record["pid"] = process.pid
+                await self.drain_worker(process, params, detail)
+            elif kind in ("redis_sleep_2x", "redis_sleep_5x"):
+                masters = await self.masters()
+                port = masters[target % len(masters)] if masters else self.run.redis.ports[0]
+                detail["node"] = port
+                detail["result"] = (await self.on_ports([port], "DEBUG", "SLEEP", params["sleep_s"],
+                                                        timeout=params["sleep_s"] + 15))[port]
+            elif kind in ("client_pause_all", "client_pause_write"):
+                masters = await self.masters()
+                mode = "ALL" if kind.endswith("all") else "WRITE"
+                detail["nodes"] = masters
+                detail["result"] = await self.on_ports(masters, "CLIENT", "PAUSE", params["pause_ms"], mode)
+                await asyncio.sleep(params["pause_ms"] / 1000)
+            elif kind == "redis_restart_empty":
+                await asyncio.to_thread(self.run.redis.kill9)
+                detail["down_at"] = now()
+                await asyncio.sleep(params["down_s"])
+                await asyncio.to_thread(self.run.redis.restart_empty)
+                detail["up_at"] = now()
+            elif kind == "maxmemory":
+                masters = await self.masters()
+                detail["nodes"] = masters
+                def limit(port: int) -> Any:
+                    try:
+                        c = redis_client(port)
+                        used = int(c.info("memory")["used_memory"])
+                        c.config_set("maxmemory-policy", "noeviction")
+                        c.config_set("maxmemory", used + params["margin_bytes"])
+                        return used + params["margin_bytes"]
+                    except Exception as error:  # noqa: BLE001 - recorded
+                        return f"error: {error!r}"
+
+                detail["limits"] = dict(zip(masters, await asyncio.gather(*(asyncio.to_thread(limit, p) for p in masters)),
+                                            strict=True))
+                await asyncio.sleep(params["hold_s"])
+                detail["lifted"] = await self.on_ports(masters, "CONFIG", "SET", "maxmemory", 0)
+            elif kind == "api_kill9":
+                process = self.run.apis[target]
+                assert process is not None
+                record["pid"] = process.pid
+                await process.kill9()
+                detail["killed_at"] = now()
+                await self.run.start_api(target)
+            elif kind == "pubsub_kill":
+                ports = self.run.redis.alive_ports()
+                detail["killed"] = await self.on_ports(ports, "CLIENT", "KILL", "TYPE", "pubsub")
+            elif kind in FAULTS_HOSTS:
+                assert self.network is not None
+                role, number = target.split("-")
+                process = (self.run.workers if role == "worker" else self.run.apis)[int(number) - 1]
+                if role == "worker" and process is not None:
+                    # A worker cut from Redis past its lease is declared dead, as a stopped
+                    # one is: the checker holds its sessions' deaths to these incarnations.
+                    record["incarnations"] = list(process.incarnations)
+                    record["pid"] = process.pid
+                await self.network.cut(kind, target, params, detail)
+            elif kind == "cluster_failover":
+                masters = await self.masters()
+                with_replica = [(m, r) for m in masters if (r := await asyncio.to_thread(self.run.redis.replica_of, m))]
+                if not with_replica:
+                    detail["skipped"] = "no master has a live replica"
+                else:
+                    old, replica = with_replica[target % len(with_replica)]
+                    detail.update(killed=old, replica=replica)
+                    await asyncio.to_thread(self.run.redis.kill9, old)
+                    detail["killed_at"] = now()
+                    deadline = time.monotonic() + 30
+                    while time.monotonic() < deadline:
+                        if await asyncio.to_thread(self.run.redis.promoted, old, replica):
+                            detail["promoted_at"] = now()
+                            break
+                        await asyncio.sleep(0.1)
+                    else:
+                        detail["promoted_at"] = None
+                    if params["restart_as_replica"]:
+                        await asyncio.to_thread(self.run.redis.restart_node, old)
+                        detail["restarted_at"] = now()
+        except Exception as error:  # noqa: BLE001 - what was done so far is recorded with the error
+            detail["error"] = repr(error)
+        if kind == "worker_drain" and "signalled_at" in detail:
+            start = detail["signalled_at"]  # the drain began then (the replacement came after)
+        record.update(t_start=start, t_end=now(), detail=detail)
+        self.run.rec("fault", **record)
+        self.log.append(record)
+        log(f"fault {kind} target={target}: {round(record['t_end'] - start, 2)} s {json.dumps(detail, default=str)[:200]}")
+        return record
+
+    async def drain_worker(self, process: RecordedProcess, params: dict[str, Any], detail: dict[str, Any]) -> None:
+        """Drain a worker (SIGTERM, or `acp-state drain <incarnation>`), start its replacement
+        in its slot at once (a rolling restart), and wait for it to exit: its sessions move
+        to the live workers meanwhile (or, with none, close). Then read every session's owner:
+        the history ties each move to the incarnation that took the session."""
+        slot = process.slot
+        self.drained.append(process)
+        detail["grace_s"] = params["grace_s"]
+        detail["via"] = params["via"]
+        detail["drained"] = process.inc
+        if params["via"] == "cli":
+            detail["signalled_at"] = now()
+            cli = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "acp_state.cli", "drain", process.inc or "", "--redis-url", self.run.redis_url(),
+                "--no-wait", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=str(ROOT),
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
+            out, _ = await asyncio.wait_for(cli.communicate(), 30)
+            detail["cli"] = {"code": cli.returncode, "output": out.decode(errors="replace").strip()[-300:]}
+            self.run.rec("worker", slot=slot, pid=process.pid, inc=process.inc, incarnations=list(process.incarnations),
+                         t=detail["signalled_at"], event="drain")
+            if cli.returncode != 0:  # not told (e.g. its lease lapsed just now): stop it as an operator would
+                process.sigterm()
+        else:
+            process.sigterm()
+            detail["signalled_at"] = now()
+        replacement = await self.run.start_worker(slot)
+        detail["replacement"] = replacement.inc
+        how = await process.wait_exit(DRAIN_EXIT_TIMEOUT_S)
+        detail["exited_at"] = now()
+        detail["exit"] = how
+        if how.endswith("killed"):
+            detail["killed_at"] = detail["exited_at"]
+        if self.run.load is not None:
+            await self.run.load.read_owners("drained")
+
+    async def run_faults(self) -> None:
+        """The schedule, each fault at its time from the start of the load (`run.t0`)."""
+        for plan in self.run.schedule:
+            wait = self.run.t0 + plan["at_s"] - now()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            try:
+                await self.inject(plan)
+            except Exception as error:  # noqa: BLE001 - a fault that could not be injected is recorded
+                self.run.rec("fault", fault=plan["kind"], target=plan["target"], planned=plan, t_start=now(),
+                             t_end=now(), detail={"error": repr(error)})
+                log(f"fault {plan['kind']} failed: {error!r}")
+
+    async def run_conditions(self) -> None:
+        """The link-condition lane (a run across hosts), beside the fault schedule."""
+        assert self.network is not None
+        for plan in self.run.conditions:
+            wait = self.run.t0 + plan["at_s"] - now()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            start = now()
+            try:
+                detail = await self.network.condition(plan)
+            except Exception as error:  # noqa: BLE001 - recorded
+                detail = {"error": repr(error)}
+            record = {"condition": plan["kind"], "target": plan["target"], "planned": plan, "t_start": start,
+                      "t_end": now(), "detail": detail}
+            self.run.rec("condition", **record)
+            self.condition_log.append(record)
+
+    async def wait_redis_healthy(self, timeout: float = 60) -> bool:
+        """Faults are over: lift any limit a fault left behind, restart dead nodes, and wait
+        until every node answers (on a cluster: state ok, replicas linked)."""
+        await self.on_ports(self.run.redis.alive_ports(), "CONFIG", "SET", "maxmemory", 0)
+        await self.on_ports(self.run.redis.alive_ports(), "CLIENT", "UNPAUSE")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.run.cluster:
+                # A killed node that was not restarted is started again as a replica here.
+                for node in self.run.redis.nodes:
+                    if node.process is None or node.process.poll() is not None:
+                        await asyncio.to_thread(self.run.redis.restart_node, node.port)
+            if await asyncio.to_thread(self.run.redis.healthy):
+                return True
+            await asyncio.sleep(0.2)
+        return False
