@@ -22,6 +22,11 @@ a target meanwhile is forgotten here, never written again. A turn still running 
 grace runs out ends with a `turn_error` (`worker_draining`), its pending requests cancelled.
 A session that finds no target before the grace ends is closed, as a stop without a drain
 closes it.
+
+The session's own part of a move, on both workers, is `MovableSession` below (mixed into
+`LiveSession`): held, its marker and writes awaited, its turn stopped, its state carried and
+handed over here; resumed from that state, taken over and its carried prompts run first on
+the target. The mover and the moved side by side, as rq keeps a command's sender and handler.
 """
 
 from __future__ import annotations
@@ -30,13 +35,19 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable, Callable
 
-from acp_state import commands, ids
-from acp_state.moves import accepts
+from acp_state import commands, events, ids
+from acp_state.clock import from_iso, iso, now_ms
+from acp_state.moves import Carry, accepts
 from acp_state.registry import WorkerRegistry
+from acp_state.store import Applied, CatalogRow, Mode, Transition
+from acp_state.turn_errors import TurnError
+
+from .prompt import AUTOMATIC_KINDS, Prompt
 
 if TYPE_CHECKING:
+    from .agent import AgentProcess
     from .session import LiveSession
     from .worker import Worker
 
@@ -54,6 +65,8 @@ RETRY_MAX_S = 4.0
 HANDOFFS_PER_TARGET = 8
 # The live workers' reports are read at most this often (one read serves every move).
 REPORTS_FRESH_S = 0.5
+# How long a drain waits for the agent to answer a turn it cancelled (see stop_turn).
+CANCEL_ANSWER_S = 5.0
 
 
 async def drain(worker: Worker, grace_s: float) -> None:
@@ -184,3 +197,168 @@ class Drain:
         # No answer (a late one would find the request abandoned): the store says who holds it.
         view = await self.worker.store.session(session.ws, session.sid)
         return view.owner if view is not None else None
+
+
+class MovableSession:
+    """A live session's part in a move (see the module): what the drain asks of it here,
+    and how it resumes or arrives on its new owner. Mixed into `LiveSession`, whose state
+    it reads and writes; it has none of its own."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # the session's (worker/session.py)
+        sid: str
+        agent: AgentProcess
+        agent_sid: str
+        closed: bool
+        active: Prompt | None
+        queue: list[Prompt]
+        automatic: dict[str, list[Prompt]]
+        created_ms: int
+        updated_ms: int
+        display_name: str | None
+        clients: set[str]
+        turn_error: TurnError | None
+        turn_error_event: bool
+        resumed: bool
+        has_history: bool
+        holding: bool
+        arriving: list[Prompt] | None
+        _marker_read: asyncio.Event | None
+        _idle: asyncio.Event | None
+        _in_order: asyncio.Lock
+        _runner: asyncio.Task[None] | None
+        _on_gone: Callable[..., Awaitable[None]]
+
+        def _waiting(self) -> list[Prompt]: ...
+        def _terminal(self, prompt: Prompt) -> Transition: ...
+        def _resolve_all_pending(self, event_list: list[str]) -> list[str]: ...
+        def _mark_published(self) -> None: ...
+        def _track_state(self) -> None: ...
+        def catalog_row(self) -> CatalogRow: ...
+        async def _write(self, transition: Transition) -> Applied | None: ...
+        async def _run(self) -> None: ...
+
+    def resume_from(self, carry: Carry) -> None:
+        """Go on from a resumed session's carried state (its row's times and title; on a
+        move also its clients, queued prompts and turn error)."""
+        self.resumed = True
+        self.created_ms = from_iso(carry.created_at)
+        self.updated_ms = from_iso(carry.updated_at)
+        self.display_name = carry.display_name
+        self.clients.update(carry.clients)
+        self.has_history = carry.history
+        if carry.turn_error is not None:
+            view = carry.turn_error
+            self.turn_error = TurnError(view.get("message", ""), view.get("code"), view.get("errorKind"))
+            self.turn_error_event = carry.turn_error_event
+
+    def carry(self) -> Carry:
+        """What the new owner of a moving session goes on from (queued prompts in order)."""
+        waiting = [prompt for prompt in self._waiting() if not prompt.ended]
+        return Carry(
+            created_at=iso(self.created_ms),
+            updated_at=iso(self.updated_ms),
+            display_name=self.display_name,
+            clients=sorted(self.clients),
+            prompts=[prompt.command for prompt in waiting],
+            turn_error=self.turn_error.status_view() if self.turn_error is not None else None,
+            turn_error_event=self.turn_error_event,
+            history=self.has_history,
+        )
+
+    def hold(self) -> None:
+        """A drain began: start no new turn here (what is admitted queues and moves)."""
+        self.holding = True
+        self._marker_read = asyncio.Event()
+
+    def marker_read(self) -> None:
+        if self._marker_read is not None:
+            self._marker_read.set()
+
+    async def wait_marker(self) -> None:
+        """Until our inbox's `moving` marker was read: every command sent before it is ours."""
+        assert self._marker_read is not None
+        await self._marker_read.wait()
+
+    async def written(self) -> None:
+        """Until every transition queued so far reached the store (they are written in order)."""
+        await asyncio.sleep(0)  # writes started as tasks just before reach the queue first
+        async with self._in_order:
+            pass
+
+    async def until_idle(self) -> None:
+        """Until no turn runs (a held session starts none)."""
+        while self.active is not None and not self.closed:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+
+    async def stop_turn(self, code: str, message: str) -> None:
+        """End the running turn now (a drain's grace ran out): the agent is told to cancel,
+        what it awaits is answered cancelled, and the turn ends with a `turn_error` that
+        says why; its late answer then changes nothing."""
+        prompt = self.active
+        if prompt is None or self.closed:
+            return
+        prompt.cancel_requested = True
+        if prompt.sent:
+            await self.agent.cancel(self.agent_sid)
+        transition = self._terminal(prompt)
+        transition.interactions_removed = self._resolve_all_pending(transition.events)
+        prompt.turn = prompt.turn.failed(now_ms(), message, code)
+        transition.turns.append(prompt.turn)
+        data = {"sessionId": self.sid, "message": message, "code": code, "promptId": prompt.prompt_id}
+        transition.events.append(events.body("turn_error", data, prompt.prompt_id))
+        await self._write(transition)
+        if prompt.sent and self._runner is not None:
+            # The agent answers the cancelled prompt once it has recorded the turn: the
+            # session's history must be complete before another worker loads it.
+            with contextlib.suppress(asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._runner), CANCEL_ANSWER_S)
+
+    def _went_idle(self) -> None:
+        if self._idle is not None and self.active is None:
+            self._idle.set()
+
+    async def publish_moved(self, previous: str) -> Applied | None:
+        """Take the session over from `previous`, which named us its target: one event on
+        its stream says it moved; its log, epoch and fields stay (scripts' takeover)."""
+        data = {"sessionId": self.sid, "reason": "worker_draining"}
+        transition = Transition(
+            mode=Mode.TAKEOVER, takeover_from=previous, catalog=self.catalog_row(),
+            events=[events.body("session_moved", data)],
+        )
+        try:
+            return await self._write(transition)
+        finally:
+            self._mark_published()
+
+    def arrive(self, carried: list[Prompt]) -> list[Prompt]:
+        """The move is done: the prompts carried from the old owner (announced there as
+        queued) run first. Returns those sent here meanwhile, which the caller enqueues after
+        the parked commands (in the same turn of the loop: nothing comes between)."""
+        since, self.arriving = self.arriving or [], None
+        for prompt in carried:
+            prompt.queued = True
+            (self.automatic.setdefault(prompt.kind, []) if prompt.kind in AUTOMATIC_KINDS else self.queue).append(prompt)
+        if self._waiting() and (self._runner is None or self._runner.done()):
+            self._runner = asyncio.ensure_future(self._run())
+        return since
+
+    async def hand_over(self) -> None:
+        """The session moved to another worker: forget it here, writing nothing (the new
+        owner holds it now, and the agent child here lets go of it)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._mark_published()
+        self._track_state()
+        for prompt in self._waiting():
+            prompt.ended = True  # they run on the new owner
+        self.queue.clear()
+        self.automatic.clear()
+        try:
+            await self.agent.forget(self.agent_sid)
+        except Exception:  # the child may be gone already
+            log.warning("could not tell the agent", extra={"sessionId": self.sid}, exc_info=True)
+        await self._on_gone(self)

@@ -39,8 +39,8 @@ class WorkerCollector(Collector):
         pending = GaugeMetricFamily("acp_state_pending_interactions", "Pending interactions by kind", labels=["kind"])
         kinds = {"permission": 0, USER_QUESTION: 0}
         for session in sessions:
-            for item in session.pending.values():
-                kinds[item.interaction["kind"]] = kinds.get(item.interaction["kind"], 0) + 1
+            for kind in session.pending_kinds():
+                kinds[kind] = kinds.get(kind, 0) + 1
         for kind, count in kinds.items():
             pending.add_metric([kind], count)
         yield pending

@@ -2,39 +2,39 @@
 
 Every transition is written to the store as one atomic step (state + events together).
 The in-memory state here is the truth; Redis holds its projection, which the worker can
-rewrite whole (`snapshot`) when Redis lost it.
+rewrite whole (`snapshot`) when Redis lost it. Two parts of it live beside the jobs they
+serve and are mixed in: what the agent asks the session's clients (permissions, questions:
+`PermissionRequests`, worker/permissions.py) and its part in a move (`MovableSession`,
+worker/drain.py). An admitted prompt is a `Prompt` (worker/prompt.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import itertools
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from acp_state import commands, events, ids, interactions
-from acp_state.commands import CHANNEL, CRON, FOREGROUND, NOTIFICATION, cancelled_response
-from acp_state.clock import from_iso, iso, now_ms
-from acp_state.moves import Carry
+from acp_state import events, ids, interactions
+from acp_state.commands import CHANNEL, FOREGROUND
+from acp_state.clock import iso, now_ms
 from acp_state.store import (
     Applied,
     ApplyOutcome,
     CatalogRow,
     EndAdmitted,
     Mode,
-    PendingInteraction,
     Transition,
     WorkerStore,
     is_transient,
 )
 from acp_state.turn_errors import LOOP_DETECTED_MESSAGE, TurnError, from_exception
-from acp_state.turns import TEXT_MAX_CHARS, TurnRecord
 
+from .drain import MovableSession
 from .loop_guard import LoopGuard, LoopLimits, skipped_update
 from .metrics import EVENTS, TRANSITIONS, TURN_ERRORS, WRITES_DROPPED
+from .permissions import PermissionRequests
+from .prompt import AUTOMATIC_KINDS, INTERACTIVE_KINDS, Prompt
 
 if TYPE_CHECKING:
     from .agent import AgentProcess
@@ -48,98 +48,15 @@ RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 1.0
 WRITE_PATIENCE_S = 120.0
 TERMINALS = ("turn_complete", "turn_error")
-# How long a drain waits for the agent to answer a turn it cancelled (see stop_turn).
-CANCEL_ANSWER_S = 5.0
-
-# Automatic turns wait in their own queues and run before the next queued foreground prompt.
-AUTOMATIC_KINDS = (CRON, NOTIFICATION)
-# Only an interactive user prompt is rejected by loop protection and clears a turn error.
-INTERACTIVE_KINDS = (FOREGROUND,)
 
 
-@dataclass
-class Prompt:
-    """One admitted prompt here: the command that brought it, as the API sent it (carried as
-    is when the session moves), and its turn's state. `ended` is the terminal latch (exactly
-    one terminal event)."""
-
-    command: commands.Prompt
-    queued: bool = False  # waited behind another prompt (gets pending_prompt_started)
-    started: bool = False
-    sent: bool = False  # session/prompt went to the agent
-    cancel_requested: bool = False
-    ended: bool = False
-    result: list[str] = field(default_factory=list)  # the agent's message text of this turn
-    result_chars: int = 0
-    turn: TurnRecord = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.turn = TurnRecord.queued(self.prompt_id, self.text, self.queued_at, self.client_id)
-
-    @classmethod
-    def of(cls, command: commands.Prompt) -> Prompt:
-        """The prompt a command admitted (read from an inbox, parked, or carried). One sent
-        without its admission time (`queuedAt` 0: not by an API) is stamped on arrival."""
-        if not command.queued_at:
-            command = dataclasses.replace(command, queued_at=now_ms())
-        return cls(command)
-
-    @property
-    def prompt_id(self) -> str:
-        return self.command.prompt_id
-
-    @property
-    def blocks(self) -> list[dict[str, Any]]:
-        return self.command.blocks
-
-    @property
-    def text(self) -> str:
-        return self.command.text
-
-    @property
-    def meta(self) -> dict[str, Any] | None:
-        return self.command.meta
-
-    @property
-    def client_id(self) -> str | None:
-        return self.command.client_id
-
-    @property
-    def kind(self) -> str:
-        return self.command.kind
-
-    @property
-    def queued_at(self) -> int:
-        return self.command.queued_at
-
-    def add_result(self, text: str) -> None:
-        """Keep the agent's text up to just past what a turn record holds."""
-        if text and self.result_chars <= TEXT_MAX_CHARS:
-            self.result.append(text)
-            self.result_chars += len(text)
-
-    def result_text(self) -> str:
-        return "".join(self.result)
-
-
-@dataclass
-class Pending:
-    """A permission request the agent awaits."""
-
-    interaction: dict[str, Any]
-    allowed: list[str]
-    order: int
-    prompt_id: str | None
-    answer: asyncio.Future[commands.Vote | None]  # the vote that won it; None: cancelled here
-
-
-class LiveSession:
+class LiveSession(PermissionRequests, MovableSession):
     # Slots, not a per-instance dict: a worker holds tens of thousands of idle sessions.
     __slots__ = ("store", "incarnation", "ws", "sid", "cwd", "agent", "agent_sid", "single",
         "_on_gone", "_on_fenced", "_published", "_publishing", "untold_request", "_in_order",
         "_op", "_unwritten", "abandoned", "write_patience_s", "created_ms", "updated_ms",
         "display_name", "clients", "loop_limits", "_on_state", "state", "active", "queue",
-        "automatic", "pending", "turn_error", "turn_error_event", "closed", "_order", "_runner",
+        "automatic", "turn_error", "turn_error_event", "closed", "_runner",
         "_guard", "_loop_stop", "agent_name", "state_store", "resumable", "resumed", "holding",
         "moving", "arriving", "has_history", "_marker_read", "_idle")
 
@@ -159,6 +76,7 @@ class LiveSession:
         loop_limits: LoopLimits | None = None,
         on_state: Callable[[str | None, str | None], None] | None = None,
     ) -> None:
+        super().__init__()
         self.store = store
         self.incarnation = incarnation
         self.ws = ws
@@ -195,11 +113,9 @@ class LiveSession:
         # a few prompts (the admission limit), and an idle session should cost little.
         self.queue: list[Prompt] = []  # foreground, channel and goal prompts
         self.automatic: dict[str, list[Prompt]] = {}
-        self.pending: dict[str, Pending] = {}
         self.turn_error: TurnError | None = None
         self.turn_error_event: bool = False
         self.closed = False
-        self._order = itertools.count()
         self._runner: asyncio.Task[None] | None = None
         # Per-turn state, reset when a prompt starts.
         self._guard = LoopGuard(self.loop_limits)
@@ -251,132 +167,6 @@ class LiveSession:
             agent=self.agent_name, state_store=self.state_store, agent_sid=self.agent_sid, resumable=self.resumable,
         )
 
-    # ---- resumes and moves ----------------------------------------------------------------
-
-    def resume_from(self, carry: Carry) -> None:
-        """Go on from a resumed session's carried state (its row's times and title; on a
-        move also its clients, queued prompts and turn error)."""
-        self.resumed = True
-        self.created_ms = from_iso(carry.created_at)
-        self.updated_ms = from_iso(carry.updated_at)
-        self.display_name = carry.display_name
-        self.clients.update(carry.clients)
-        self.has_history = carry.history
-        if carry.turn_error is not None:
-            view = carry.turn_error
-            self.turn_error = TurnError(view.get("message", ""), view.get("code"), view.get("errorKind"))
-            self.turn_error_event = carry.turn_error_event
-
-    def carry(self) -> Carry:
-        """What the new owner of a moving session goes on from (queued prompts in order)."""
-        waiting = [prompt for prompt in self._waiting() if not prompt.ended]
-        return Carry(
-            created_at=iso(self.created_ms),
-            updated_at=iso(self.updated_ms),
-            display_name=self.display_name,
-            clients=sorted(self.clients),
-            prompts=[prompt.command for prompt in waiting],
-            turn_error=self.turn_error.status_view() if self.turn_error is not None else None,
-            turn_error_event=self.turn_error_event,
-            history=self.has_history,
-        )
-
-    def hold(self) -> None:
-        """A drain began: start no new turn here (what is admitted queues and moves)."""
-        self.holding = True
-        self._marker_read = asyncio.Event()
-
-    def marker_read(self) -> None:
-        if self._marker_read is not None:
-            self._marker_read.set()
-
-    async def wait_marker(self) -> None:
-        """Until our inbox's `moving` marker was read: every command sent before it is ours."""
-        assert self._marker_read is not None
-        await self._marker_read.wait()
-
-    async def written(self) -> None:
-        """Until every transition queued so far reached the store (they are written in order)."""
-        await asyncio.sleep(0)  # writes started as tasks just before reach the queue first
-        async with self._in_order:
-            pass
-
-    async def until_idle(self) -> None:
-        """Until no turn runs (a held session starts none)."""
-        while self.active is not None and not self.closed:
-            self._idle = asyncio.Event()
-            await self._idle.wait()
-
-    async def stop_turn(self, code: str, message: str) -> None:
-        """End the running turn now (a drain's grace ran out): the agent is told to cancel,
-        what it awaits is answered cancelled, and the turn ends with a `turn_error` that
-        says why; its late answer then changes nothing."""
-        prompt = self.active
-        if prompt is None or self.closed:
-            return
-        prompt.cancel_requested = True
-        if prompt.sent:
-            await self.agent.cancel(self.agent_sid)
-        transition = self._terminal(prompt)
-        transition.interactions_removed = self._resolve_all_pending(transition.events)
-        prompt.turn = prompt.turn.failed(now_ms(), message, code)
-        transition.turns.append(prompt.turn)
-        data = {"sessionId": self.sid, "message": message, "code": code, "promptId": prompt.prompt_id}
-        transition.events.append(events.body("turn_error", data, prompt.prompt_id))
-        await self._write(transition)
-        if prompt.sent and self._runner is not None:
-            # The agent answers the cancelled prompt once it has recorded the turn: the
-            # session's history must be complete before another worker loads it.
-            with contextlib.suppress(asyncio.TimeoutError, Exception):
-                await asyncio.wait_for(asyncio.shield(self._runner), CANCEL_ANSWER_S)
-
-    def _went_idle(self) -> None:
-        if self._idle is not None and self.active is None:
-            self._idle.set()
-
-    async def publish_moved(self, previous: str) -> Applied | None:
-        """Take the session over from `previous`, which named us its target: one event on
-        its stream says it moved; its log, epoch and fields stay (scripts' takeover)."""
-        data = {"sessionId": self.sid, "reason": "worker_draining"}
-        transition = Transition(
-            mode=Mode.TAKEOVER, takeover_from=previous, catalog=self.catalog_row(),
-            events=[events.body("session_moved", data)],
-        )
-        try:
-            return await self._write(transition)
-        finally:
-            self._mark_published()
-
-    def arrive(self, carried: list[Prompt]) -> list[Prompt]:
-        """The move is done: the prompts carried from the old owner (announced there as
-        queued) run first. Returns those sent here meanwhile, which the caller enqueues after
-        the parked commands (in the same turn of the loop: nothing comes between)."""
-        since, self.arriving = self.arriving or [], None
-        for prompt in carried:
-            prompt.queued = True
-            (self.automatic.setdefault(prompt.kind, []) if prompt.kind in AUTOMATIC_KINDS else self.queue).append(prompt)
-        if self._waiting() and (self._runner is None or self._runner.done()):
-            self._runner = asyncio.ensure_future(self._run())
-        return since
-
-    async def hand_over(self) -> None:
-        """The session moved to another worker: forget it here, writing nothing (the new
-        owner holds it now, and the agent child here lets go of it)."""
-        if self.closed:
-            return
-        self.closed = True
-        self._mark_published()
-        self._track_state()
-        for prompt in self._waiting():
-            prompt.ended = True  # they run on the new owner
-        self.queue.clear()
-        self.automatic.clear()
-        try:
-            await self.agent.forget(self.agent_sid)
-        except Exception:  # the child may be gone already
-            log.warning("could not tell the agent", extra={"sessionId": self.sid}, exc_info=True)
-        await self._on_gone(self)
-
     def snapshot(self, reason_event: str | None = None) -> Transition:
         """The whole state as one CREATE transition (first publish, or rewrite after loss)."""
         admitted = ([self.active] if self.active else []) + self._waiting()
@@ -390,7 +180,7 @@ class LiveSession:
             prompts_admitted=[prompt.prompt_id for prompt in admitted],
             clients=list(self.clients),
             turn_error=self.turn_error.status_view() if self.turn_error is not None else None,
-            interactions_added=[self._projected(rid, pending) for rid, pending in self.pending.items()],
+            interactions_added=self._pending_interactions(),
             catalog=self.catalog_row(),
             single=self.single,
             untold_request=self.untold_request,
@@ -405,13 +195,9 @@ class LiveSession:
             self._unwritten = []
         return transition
 
-    @staticmethod
-    def _projected(rid: str, pending: Pending) -> PendingInteraction:
-        return PendingInteraction(rid, pending.interaction, pending.order, pending.allowed)
-
     def current_state(self) -> str:
         """This session's state in SESSION_STATES, from memory (the summary's rules)."""
-        kinds = [p.interaction["kind"] for p in self.pending.values()]
+        kinds = self.pending_kinds()
         if any(kind != interactions.USER_QUESTION for kind in kinds):
             return "waiting_permission"
         if kinds:
@@ -506,8 +292,7 @@ class LiveSession:
         if self.closed:
             return
         await self._write(lambda: self.snapshot("session_restored"))
-        for rid in list(self.pending):
-            await self._locate_request(rid, True)
+        await self._locate_pending()
 
     # ---- prompts ------------------------------------------------------------------------
 
@@ -765,10 +550,7 @@ class LiveSession:
         for queue in self.automatic.values():
             queue.clear()
         self.active = None
-        for pending in list(self.pending.values()):
-            if not pending.answer.done():
-                pending.answer.set_result(None)
-        self.pending.clear()
+        self._drop_pending()
         try:
             if running is not None and running.sent:
                 await self.agent.cancel(self.agent_sid)
@@ -776,87 +558,6 @@ class LiveSession:
         except Exception:  # the child may be gone already; nothing is left to tell it
             log.warning("could not tell the agent", extra={"sessionId": self.sid}, exc_info=True)
         await self._on_gone(self)
-
-    # ---- permission requests --------------------------------------------------------------
-
-    def _resolve_all_pending(self, event_list: list[str]) -> list[str]:
-        """Resolve every pending request `cancelled`; returns their request ids."""
-        resolved: list[str] = []
-        for rid, pending in list(self.pending.items()):
-            if not pending.answer.done():
-                pending.answer.set_result(None)
-            outcome = cancelled_response()["outcome"]
-            event_list.append(events.body("permission_resolved", {"requestId": rid, "outcome": outcome}, pending.prompt_id))
-            resolved.append(rid)
-            del self.pending[rid]
-        return resolved
-
-    async def _locate_request(self, rid: str, present: bool) -> None:
-        """Index (or drop) a pending request for the legacy vote route. Best effort: a Redis
-        hiccup here must not fail the agent's request; a lost index is rewritten with the
-        session (republish), and a stale one expires."""
-        try:
-            await self.store.locate_request(rid, f"{self.ws}/{self.sid}" if present else None)
-        except Exception:
-            log.warning("could not %s request %s", "index" if present else "unindex", rid, extra={"sessionId": self.sid})
-
-    def resolve_vote(self, vote: commands.Vote) -> None:
-        """A vote won in Redis reached us: hand it to the waiting agent request."""
-        pending = self.pending.get(vote.rid)
-        if pending is not None and not pending.answer.done():
-            pending.answer.set_result(vote)
-
-    async def request_permission(self, tool_call: dict[str, Any], options: list[dict[str, Any]]) -> dict[str, Any]:
-        """The agent asks: publish the request, register it, await the winning vote (spec §4.1)."""
-        if self.closed:
-            return cancelled_response()
-        if len(self.pending) >= interactions.MAX_PENDING_PER_SESSION:
-            log.warning("%d pending requests, refusing another", len(self.pending), extra={"sessionId": self.sid})
-            return cancelled_response()
-        mapped = interactions.map_options(options)
-        interactions.check_sentinel(mapped)
-        rid = ids.new_id()
-        prompt_id = self.active.prompt_id if self.active else None
-        interaction = interactions.normalize(rid, tool_call, options, iso())
-        pending = Pending(
-            interaction=interaction,
-            allowed=interactions.allowed_option_ids(mapped),
-            order=next(self._order),
-            prompt_id=prompt_id,
-            answer=asyncio.get_running_loop().create_future(),
-        )
-        self.pending[rid] = pending
-        data = {"requestId": rid, "sessionId": self.sid, "toolCall": tool_call, "options": options}
-        result = await self._write(
-            Transition(
-                interactions_added=[self._projected(rid, pending)],
-                events=[events.body("permission_request", data, prompt_id)],
-            )
-        )
-        if result is None or result.applied != ApplyOutcome.APPLIED:
-            self.pending.pop(rid, None)
-            return cancelled_response()
-        await self._locate_request(rid, True)
-        try:
-            vote = await pending.answer
-        finally:
-            # The request's index stays until it expires: a vote repeated with the same
-            # Idempotency-Key on the legacy route must still find the session.
-            still_ours = self.pending.pop(rid, None) is not None
-        response = vote.acp_response() if vote is not None else cancelled_response()
-        voter = vote.client_id if vote is not None else None
-        if still_ours:
-            # Resolved by a vote: the vote script already removed the fields.
-            data = {"requestId": rid, "outcome": response["outcome"]}
-            if voter:
-                data["voterClientId"] = voter
-            await self._write(
-                Transition(
-                    interactions_removed=[rid],
-                    events=[events.body("permission_resolved", data, prompt_id, voter)],
-                )
-            )
-        return response
 
     # ---- agent updates ---------------------------------------------------------------------
 

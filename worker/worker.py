@@ -40,7 +40,8 @@ from .agent import AgentProcess
 from .loop_guard import LoopLimits
 from .metrics import COMMANDS, LEASE_RENEWALS, LEASES_LOST, WorkerCollector
 from .drain import drain
-from .session import RETRY_FIRST_S, RETRY_MAX_S, LiveSession, Prompt
+from .prompt import Prompt
+from .session import RETRY_FIRST_S, RETRY_MAX_S, LiveSession
 
 log = logging.getLogger("worker")
 
