@@ -154,7 +154,7 @@ async def test_creates_that_arrive_while_the_child_starts_wait_for_that_child(mo
 
     monkeypatch.setattr(worker_module, "AgentProcess", SlowChild)
     bridge = worker_module.Worker(RedisStore(connect("memory://")), worker_module.WorkerConfig(agents={DEFAULT_AGENT: "x"}))
-    first = await asyncio.gather(*(bridge._agent_for(DEFAULT_AGENT, "/w", f"s{n}") for n in range(10)))
-    later = await bridge._agent_for(DEFAULT_AGENT, "/w", "s10")
+    first = await asyncio.gather(*(bridge.agent_for(DEFAULT_AGENT, "/w", f"s{n}") for n in range(10)))
+    later = await bridge.agent_for(DEFAULT_AGENT, "/w", "s10")
     assert len(SlowChild.made) == 1
     assert all(agent is later and agent.initialized for agent in first)

@@ -20,7 +20,7 @@ from acp_state import commands
 from acp_state.store import keys
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
-from acp_state.worker.worker import RECLAIM_MARGIN_S
+from acp_state.worker.creates import RECLAIM_MARGIN_S
 from tests.conftest import RedisServer, free_port
 from tests.harness import ApiProcess, EventWatcher, Harness
 from tests.helpers import create, prompt, status

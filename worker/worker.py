@@ -4,16 +4,15 @@ One process holds one incarnation at a time (a fresh id per start). Its lease is
 heartbeat of constant cost; its sessions are stamped with the incarnation, so when the lease
 lapses every reader drops them at once and a sweeper deletes them. A worker that finds its
 incarnation declared dead (it stalled past its lease) ends the sessions it still hosts and
-joins again as a new incarnation with none: dead stays dead.
+joins again as a new incarnation with none: dead stays dead. Its creates are
+worker/creates.py's, its drain worker/drain.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import io
-import itertools
 import logging
 import math
 import os
@@ -21,7 +20,7 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable
 
 from prometheus_client import REGISTRY, make_asgi_app
 
@@ -29,9 +28,7 @@ from acp_state import commands
 from acp_state.commands import Reply
 from acp_state.agents import DEFAULT_AGENT
 from acp_state.clock import iso, now_ms
-from acp_state.moves import Carry
-from acp_state.turn_errors import from_exception
-from acp_state.store import ApplyOutcome, ReplyFate, Standing, Store
+from acp_state.store import ApplyOutcome, Standing, Store
 from acp_state.summary import SESSION_STATES
 from acp_state.sweeper import run_sweeper
 from acp_state.tasks import cancel_until_done, survive
@@ -40,8 +37,9 @@ from .agent import AgentProcess
 from .loop_guard import LoopLimits
 from .metrics import COMMANDS, LEASE_RENEWALS, LEASES_LOST, WorkerCollector
 from .drain import drain
+from .creates import Creates
 from .prompt import Prompt
-from .session import RETRY_FIRST_S, RETRY_MAX_S, LiveSession
+from .session import LiveSession
 
 log = logging.getLogger("worker")
 
@@ -55,12 +53,6 @@ RENEWALS_OUT = 3
 # sweeper removes what is left once the lease lapses).
 SHUTDOWN_PATIENCE_S = 3.0
 SHUTDOWN_STEP_S = 4.0  # each other step of a shutdown; all of them well inside a supervisor's 20-30 s
-# A create's answer that no API took within the API's wait (`waitMs`) and this margin is
-# taken back, and the session undone: its API gave up, perhaps without being able to say so
-# (Redis was away, or restarted empty and lost the marker).
-RECLAIM_MARGIN_S = 5.0
-DEFAULT_REPLY_WAIT_MS = 60_000
-RECLAIM_TICK_S = 1.0
 # Handled commands are dropped from their streams at most this often (one round trip).
 FORGET_EVERY_S = 1.0
 
@@ -93,24 +85,6 @@ class WorkerConfig:
         return DEFAULT_AGENT if DEFAULT_AGENT in self.agents else next(iter(self.agents))
 
 
-async def _stored(write: Callable[[], Awaitable[Any]], patience_s: float = 30.0) -> bool:
-    """Run a write until the store takes it (retrying while it is away, as session
-    transitions do); False if it said no (a reply nobody waits for) or never took it."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + patience_s
-    pause = RETRY_FIRST_S
-    while True:
-        try:
-            return await write() is not False
-        except Exception as error:  # (redis-py can fail oddly on a connection torn mid-write)
-            if loop.time() + pause > deadline:
-                log.error("a write was given up: %r", error)
-                return False
-            log.warning("a write failed (%r); retrying", error)
-        await asyncio.sleep(pause)
-        pause = min(2 * pause, RETRY_MAX_S)
-
-
 def new_incarnation(name: str | None = None) -> str:
     """`<name>-<pid>-<random>`: unique per process start, safe inside a hash tag."""
     base = name or socket.gethostname()
@@ -126,7 +100,6 @@ class Worker:
         self.sessions: dict[str, LiveSession] = {}
         self.agents: dict[str, AgentProcess] = {}
         self._starting: dict[str, asyncio.Future[AgentProcess]] = {}  # children being started
-        self._creating = 0
         self._cursors: dict[str, str] = {self.store.control_feed(self.incarnation): "0"}
         self._read: dict[str, str] = {}  # streams read since their handled commands were dropped
         self._forgotten_at = 0.0
@@ -146,9 +119,7 @@ class Worker:
         self.renewed_ms = self.started_ms
         self.ready = asyncio.Event()
         self.overran: list[str] = []  # the shutdown steps that overran their time limit
-        # Creates answered and not yet known to be taken: (deadline, n, request, answer, session).
-        self._answered: list[tuple[float, int, str, Reply, LiveSession]] = []
-        self._answered_seq = itertools.count()
+        self.creates = Creates(self)
         self.state_counts: dict[str, int] = dict.fromkeys(SESSION_STATES, 0)
         self._collector = WorkerCollector(self)
         REGISTRY.register(self._collector)
@@ -170,7 +141,7 @@ class Worker:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "startedAt": iso(self.started_ms),
-            "sessions": len(self.sessions) + self._creating,
+            "sessions": len(self.sessions) + self.creates.under_way,
             "maxSessions": self.config.max_sessions,
             "agents": len(self.agents),  # running agent children
             "agentNames": list(self.config.agents),  # the agents on offer (placement)
@@ -196,7 +167,7 @@ class Worker:
             asyncio.ensure_future(self._command_loop()),
             asyncio.ensure_future(run_sweeper(self.store, sweep_interval_s, self._stop)),
             asyncio.ensure_future(self._refresh_loop()),
-            asyncio.ensure_future(self._reclaim_loop()),
+            asyncio.ensure_future(self.creates.reclaim_loop()),
         ]
         if self.config.metrics_port is not None:
             self._tasks.append(asyncio.ensure_future(self._serve_metrics()))
@@ -418,32 +389,6 @@ class Worker:
             await self.check_standing()
             await self._rewrite([s for s in lost if s.incarnation == self.incarnation])
 
-    async def _reclaim_loop(self) -> None:
-        """Undo the creates whose answer nobody took (see RECLAIM_MARGIN_S)."""
-        while True:
-            await asyncio.sleep(RECLAIM_TICK_S)
-            now = asyncio.get_running_loop().time()
-            due = []
-            while self._answered and self._answered[0][0] <= now:
-                due.append(heapq.heappop(self._answered))
-            due = [entry for entry in due if not entry[4].closed]
-            if due and not await survive("create reclaim", lambda: self._reclaim(due)):
-                for entry in due:  # the store is away: ask again next time
-                    heapq.heappush(self._answered, entry)
-
-    async def _reclaim(self, due: list[tuple[float, int, str, Reply, LiveSession]]) -> None:
-        fates = await self.store.reclaim_replies([(request, answer) for _, _, request, answer, _ in due])
-        for (_, _, _, _, session), fate in zip(due, fates, strict=True):
-            if fate is ReplyFate.UNTAKEN:
-                log.warning("nobody took the create's answer; closing the session", extra={"sessionId": session.sid})
-                await session.close("create_abandoned", uncatalog=not session.resumed)
-            else:  # taken; or lost with its keys, and no API said it gave up: taken before the loss
-                if fate is ReplyFate.LOST:
-                    log.warning("the create's answer was lost with the store; no API gave up on it, so it was "
-                                "taken", extra={"sessionId": session.sid})
-                session.untold_request = None  # its creator was told (a rewrite must not say otherwise)
-                await session.mark_told()
-
     # ---- commands -----------------------------------------------------------------------
 
     async def _command_loop(self) -> None:
@@ -478,13 +423,7 @@ class Worker:
     # p:<promptId> field); only a close is answered, for the API that waits.
 
     def on_create(self, command: commands.Create) -> None:
-        if self.draining or len(self.sessions) + self._creating >= self.config.max_sessions:
-            code = "worker_draining" if self.draining else "worker_full"
-            asyncio.ensure_future(self.store.reply(command.request_id, Reply(ok=False, code=code)))
-            return
-        self._creating += 1  # capacity is reserved now, before the agent starts
-        self._cursors.setdefault(self.store.inbox_feed(command.ws, self.incarnation), "0")
-        asyncio.ensure_future(self._create(command))
+        self.creates.start(command)
 
     def on_prompt(self, command: commands.Prompt) -> None:
         session = self.sessions.get(command.sid)
@@ -539,7 +478,7 @@ class Worker:
             server.stop()
             raise
 
-    async def _agent_for(self, name: str, cwd: str, sid: str) -> AgentProcess:
+    async def agent_for(self, name: str, cwd: str, sid: str) -> AgentProcess:
         """The child of agent `name` that will host the session: shared per agent and
         workspace, or one per session. Creates that arrive while it starts wait for that
         start: one child per workspace, however many creates come at once."""
@@ -577,40 +516,15 @@ class Worker:
         if self.agents.get(key) is agent:
             del self.agents[key]
 
-    async def _create(self, command: commands.Create) -> None:
-        ws, sid, cwd = command.ws, command.sid, command.cwd
-        name = command.agent or self.config.default_agent
-        if name not in self.config.agents:  # placement read an old report; the API tries another
-            self._creating -= 1
-            with contextlib.suppress(Exception):
-                await self.store.reply(command.request_id, Reply(ok=False, code="agent_not_offered"))
-            return
-        try:
-            carry = Carry.unpack(command.carry) if command.carry is not None else None
-            agent = await self._agent_for(name, cwd, sid)
-            if command.load and not agent.supports_load:
-                self._creating -= 1
-                with contextlib.suppress(Exception):
-                    await self.store.reply(command.request_id, Reply(ok=False, code="not_resumable"))
-                return
-            if command.load:
-                agent_sid = await agent.load_session(command.agent_sid or sid, cwd)
-            else:
-                agent_sid = await agent.new_session(cwd)
-        except Exception as error:
-            self._creating -= 1
-            log.exception("%s the session failed", "loading" if command.load else "creating", extra={"sessionId": sid})
-            code = "resume_failed" if command.load else "agent_unavailable"
-            reason = from_exception(error).message  # an agent's JSON-RPC error: its details, not "Internal error"
-            with contextlib.suppress(Exception):  # else the API times out and says so
-                await self.store.reply(command.request_id, Reply(ok=False, code=code, error=reason))
-            return
+    def new_session(self, command: commands.Create, name: str, agent: AgentProcess, agent_sid: str) -> LiveSession:
+        """The session a create started on `agent` (a child of agent `name`), with this
+        worker's hooks; not hosted yet (see host)."""
         session = LiveSession(
             store=self.store,
             incarnation=self.incarnation,
-            ws=ws,
-            sid=sid,
-            cwd=cwd,
+            ws=command.ws,
+            sid=command.sid,
+            cwd=command.cwd,
             agent=agent,
             agent_sid=agent_sid,
             single=command.scope == "single",
@@ -622,71 +536,20 @@ class Worker:
         session.agent_name = name
         session.state_store = self.config.state_store
         session.resumable = agent.supports_load
-        if carry is not None:
-            session.resume_from(carry)
-        if command.move_from is not None:
-            session.arriving = []  # prompts sent to us before the carried ones are placed wait
-        elif carry is None:  # a new session (a resumed one's row stands whatever happens)
-            session.untold_request = command.request_id
-        agent.adopt(agent_sid, session)
-        self.sessions[sid] = session
-        self._creating -= 1  # the reservation is now a session: count it once
-        self._workspace_load[ws] = self._workspace_load.get(ws, 0) + 1
-        # An incarnation that changed while the agent started reads a new inbox.
-        self._cursors.setdefault(self.store.inbox_feed(ws, session.incarnation), "0")
-        # From here on the store is told, retrying while it is away: the sweeper's index
-        # first, then the session, then the API's answer. A session nobody was told of (the
-        # answer could not be given, or the API stopped waiting) is undone.
-        indexed = await _stored(lambda: self.store.index_session(session.incarnation, ws, sid, True))
-        if command.move_from is not None:
-            await self._arrive(session, command, carry, indexed)
-            return
-        result = await session.publish_created(command.client_id) if indexed else None
-        if result is None or result.applied != ApplyOutcome.APPLIED:
-            # (A resumed session's row stands: only a session nobody was told of leaves none.)
-            await session.close("conflict", publish=result is None and indexed)
-            with contextlib.suppress(Exception):
-                await self.store.reply(command.request_id, Reply(ok=False, code="session_conflict"))
-            return
-        answer = Reply(ok=True, created_at=iso(session.created_ms), incarnation=session.incarnation)
-        wait_ms = command.wait_ms
-        wait_s = (wait_ms if isinstance(wait_ms, int) and 0 < wait_ms <= 3_600_000 else DEFAULT_REPLY_WAIT_MS) / 1000
-        kept_s = math.ceil(wait_s + 3 * RECLAIM_MARGIN_S)  # still there when taken back
-        if not await _stored(lambda: self.store.reply(command.request_id, answer, kept_s)):
-            log.warning("the create's answer was not taken; closing the session", extra={"sessionId": sid})
-            await session.close("create_abandoned", uncatalog=not session.resumed)
-            return
-        deadline = asyncio.get_running_loop().time() + wait_s + RECLAIM_MARGIN_S
-        heapq.heappush(self._answered, (deadline, next(self._answered_seq), command.request_id, answer, session))
+        return session
 
-    async def _arrive(
-        self, session: LiveSession, command: commands.Create, carry: Carry | None, indexed: bool
-    ) -> None:
-        """Take over a session a draining worker moves here (worker/drain.py), then run what
-        waited for the move: the carried prompts, the parked ones, those sent here since."""
-        result = await session.publish_moved(command.move_from or "") if indexed else None
-        if result is None or result.applied != ApplyOutcome.APPLIED:
-            # The mover named another target, or the session ended: it is not ours.
-            await session.close("conflict", publish=False)
-            with contextlib.suppress(Exception):
-                await self.store.reply(command.request_id, Reply(ok=False, code="session_conflict"))
-            return
-        parked: list[commands.Command | commands.MalformedCommand] = []
-        await _stored(lambda: self._take_parked(session, parked))
-        since = session.arrive([Prompt.of(p) for p in carry.prompts] if carry else [])
-        for parked_command in parked:  # in the order they were sent, as from an inbox
-            if isinstance(parked_command, commands.MalformedCommand):
-                log.error("dropping a parked command that could not be handled: %s", parked_command)
-            else:
-                commands.dispatch(self, parked_command)
-        for prompt in since:
-            session.enqueue(prompt)
-        answer = Reply(ok=True, created_at=iso(session.created_ms), incarnation=session.incarnation)
-        with contextlib.suppress(Exception):  # the mover reads the owner from the store if this is lost
-            await self.store.reply(command.request_id, answer)
+    def host(self, session: LiveSession) -> None:
+        """The session is ours from now on: its agent hands it its updates, and its
+        workspace's inbox is read under the session's incarnation (ours may have changed
+        while the agent started)."""
+        session.agent.adopt(session.agent_sid, session)
+        self.sessions[session.sid] = session
+        self._workspace_load[session.ws] = self._workspace_load.get(session.ws, 0) + 1
+        self.follow_inbox(session.ws, session.incarnation)
 
-    async def _take_parked(self, session: LiveSession, into: list[commands.Command | commands.MalformedCommand]) -> None:
-        into[:] = await self.store.take_parked(session.ws, session.sid)
+    def follow_inbox(self, ws: str, incarnation: str) -> None:
+        """Read the commands sent to `incarnation`'s sessions of workspace `ws` (once)."""
+        self._cursors.setdefault(self.store.inbox_feed(ws, incarnation), "0")
 
     async def _close(self, session: LiveSession, command: commands.Close) -> None:
         await session.close(command.reason)

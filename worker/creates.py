@@ -1,0 +1,204 @@
+"""A create on this worker: its session started (a new one, a load, or a move's arrival),
+published, its creator answered, and an answer nobody took taken back.
+
+The worker hands each `create` command here (`Creates.start`); capacity is reserved at once,
+before the agent starts. From the agent's answer on, the store is told in order, each write
+retried while it is away: the sweeper's index, then the session, then the answer (a
+`Reply`). An answer that no API took within the API's wait and a margin is taken back
+(`reclaim_loop`), and its session undone: nobody was told of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import math
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from acp_state import commands
+from acp_state.clock import iso
+from acp_state.commands import Reply
+from acp_state.moves import Carry
+from acp_state.store import ApplyOutcome, ReplyFate
+from acp_state.tasks import survive
+from acp_state.turn_errors import from_exception
+
+from .prompt import Prompt
+from .session import RETRY_FIRST_S, RETRY_MAX_S, LiveSession
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+log = logging.getLogger("worker")
+
+# A create's answer that no API took within the API's wait (`waitMs`) and this margin is
+# taken back, and the session undone: its API gave up, perhaps without being able to say so
+# (Redis was away, or restarted empty and lost the marker).
+RECLAIM_MARGIN_S = 5.0
+DEFAULT_REPLY_WAIT_MS = 60_000
+RECLAIM_TICK_S = 1.0
+
+# An answered create, until its answer is known taken: (deadline, tie-break, request id,
+# answer, session), a heap by deadline.
+Answered = tuple[float, int, str, Reply, LiveSession]
+
+
+async def _stored(write: Callable[[], Awaitable[Any]], patience_s: float = 30.0) -> bool:
+    """Run a write until the store takes it (retrying while it is away, as session
+    transitions do); False if it said no (a reply nobody waits for) or never took it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience_s
+    pause = RETRY_FIRST_S
+    while True:
+        try:
+            return await write() is not False
+        except Exception as error:  # (redis-py can fail oddly on a connection torn mid-write)
+            if loop.time() + pause > deadline:
+                log.error("a write was given up: %r", error)
+                return False
+            log.warning("a write failed (%r); retrying", error)
+        await asyncio.sleep(pause)
+        pause = min(2 * pause, RETRY_MAX_S)
+
+
+class Creates:
+    """The creates of one worker: those under way (their capacity reserved) and those
+    answered whose answer is not yet known to be taken."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.under_way = 0  # reserved, and not yet one of the worker's sessions
+        self._answered: list[Answered] = []
+        self._order = itertools.count()
+
+    def start(self, command: commands.Create) -> None:
+        """Take a create on (or refuse it at once: the worker drains, or is full)."""
+        worker = self.worker
+        if worker.draining or len(worker.sessions) + self.under_way >= worker.config.max_sessions:
+            code = "worker_draining" if worker.draining else "worker_full"
+            asyncio.ensure_future(worker.store.reply(command.request_id, Reply(ok=False, code=code)))
+            return
+        self.under_way += 1  # capacity is reserved now, before the agent starts
+        worker.follow_inbox(command.ws, worker.incarnation)
+        asyncio.ensure_future(self._create(command))
+
+    async def _create(self, command: commands.Create) -> None:
+        worker, store = self.worker, self.worker.store
+        sid, cwd = command.sid, command.cwd
+        name = command.agent or worker.config.default_agent
+        if name not in worker.config.agents:  # placement read an old report; the API tries another
+            self.under_way -= 1
+            with contextlib.suppress(Exception):
+                await store.reply(command.request_id, Reply(ok=False, code="agent_not_offered"))
+            return
+        try:
+            carry = Carry.unpack(command.carry) if command.carry is not None else None
+            agent = await worker.agent_for(name, cwd, sid)
+            if command.load and not agent.supports_load:
+                self.under_way -= 1
+                with contextlib.suppress(Exception):
+                    await store.reply(command.request_id, Reply(ok=False, code="not_resumable"))
+                return
+            if command.load:
+                agent_sid = await agent.load_session(command.agent_sid or sid, cwd)
+            else:
+                agent_sid = await agent.new_session(cwd)
+        except Exception as error:
+            self.under_way -= 1
+            log.exception("%s the session failed", "loading" if command.load else "creating", extra={"sessionId": sid})
+            code = "resume_failed" if command.load else "agent_unavailable"
+            reason = from_exception(error).message  # an agent's JSON-RPC error: its details, not "Internal error"
+            with contextlib.suppress(Exception):  # else the API times out and says so
+                await store.reply(command.request_id, Reply(ok=False, code=code, error=reason))
+            return
+        session = worker.new_session(command, name, agent, agent_sid)
+        if carry is not None:
+            session.resume_from(carry)
+        if command.move_from is not None:
+            session.arriving = []  # prompts sent to us before the carried ones are placed wait
+        elif carry is None:  # a new session (a resumed one's row stands whatever happens)
+            session.untold_request = command.request_id
+        worker.host(session)
+        self.under_way -= 1  # the reservation is now a session: count it once
+        # From here on the store is told, retrying while it is away: the sweeper's index
+        # first, then the session, then the API's answer. A session nobody was told of (the
+        # answer could not be given, or the API stopped waiting) is undone.
+        indexed = await _stored(lambda: store.index_session(session.incarnation, session.ws, sid, True))
+        if command.move_from is not None:
+            await self._arrive(session, command, carry, indexed)
+            return
+        result = await session.publish_created(command.client_id) if indexed else None
+        if result is None or result.applied != ApplyOutcome.APPLIED:
+            # (A resumed session's row stands: only a session nobody was told of leaves none.)
+            await session.close("conflict", publish=result is None and indexed)
+            with contextlib.suppress(Exception):
+                await store.reply(command.request_id, Reply(ok=False, code="session_conflict"))
+            return
+        answer = Reply(ok=True, created_at=iso(session.created_ms), incarnation=session.incarnation)
+        wait_ms = command.wait_ms
+        wait_s = (wait_ms if isinstance(wait_ms, int) and 0 < wait_ms <= 3_600_000 else DEFAULT_REPLY_WAIT_MS) / 1000
+        kept_s = math.ceil(wait_s + 3 * RECLAIM_MARGIN_S)  # still there when taken back
+        if not await _stored(lambda: store.reply(command.request_id, answer, kept_s)):
+            log.warning("the create's answer was not taken; closing the session", extra={"sessionId": sid})
+            await session.close("create_abandoned", uncatalog=not session.resumed)
+            return
+        deadline = asyncio.get_running_loop().time() + wait_s + RECLAIM_MARGIN_S
+        heapq.heappush(self._answered, (deadline, next(self._order), command.request_id, answer, session))
+
+    async def _arrive(
+        self, session: LiveSession, command: commands.Create, carry: Carry | None, indexed: bool
+    ) -> None:
+        """Take over a session a draining worker moves here (worker/drain.py), then run what
+        waited for the move: the carried prompts, the parked ones, those sent here since."""
+        result = await session.publish_moved(command.move_from or "") if indexed else None
+        if result is None or result.applied != ApplyOutcome.APPLIED:
+            # The mover named another target, or the session ended: it is not ours.
+            await session.close("conflict", publish=False)
+            with contextlib.suppress(Exception):
+                await self.worker.store.reply(command.request_id, Reply(ok=False, code="session_conflict"))
+            return
+        parked: list[commands.Command | commands.MalformedCommand] = []
+        await _stored(lambda: self._take_parked(session, parked))
+        since = session.arrive([Prompt.of(p) for p in carry.prompts] if carry else [])
+        for parked_command in parked:  # in the order they were sent, as from an inbox
+            if isinstance(parked_command, commands.MalformedCommand):
+                log.error("dropping a parked command that could not be handled: %s", parked_command)
+            else:
+                commands.dispatch(self.worker, parked_command)
+        for prompt in since:
+            session.enqueue(prompt)
+        answer = Reply(ok=True, created_at=iso(session.created_ms), incarnation=session.incarnation)
+        with contextlib.suppress(Exception):  # the mover reads the owner from the store if this is lost
+            await self.worker.store.reply(command.request_id, answer)
+
+    async def _take_parked(self, session: LiveSession, into: list[commands.Command | commands.MalformedCommand]) -> None:
+        into[:] = await self.worker.store.take_parked(session.ws, session.sid)
+
+    async def reclaim_loop(self) -> None:
+        """Undo the creates whose answer nobody took (see RECLAIM_MARGIN_S)."""
+        while True:
+            await asyncio.sleep(RECLAIM_TICK_S)
+            now = asyncio.get_running_loop().time()
+            due = []
+            while self._answered and self._answered[0][0] <= now:
+                due.append(heapq.heappop(self._answered))
+            due = [entry for entry in due if not entry[4].closed]
+            if due and not await survive("create reclaim", lambda: self._reclaim(due)):
+                for entry in due:  # the store is away: ask again next time
+                    heapq.heappush(self._answered, entry)
+
+    async def _reclaim(self, due: list[Answered]) -> None:
+        fates = await self.worker.store.reclaim_replies([(request, answer) for _, _, request, answer, _ in due])
+        for (_, _, _, _, session), fate in zip(due, fates, strict=True):
+            if fate is ReplyFate.UNTAKEN:
+                log.warning("nobody took the create's answer; closing the session", extra={"sessionId": session.sid})
+                await session.close("create_abandoned", uncatalog=not session.resumed)
+            else:  # taken; or lost with its keys, and no API said it gave up: taken before the loss
+                if fate is ReplyFate.LOST:
+                    log.warning("the create's answer was lost with the store; no API gave up on it, so it was "
+                                "taken", extra={"sessionId": session.sid})
+                session.untold_request = None  # its creator was told (a rewrite must not say otherwise)
+                await session.mark_told()
