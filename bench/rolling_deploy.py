@@ -61,31 +61,20 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from acp_state.ids import workspace_id
-from acp_state.store import keys
-from acp_state.store.connection import connect
-from tests.harness import Harness, WorkerProcess
+from acp_state.store import RedisStore
 
-from . import chaos_check, chaos_history, chaos_load, chaos_schedule
+from . import chaos_check, chaos_history
+from .chaos_load import CHAIN_BUDGET_S
+from .chaos_schedule import APIS
 from .fake_openai import FakeOpenAI, find_qwen, message_text, qwen_env
-from .procs import percentile
+from .procs import AcpProcess, ApiProcess, WorkerProcess, percentile
 from .redis_server import RedisServer, free_port
+from .rolling_deploy_client import TERMINALS, Client, Tracked, log, now
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TERMINALS = chaos_check.TERMINALS
-ENDINGS = chaos_check.ENDINGS
-
-
-def now() -> float:
-    return time.time()
-
-
-def log(message: str) -> None:
-    print(f"[rolling-deploy {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
 
 @dataclass
 class Plan:
@@ -158,224 +147,27 @@ def split_lives(records: list[dict[str, Any]], lives: dict[str, list[float]], re
     return out
 
 
-# ---------------------------------------------------------------------------- the client
-
-
-@dataclass
-class Tracked:
-    """One session as the client follows it."""
-
-    sid: str
-    n: int
-    fact: str
-    life: int = 1
-    reader: Any = None
-    live: bool = True  # prompts may go to it
-    busy: bool = False  # a prompt of the deploy's client is under way
-    resuming: bool = False
-    lost: bool = False  # ended for good (closed, or a resume failed)
-
-
-class Reader(chaos_load.Reader):
-    """chaos_load.Reader (records every frame, resumes with Last-Event-ID on either API), which
-    also tells the client of moves and endings."""
-
-    async def on_frame(self, frame: dict[str, Any], base: dict[str, Any]) -> int:
-        brought = await super().on_frame(frame, base)
-        if brought:
-            self.load.frame_seen(self.sid, frame.get("event"))
-        return brought
-
-
-class Client(chaos_load.Load):
-    """The deploy's client, on chaos_load.Load's recorded requests (Idempotency-Key on mutating
-    routes, retried with it while the outcome is unknown or the store refused)."""
-
-    def __init__(self, run: Run) -> None:
-        host = SimpleNamespace(
-            rec=run.rec, seed=run.plan.seed, api_ports=run.api_ports, redis_url=lambda: run.harness.redis_url,
-            workspace=run.workspace, load_end=float("inf"), args=SimpleNamespace(actors=0),
-            bed=None, api_base=lambda slot: f"http://127.0.0.1:{run.api_ports[slot]}",  # one host
-        )
-        super().__init__(host)  # type: ignore[arg-type]
-        self.plan = run.plan
-        self.tracked: dict[str, Tracked] = {}
-        self.order: list[str] = []
-        self.cursor = 0
-        self.changed = asyncio.Condition()
-        self.stop_prompting = asyncio.Event()
-        self.lives: dict[str, list[float]] = {}
-        self.reader_life: dict[str, int] = {}
-        self.moves: list[tuple[float, str]] = []  # (arrival, sid) of every session_moved frame
-        self.prompts: list[dict[str, Any]] = []  # the deploy's prompts: sid, key, status, promptId, t_answered
-        self.resume_tasks: set[asyncio.Task[Any]] = set()
-        self.resume_results: list[dict[str, Any]] = []
-
-    # ---- sessions and their readers ---------------------------------------------------------
-
-    def reader_for(self, s: Tracked) -> Reader:
-        name = f"r{s.n}" if s.life == 1 else f"r{s.n}~{s.life}"
-        self.reader_life[name] = s.life
-        reader = Reader(self, s.sid, name, s.n % chaos_schedule.APIS).start()
-        self.readers.append(reader)
-        return reader
-
-    async def open_session(self, n: int, fact: str, rng: random.Random) -> Tracked | None:
-        sid = await self.create(rng)  # records the owner as well
-        if sid is None:
-            return None
-        s = Tracked(sid, n, fact)
-        self.tracked[sid] = s
-        self.order.append(sid)
-        s.reader = self.reader_for(s)
-        await asyncio.wait_for(s.reader.snapshot.wait(), 30)
-        return s
-
-    def frame_seen(self, sid: str, event_type: str | None) -> None:
-        s = self.tracked.get(sid)
-        if s is None:
-            return
-        if event_type == chaos_check.MOVED:
-            self.moves.append((now(), sid))  # (chaos_load.Reader has the new owner read: Load.moved)
-        elif event_type in ENDINGS:
-            s.live = False
-            if event_type == "session_died" and self.plan.resumes and not self.stop_prompting.is_set():
-                s.resuming = True
-                task = asyncio.ensure_future(self.resume(s))
-                self.resume_tasks.add(task)
-                task.add_done_callback(self.resume_tasks.discard)
-            else:
-                s.lost = True
-        asyncio.ensure_future(self.notify())
-
-    async def notify(self) -> None:
-        async with self.changed:
-            self.changed.notify_all()
-
-    async def resume(self, s: Tracked) -> None:
-        """`POST /session/:id/load` of a session whose worker died (503 while its state is
-        not swept yet: retried, as chaos_load.Load retries, with Retry-After), then a reader of
-        its new life."""
-        sent = now()
-        status, body = await self.call("POST", "load", f"/session/{s.sid}/load", rng=random.Random(s.sid),
-                                       sid=s.sid, json_body={})
-        first_sent = min((r["t_sent"] for r in self.rec.records if r["kind"] == "http" and r.get("route") == "load"
-                          and r.get("sid") == s.sid and r["t_sent"] >= sent), default=sent)
-        self.resume_results.append({"sid": s.sid, "status": status, "code": (body or {}).get("code") if isinstance(body, dict) else None,
-                                    "attached": body.get("attached") if isinstance(body, dict) else None,
-                                    "s": round(now() - sent, 3)})
-        if status != 200:
-            log(f"resuming {s.sid} failed: {status} {body}")
-            s.lost, s.resuming = True, False
-            await self.notify()
-            return
-        self.lives.setdefault(s.sid, []).append(first_sent)
-        s.life += 1
-        s.reader = self.reader_for(s)
-        await asyncio.wait_for(s.reader.snapshot.wait(), 30)
-        self.spawn(self.read_owner(s.sid))  # the new life's first owner (as after a create)
-        s.live, s.resuming = True, False
-        await self.notify()
-
-    # ---- prompts -------------------------------------------------------------------------
-
-    async def send(self, s: Tracked, text: str, rng: random.Random) -> tuple[int | None, Any, str]:
-        key = self.key("prompt")
-        tagged = f"{text} k={key}"
-        status, body = await self.call(
-            "POST", "prompt", f"/session/{s.sid}/prompt", rng=rng, sid=s.sid, key=key, text=tagged,
-            json_body={"prompt": [{"type": "text", "text": tagged}]},
-        )
-        return status, body, key
-
-    async def terminal(self, reader: Reader, prompt_id: str) -> dict[str, Any] | None:
-        """The prompt's terminal on `reader`, or the session's end, or None (timed out)."""
-        return await reader.wait_for(
-            lambda e: (e.get("type") in TERMINALS and chaos_check.envelope_prompt_id(e) == prompt_id)
-            or e.get("type") in ENDINGS,
-            self.plan.event_timeout_s,
-        )
-
-    async def turn(self, s: Tracked, text: str, rng: random.Random, note: bool = False) -> dict[str, Any]:
-        """One prompt and its end as this client sees it."""
-        reader = s.reader
-        status, body, key = await self.send(s, text, rng)
-        outcome: dict[str, Any] = {"sid": s.sid, "key": key, "status": status, "t_answered": now()}
-        prompt_id = body.get("promptId") if isinstance(body, dict) else None
-        outcome["promptId"] = prompt_id
-        if status is not None and 200 <= status < 300 and prompt_id:
-            end = await self.terminal(reader, prompt_id)
-            outcome["end"] = None if end is None else end.get("type")
-        else:
-            outcome["code"] = body.get("code") if isinstance(body, dict) else None
-            if status == 404 and not self.plan.resumes:
-                s.live, s.lost = False, True  # today: the session is gone, and its conversation
-        if note:
-            self.prompts.append(outcome)
-        return outcome
-
-    def next_session(self) -> Tracked | None:
-        for _ in range(len(self.order)):
-            s = self.tracked[self.order[self.cursor % len(self.order)]]
-            self.cursor += 1
-            if s.live and not s.busy and not s.lost:
-                return s
-        return None
-
-    async def prompter(self, n: int) -> None:
-        """Keeps one prompt going: to the next session with none, the next as it ends."""
-        rng = random.Random(f"prompter-{self.plan.seed}-{n}")
-        while not self.stop_prompting.is_set():
-            async with self.changed:
-                s = self.next_session()
-                if s is None:
-                    if all(t.lost for t in self.tracked.values()):
-                        return
-                    await self.changed.wait()  # a session freed, resumed or ended; or the stop
-                    continue
-                s.busy = True
-            try:
-                await self.turn(s, "hello", rng, note=True)
-            finally:
-                s.busy = False
-                await self.notify()
-
-    async def poller(self, n: int) -> None:
-        """Status reads, now and then of a session that just ended (the checker's zombies)."""
-        rng = random.Random(f"poller-{self.plan.seed}-{n}")
-        while not self.stop_prompting.is_set():
-            recent = [sid for sid, t in self.dead.items() if now() - t < 15]
-            sid = rng.choice(recent) if recent and rng.random() < 0.4 else rng.choice(self.order)
-            if not self.tracked[sid].resuming:  # a read racing a resume belongs to neither life
-                await self.status(sid, rng)
-            await asyncio.sleep(rng.uniform(0.1, 0.3))  # a pace, not a wait for an event
-
-    async def stop_load(self) -> None:
-        self.stop_prompting.set()
-        async with self.changed:
-            self.changed.notify_all()
-
-
 # ---------------------------------------------------------------------------- the run
 
 
 class Run:
     """One rolling deploy: processes, client, history, and its figures."""
 
-    def __init__(self, plan: Plan, harness: Harness, fake: FakeOpenAI, home: Path, log_dir: Path) -> None:
+    def __init__(self, plan: Plan, redis_url: str, workspace: str, fake: FakeOpenAI, home: Path, log_dir: Path) -> None:
         self.plan = plan
-        self.harness = harness
+        self.redis_url = redis_url
         self.fake = fake
         self.home = home
         self.log_dir = log_dir
-        self.workspace = harness.workspace
+        self.workspace = workspace
         self.ws = workspace_id(self.workspace)
         self.rec = KeptRecorder(log_dir / "history.jsonl")
         self.api_ports: list[int] = []
         self.workers: list[WorkerProcess] = []  # the serving workers, by slot
         self.restarts: list[dict[str, Any]] = []
         self.faults: list[dict[str, Any]] = []
-        self.redis: Any = None
+        self.processes: list[AcpProcess] = []  # every process the run started, stopped at its end
+        self.store: RedisStore | None = None  # what the run reads of the store's state
         self.qwen = find_qwen()
         if self.qwen is None:
             raise RuntimeError("qwen is not installed (npm install --prefix tests/node)")
@@ -386,12 +178,15 @@ class Run:
         self.slot_of: dict[int, int] = {}  # worker pid -> slot
 
     async def start_worker(self, slot: int) -> WorkerProcess:
-        worker = await self.harness.worker(
-            "--agent", f"{self.qwen} --acp", "--session-mode", "default",
+        worker = WorkerProcess(
+            "--redis-url", self.redis_url, "--agent", f"{self.qwen} --acp", "--session-mode", "default",
             "--agent-stderr", str(self.log_dir / "qwen-stderr.log"),
             "--drain-grace-s", str(self.plan.drain_grace_s), "--lease-ms", str(self.plan.lease_ms),
-            "--name", f"rd-w{slot}", env=self.env,
+            "--name", f"rd-w{slot}", log=self.log_dir / f"worker-{len(self.processes)}.log", env=self.env,
+            log_level="INFO",
         )
+        self.processes.append(worker)
+        await worker.start()
         self.started_workers += 1
         self.slot_of[worker.pid] = slot
         self.rec("worker", slot=slot, pid=worker.pid, inc=worker.incarnation, t=now(), event="started")
@@ -409,50 +204,57 @@ class Run:
         self.rec("worker", slot=self.slot_of[worker.pid], pid=worker.pid, inc=worker.incarnation,
                  incarnations=[worker.incarnation], t=now(), event="sigterm")
 
+    async def start_api(self) -> ApiProcess:
+        port = free_port()
+        api = ApiProcess("--redis-url", self.redis_url, "--port", str(port), "--workspace", self.workspace,
+                         port=port, log=self.log_dir / f"api-{len(self.processes)}.log", log_level="INFO")
+        self.processes.append(api)
+        return await api.start()  # type: ignore[return-value]
+
     async def exit_of(self, worker: WorkerProcess, timeout: float) -> int | None:
         """Until the worker exits (killed past `timeout`), recorded with its exit code."""
         assert worker.proc is not None
-        try:
-            await asyncio.wait_for(worker.proc.wait(), timeout)
-        except asyncio.TimeoutError:
+        if (await worker.wait_exit(timeout)).endswith("killed"):
             log(f"{worker.incarnation} did not exit within {timeout} s of its SIGTERM: killed")
-            worker.proc.kill()
-            await worker.proc.wait()
         self.rec("worker", slot=self.slot_of[worker.pid], pid=worker.pid, inc=worker.incarnation, t=now(),
                  event="stopped", code=worker.proc.returncode)
         return worker.proc.returncode
 
     async def hosted(self, worker: WorkerProcess) -> set[str]:
         """The sessions the worker holds now (its session index)."""
-        members = await self.redis.smembers(keys.worker_sessions(worker.incarnation))
-        return {m.split("/", 1)[1] for m in members}
+        assert self.store is not None
+        return {sid for _, sid in await self.store.worker_index(worker.incarnation)}
 
     async def run(self) -> dict[str, Any]:
         plan = self.plan
         t_start = now()
         self.load_avg = {"start": [round(x, 2) for x in os.getloadavg()]}  # the machine is shared: say how busy
-        self.redis = connect(self.harness.redis_url)
-        log(f"{plan.workers} workers (qwen), 2 APIs, drain grace {plan.drain_grace_s} s, {plan.sessions} sessions")
-        self.workers = list(await asyncio.gather(*(self.start_worker(slot) for slot in range(plan.workers))))
-        apis = [await self.harness.api() for _ in range(chaos_schedule.APIS)]
-        self.api_ports = [api.port for api in apis]
-        self.rec("meta", seed=plan.seed, cluster=False, lease_ms=plan.lease_ms, drain_grace_s=plan.drain_grace_s,
-                 workspace=self.workspace,
-                 workspace_id=self.ws, plan=plan.__dict__, api_ports=self.api_ports, t=now())
-        client = self.client = Client(self)
-        await client.open()
+        self.store = RedisStore.from_url(self.redis_url)
+        client: Client | None = None
         try:
+            log(f"{plan.workers} workers (qwen), 2 APIs, drain grace {plan.drain_grace_s} s, {plan.sessions} sessions")
+            self.workers = list(await asyncio.gather(*(self.start_worker(slot) for slot in range(plan.workers))))
+            apis = [await self.start_api() for _ in range(APIS)]
+            self.api_ports = [api.port for api in apis]
+            self.rec("meta", seed=plan.seed, cluster=False, lease_ms=plan.lease_ms, drain_grace_s=plan.drain_grace_s,
+                     workspace=self.workspace,
+                     workspace_id=self.ws, plan=plan.__dict__, api_ports=self.api_ports, t=now())
+            client = self.client = Client(self)
+            await client.open()
             return await self._run(client, t_start)
         except BaseException:
-            # Leave no drain behind: the caller's harness would wait out each worker's grace.
+            # Leave no drain behind: a SIGTERM now would wait out each worker's grace.
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self.stop_all(), 90)
             raise
         finally:
-            await client.close()
+            if client is not None:
+                await client.close()
             with contextlib.suppress(Exception):
-                await self.redis.aclose()
+                await self.store.close()
             self.rec.close()
+            for process in self.processes:  # what stop_all left (an error on the way): gone
+                await process.kill9()
 
     async def _run(self, client: Client, t_start: float) -> dict[str, Any]:
         plan = self.plan
@@ -491,7 +293,7 @@ class Run:
         await client.stop_load()
         await asyncio.wait(load, timeout=plan.event_timeout_s + 30)
         if client.resume_tasks:
-            await asyncio.wait(list(client.resume_tasks), timeout=chaos_load.CHAIN_BUDGET_S + 10)
+            await asyncio.wait(list(client.resume_tasks), timeout=CHAIN_BUDGET_S + 10)
         for task in load:
             task.cancel()
         await asyncio.gather(*load, return_exceptions=True)
@@ -547,7 +349,9 @@ class Run:
         async with client.changed:
             await asyncio.wait_for(client.changed.wait_for(lambda: first_move() is not None), self.plan.event_timeout_s)
         sid = first_move()
-        owner = await self.redis.hget(keys.session(self.ws, sid), keys.F.OWNER)  # type: ignore[arg-type]
+        assert self.store is not None and sid is not None
+        view = await self.store.session(self.ws, sid)
+        owner = view.owner if view is not None else None
         slot = next((i for i, w in enumerate(self.workers) if w.incarnation == owner), None)
         if slot is None:
             raise RuntimeError(f"the first moved session's owner {owner} is not a serving worker")
@@ -572,7 +376,7 @@ class Run:
 
         async def check(s: Tracked) -> None:
             async with gate:
-                status, body = await client.status(s.sid, rng, api=s.n % chaos_schedule.APIS)
+                status, body = await client.status(s.sid, rng, api=s.n % APIS)
                 live = status == 200 and isinstance(body, dict) and body.get("sessionId") == s.sid
                 result: dict[str, Any] = {"live": live, "status": status, "life": s.life}
                 if live and not s.lost:
@@ -591,20 +395,18 @@ class Run:
 
     async def stop_all(self) -> None:
         """Workers stop at once (a second SIGTERM skips the drain), then the APIs."""
-        workers = [p for p in self.harness.processes
-                   if isinstance(p, WorkerProcess) and p.proc is not None and p.proc.returncode is None]
+        workers = [p for p in self.processes if isinstance(p, WorkerProcess) and p.alive]
         for worker in workers:
             self.sigterm(worker, at_once=True)
         self.stop_codes = list(await asyncio.gather(*(self.exit_of(w, 60) for w in workers)))
-        for process in self.harness.processes:
-            if process.proc is not None and process.proc.returncode is None:
+        for process in self.processes:
+            if process.alive:
                 await process.terminate(60)
 
     async def scan_keys(self) -> None:
-        found = []
-        async for key in self.redis.scan_iter(match="acp:*", count=1000):
-            found.append([key, await self.redis.type(key), await self.redis.pttl(key)])
-        self.rec("keys", node=0, t=now(), keys=found)
+        """Every key of the store left after the stop, with its TTL (the checker's h)."""
+        assert self.store is not None
+        self.rec("keys", node=0, t=now(), keys=[list(key) for key in await self.store.key_expiries()])
 
     # ---- figures ------------------------------------------------------------------------
 
@@ -712,9 +514,11 @@ def last_user_text(request: dict[str, Any]) -> str:
     return next((message_text(m) for m in reversed(request.get("messages") or []) if m.get("role") == "user"), "")
 
 
-async def deploy(plan: Plan, harness: Harness, fake: FakeOpenAI, home: Path, log_dir: Path) -> dict[str, Any]:
-    """One rolling deploy on the processes `harness` starts (the caller stops them)."""
-    return await Run(plan, harness, fake, home, log_dir).run()
+async def deploy(plan: Plan, redis_url: str, workspace: str, fake: FakeOpenAI, home: Path, log_dir: Path) -> dict[str, Any]:
+    """One rolling deploy on the Redis at `redis_url`, its sessions in `workspace` (a folder),
+    its model endpoint `fake`, qwen's HOME `home`; every process it starts is gone when it
+    returns."""
+    return await Run(plan, redis_url, workspace, fake, home, log_dir).run()
 
 
 async def standalone(plan: Plan, log_dir: Path) -> dict[str, Any]:
@@ -723,17 +527,9 @@ async def standalone(plan: Plan, log_dir: Path) -> dict[str, Any]:
     (log_dir / "ws").mkdir(exist_ok=True)
     redis = RedisServer().start()
     fake = FakeOpenAI().start()
-    harness = Harness(redis.url, str(log_dir / "ws"), free_port)
     try:
-        return await deploy(plan, harness, fake, log_dir / "home", log_dir)
+        return await deploy(plan, redis.url, str(log_dir / "ws"), fake, log_dir / "home", log_dir)
     finally:
-        for process in harness.processes:
-            if process.proc is not None and process.proc.returncode is None:
-                process.proc.kill()
-                await process.proc.wait()
-        for process in harness.processes:
-            if hasattr(process, "client"):
-                await process.client.aclose()
         fake.stop()
         redis.stop()
 

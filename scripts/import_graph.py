@@ -11,7 +11,9 @@ folder that pyproject.toml's `[tool.setuptools.package-dir]` maps (`api/` instal
   `if TYPE_CHECKING:` never run, so they are listed, and judged by the room rules, but make
   no cycle: two modules that name each other's classes in annotations are one design);
 * a room importing one it may not (`MAY_IMPORT`: api and worker never import each other,
-  the core and the store neither of them, production code nothing of `tests/`);
+  the core and the store neither of them, production code nothing of `tests/` or `bench/`,
+  and `bench/` nothing of `tests/`: what both use, such as `bench/redis_server.py`, lives in
+  `bench/`);
 * a private name (`_name`, or a `_module`) imported from, or read off, another module;
 * a test module importing helpers from another test module (they share `tests/helpers.py`;
   importing a `test_*` function to collect it again, as `tests/test_cluster.py` does, is fine);
@@ -59,9 +61,11 @@ MAY_IMPORT = {
     "worker": {"core", "store", "worker"},
     "testing double": {"core", "testing double"},
     "composition root": {"core", "store", "api", "worker", "testing double", "composition root"},
-    # Tests and tools drive everything; production code never imports them.
+    # Tests and tools drive everything; production code never imports them. The tests
+    # import the benchmarks' parts (their own Redis servers, the chaos run), never the
+    # other way round.
     "tests": EVERY_ROOM,
-    "bench": EVERY_ROOM,
+    "bench": EVERY_ROOM - {"tests"},
     "scripts": EVERY_ROOM,
 }
 INSTALLED_TOP_LEVEL = {"acp_state"}

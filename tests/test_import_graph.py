@@ -46,6 +46,8 @@ def test_the_check_catches_each_kind_of_break(tmp_path: Path) -> None:
         "tests/helpers.py": "",
         "tests/test_a.py": "def make(): ...\ndef test_a(): ...\n",
         "tests/test_b.py": "from tests.test_a import make, test_a\n",  # a helper from a test module
+        "bench/__init__.py": "",
+        "bench/run.py": "from tests import helpers\n",  # bench -> tests
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -62,8 +64,9 @@ def test_the_check_catches_each_kind_of_break(tmp_path: Path) -> None:
     assert "private name: acp_state.api.reads reads acp_state.api.routes._state" in problems
     assert "packaging: installs a top-level package named 'worker'" in problems
     assert "tests.test_b imports make from tests.test_a" in problems
+    assert "forbidden import: bench -> tests: bench.run imports tests.helpers" in problems
     assert "test_a from" not in problems  # re-collecting a test function is fine
-    assert len(problems.splitlines()) == 8, problems
+    assert len(problems.splitlines()) == 9, problems
 
 
 def test_the_check_keeps_redis_inside_the_store_package(tmp_path: Path) -> None:

@@ -20,8 +20,8 @@ from typing import Any, Iterator
 import pytest
 
 from bench.fake_openai import FakeOpenAI, find_qwen
+from bench.redis_server import RedisServer
 from bench.rolling_deploy import Plan, deploy
-from tests.harness import Harness
 
 pytestmark = pytest.mark.qwen
 
@@ -67,10 +67,10 @@ def assert_every_conversation_went_on(run: dict[str, Any]) -> None:
 
 
 async def test_a_rolling_deploy_moves_every_session_and_loses_no_prompt(
-    qwen: str, fake_llm: FakeOpenAI, own_harness: Harness, tmp_path: Path
+    qwen: str, fake_llm: FakeOpenAI, own_redis: RedisServer, workspace: str, tmp_path: Path
 ) -> None:
     plan = Plan(SESSIONS, GRACE_S, in_flight=SESSIONS, event_timeout_s=EVENT_TIMEOUT_S, stop_timeout_s=90)
-    run = await deploy(plan, own_harness, fake_llm, tmp_path / "home", tmp_path)
+    run = await deploy(plan, own_redis.url, workspace, fake_llm, tmp_path / "home", tmp_path)
     (tmp_path / "run.json").write_text(json.dumps(run, indent=1, default=str))
 
     assert len(run["restarts"]) == 3, explain(run)
@@ -91,14 +91,14 @@ async def test_a_rolling_deploy_moves_every_session_and_loses_no_prompt(
 
 
 async def test_a_kill9_mid_deploy_keeps_the_chaos_invariants(
-    qwen: str, fake_llm: FakeOpenAI, own_harness: Harness, tmp_path: Path
+    qwen: str, fake_llm: FakeOpenAI, own_redis: RedisServer, workspace: str, tmp_path: Path
 ) -> None:
     """The worker that took the second drain's first session is killed -9 as soon as the
     client sees that move: its sessions die (`session_died`, swept once its lease lapsed),
     moves under way to it go elsewhere, and the client resumes each dead session with
     `POST /session/:id/load` on another worker."""
     plan = Plan(SESSIONS, GRACE_S, in_flight=SESSIONS, kill9=True, event_timeout_s=EVENT_TIMEOUT_S, stop_timeout_s=90)
-    run = await deploy(plan, own_harness, fake_llm, tmp_path / "home", tmp_path)
+    run = await deploy(plan, own_redis.url, workspace, fake_llm, tmp_path / "home", tmp_path)
     (tmp_path / "run.json").write_text(json.dumps(run, indent=1, default=str))
 
     # The checker's invariants first: the deaths were the killed worker's (f), every
