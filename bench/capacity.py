@@ -25,8 +25,9 @@ from acp_state import events
 from acp_state.store import Mode, RedisStore, Transition
 from acp_state.store.connection import connect
 
+from .procs import cpu_s
 from .redis_server import RedisCluster
-from .scale import RESULTS, cpu_s
+from .scale import RESULTS
 
 MIB = 2**20
 

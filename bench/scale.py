@@ -43,15 +43,13 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
-from acp_state import events
 from acp_state.ids import workspace_id
-from acp_state.store import RedisStore, Transition
-from acp_state.store import keys
-from acp_state.store.connection import connect
+from acp_state.store import RedisStore
 
 from .__main__ import heartbeat_cost, log, run_wrk, server_stack, wait_port
-from .procs import ROOT, AcpProcess, RedisServer, api, free_port, percentile, worker
+from .procs import ROOT, AcpProcess, RedisServer, api, children, cpu_s, free_port, percentile, rss_bytes, worker
 from .scale_load import Http, now_ns
+from .scale_streams import Streams, bare_stream_rss_bytes, delivery, emit_one_event_each
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORKERS = 4
@@ -76,24 +74,6 @@ GOALS = {
 
 
 # ---- processes --------------------------------------------------------------------------
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of one process."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_bytes(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0]) * 1024
-
-
-def children(pid: int) -> list[int]:
-    """Direct children (a worker's agent processes)."""
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
-    return found
 
 
 class Cluster:
@@ -191,16 +171,16 @@ def profile(pid: int, seconds: int, out: Path, after_s: float = 0) -> dict[str, 
 # ---- 5. recovery ------------------------------------------------------------------------
 
 
-async def recovery(store_redis: aioredis.Redis, victim: AcpProcess, victim_inc: str,
+async def recovery(store: RedisStore, victim: AcpProcess, victim_inc: str,
                    victim_sids: list[tuple[str, str]], api_port: int) -> dict[str, Any]:
     """kill -9 the victim; time what readers see, what Redis holds and the survivors' renewals."""
     sample = random.Random(14).sample(victim_sids, min(100, len(victim_sids)))
     survivor_deadlines: dict[str, list[tuple[float, float]]] = {}
     readers = [Http(api_port) for _ in range(10)]
-    deadline_ms = await store_redis.zscore(keys.WORKERS, victim_inc)
-    seconds, micros = await store_redis.time()
+    leases = await store.lease_view()
+    deadline_ms = leases.deadlines.get(victim_inc)
     killed = time.monotonic()
-    lease_left_s = (deadline_ms - (seconds * 1000 + micros / 1000)) / 1000 if deadline_ms else None
+    lease_left_s = (deadline_ms - leases.redis_now_ms) / 1000 if deadline_ms else None
     assert victim.proc is not None
     victim.proc.kill()
     await victim.proc.wait()
@@ -208,7 +188,7 @@ async def recovery(store_redis: aioredis.Redis, victim: AcpProcess, victim_inc: 
 
     async def watch_renewals() -> None:
         while not stop_watch.is_set():
-            for member, score in await store_redis.zrange(keys.WORKERS, 0, -1, withscores=True):
+            for member, score in (await store.lease_view()).deadlines.items():
                 if member != victim_inc:
                     series = survivor_deadlines.setdefault(member, [])
                     if not series or series[-1][1] != score:
@@ -238,19 +218,20 @@ async def recovery(store_redis: aioredis.Redis, victim: AcpProcess, victim_inc: 
 
     async def watch_keys() -> float:
         """When no key of the victim's sessions is left. The sweeper deletes the worker's
-        session index last, once every session is gone (`forget_worker`): that one key is
-        watched every 50 ms, and when it is gone every session key is checked, which must
-        find none (else the watch goes on). Asking for all 25,000 every round loaded the
-        very Redis and cores being measured: the readers' rounds took 1.9 s in that run."""
-        index = keys.worker_sessions(victim_inc)
-        remaining = [keys.session(ws, sid) for ws, sid in victim_sids]
+        session index last, once every session is gone (`forget_worker`): whether it is still
+        there is asked every 50 ms, and when it is gone every session is looked up, which
+        must find none (else the watch goes on). Asking for all 25,000 every round loaded
+        the very Redis and cores being measured: the readers' rounds took 1.9 s in that run."""
+        remaining = list(victim_sids)
         while True:
-            if not await store_redis.exists(index):
+            if not await store.has_worker_index(victim_inc):
                 at = time.monotonic() - killed
-                pipe = store_redis.pipeline(transaction=False)
-                for key in remaining:
-                    pipe.exists(key)
-                remaining = [key for key, there in zip(remaining, await pipe.execute()) if there]
+                left = []
+                for first in range(0, len(remaining), 1000):
+                    batch = remaining[first:first + 1000]
+                    views = await asyncio.gather(*(store.session(ws, sid) for ws, sid in batch))
+                    left += [session for session, view in zip(batch, views) if view is not None]
+                remaining = left
                 if not remaining:
                     return at
             await asyncio.sleep(0.05)
@@ -278,37 +259,6 @@ async def recovery(store_redis: aioredis.Redis, victim: AcpProcess, victim_inc: 
         "survivor_renewals": sum(len(s) for s in survivor_deadlines.values()),
         "heartbeat_interval_s": round(LEASE_MS / 3000, 2),
     }
-
-
-# ---- 4. event streams -------------------------------------------------------------------
-
-
-class Streams:
-    """The SSE load process (bench/scale_load.py streams)."""
-
-    def __init__(self, port: int, paths: list[str], logs: Path, name: str = "sse") -> None:
-        self.paths_file = logs / f"{name}-paths.txt"
-        self.paths_file.write_text("\n".join(paths) + "\n")
-        self.out = logs / f"{name}-result.json"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.scale_load", "streams", "--port", str(port),
-             "--paths-file", str(self.paths_file), "--out", str(self.out)],
-            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )
-
-    async def ready(self) -> None:
-        assert self.proc.stdout is not None
-        line = await asyncio.to_thread(self.proc.stdout.readline)
-        if line.strip() != "ready":
-            raise RuntimeError(f"the SSE load did not attach: {line!r}")
-
-    async def finish(self) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write("end\n")
-        self.proc.stdin.flush()
-        await asyncio.to_thread(self.proc.stdout.readline)
-        await asyncio.to_thread(self.proc.wait, 120)
-        return json.loads(self.out.read_text())
 
 
 # Seven short rounds: the machine's speed drifts within seconds (neighbours on a shared
@@ -357,72 +307,6 @@ def cpu_share(reads: dict[str, Any], name: str, baseline: str) -> float:
     return round(shares[len(shares) // 2], 2)
 
 
-async def bare_stream_rss_bytes(server: str, path: str, count: int, logs: Path) -> int:
-    """RSS growth per open stream of a fresh bare app (bench/hello_app.py) on `server`:
-    `/sse` is Starlette's StreamingResponse, `/raw-sse` the server's ASGI interface alone."""
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "bench.hello_app", "--server", server, "--port", str(port)],
-                               cwd=ROOT, stdout=subprocess.DEVNULL)
-    try:
-        await wait_port(port)
-        await asyncio.sleep(1)
-        before = rss_bytes(process.pid)
-        streams = Streams(port, [path] * count, logs, name=f"bare{path.replace('/', '-')}")
-        try:
-            await streams.ready()
-            await asyncio.sleep(2)
-            grown = rss_bytes(process.pid) - before
-            await streams.finish()
-        finally:
-            if streams.proc.poll() is None:
-                streams.proc.kill()
-        return round(grown / max(count, 1))
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:  # a baseline's own shutdown is not measured here
-            process.kill()
-            process.wait()
-
-
-async def emit_one_event_each(store: RedisStore, owners: dict[str, str], targets: list[tuple[str, str]],
-                              rate: int) -> dict[int, tuple[int, int]]:
-    """One `session_update` event to each target session, written by its owner's APPLY (as
-    its worker would), `rate` per second; returns, per target index, (event id, start ns)."""
-    starts: dict[int, tuple[int, int]] = {}
-    interval = 1 / rate
-    begun = time.monotonic()
-    batch = 50
-
-    async def one(n: int, ws: str, sid: str) -> None:
-        update = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": f"scale {n}"}}
-        t0 = now_ns()
-        applied = await store.apply(ws, sid, owners[sid], Transition(events=[events.body("session_update", {"sessionId": sid, "update": update})]))
-        starts[n] = (applied.last_event_id, t0)
-
-    for first in range(0, len(targets), batch):
-        await asyncio.gather(*(one(n, ws, sid) for n, (ws, sid) in enumerate(targets[first:first + batch], first)))
-        lag = begun + (first + batch) * interval - time.monotonic()
-        if lag > 0:
-            await asyncio.sleep(lag)
-    return starts
-
-
-def delivery(starts: dict[int, tuple[int, int]], arrivals: list[list[int]]) -> dict[str, Any]:
-    """Per emitted event, the time from its APPLY call to its arrival on its stream."""
-    latencies, missing = [], 0
-    for n, (event_id, t0) in starts.items():
-        stamps = dict(zip(arrivals[n][::2], arrivals[n][1::2]))
-        if event_id in stamps:
-            latencies.append((stamps[event_id] - t0) / 1e6)
-        else:
-            missing += 1
-    return {"events": len(starts), "missing": missing,
-            "p50_ms": round(percentile(latencies, 50), 2) if latencies else None,
-            "p99_ms": round(percentile(latencies, 99), 2) if latencies else None}
-
-
 # ---- the run ----------------------------------------------------------------------------
 
 
@@ -436,8 +320,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         path.mkdir()
         cwds.append(str(path))
     cluster = Cluster(redis_server, logs, cwds)
-    redis = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
-    store = RedisStore(connect(redis_server.url))
+    redis = aioredis.Redis.from_url(redis_server.url, decode_responses=True)  # the server's own figures (INFO)
+    store = RedisStore.from_url(redis_server.url)
     result: dict[str, Any] = {"sessions": total, "workers": WORKERS, "apis": APIS, "workspaces": WORKSPACES,
                               "lease_ms": LEASE_MS, "goals": GOALS}
     hello_proc = None
@@ -487,7 +371,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         log(f"  waiting {REPLY_KEPT_S} s for the creates' answers to expire")
         await asyncio.sleep(REPLY_KEPT_S)
         memory1 = (await redis.info("memory"))["used_memory"]
-        reports = {inc: json.loads(r) for inc, r in (await redis.hgetall(keys.REPORTS)).items()}
+        reports = await store.worker_reports(list((await store.lease_view()).deadlines))
         per_worker_sessions = {inc: r["sessions"] for inc, r in reports.items()}
         rss1 = {w.pid: rss_bytes(w.pid) for w in cluster.workers}
         all_sessions = sum(len(v) for v in sids.values())
@@ -556,11 +440,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         targets = [(workspace_id(cwd), s) for cwd in cwds for s in sids[cwd][1:per_ws + 1]]
         owners = {}
         for first in range(0, len(targets), 1000):
-            pipe = redis.pipeline(transaction=False)
-            for ws, s in targets[first:first + 1000]:
-                pipe.hget(keys.session(ws, s), "inc")
-            for (ws, s), owner in zip(targets[first:first + 1000], await pipe.execute()):
-                owners[s] = owner
+            batch = targets[first:first + 1000]
+            for (ws, s), view in zip(batch, await asyncio.gather(*(store.session(ws, s) for ws, s in batch))):
+                owners[s] = view.owner if view is not None else None
         log(f"event streams baselines: {len(targets)} bare streams on the same stack, in Starlette and below it")
         bare_stream_rss = {path: await bare_stream_rss_bytes(args.server, path, len(targets), logs)
                            for path in ("/sse", "/raw-sse")}
@@ -605,14 +487,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         inc_of_pid = {report["pid"]: inc for inc, report in reports.items()}
         victim = max(cluster.workers, key=lambda w: per_worker_sessions.get(inc_of_pid.get(w.pid, ""), 0))
         victim_inc = inc_of_pid[victim.pid]
-        victim_sids = [tuple(m.split("/", 1)) for m in await redis.smembers(keys.worker_sessions(victim_inc))]
+        victim_sids = await store.worker_index(victim_inc)
         died_streams = [n for n, (ws, s) in enumerate(targets) if owners[s] == victim_inc]
         log(f"recovery: kill -9 of a worker holding {len(victim_sids)} sessions ({len(died_streams)} followed by SSE)")
         streams = Streams(port, [f"/session/{s}/events" for _, s in targets], logs)
         try:
             await streams.ready()
             killed_ns = now_ns()
-            recovered = await recovery(redis, victim, victim_inc, victim_sids, cluster.apis[1][1])  # type: ignore[arg-type]
+            recovered = await recovery(store, victim, victim_inc, victim_sids, cluster.apis[1][1])
             await asyncio.sleep(2)
             streamed = await streams.finish()
         finally:

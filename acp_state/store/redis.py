@@ -1022,6 +1022,11 @@ class RedisStore:
         members = await self.redis.smembers(keys.worker_sessions(incarnation))
         return [tuple(m.split("/", 1)) for m in members]  # type: ignore[misc]
 
+    async def has_worker_index(self, incarnation: str) -> bool:
+        """Whether the worker's session index is there (one key, whatever it holds): the sweep
+        of a dead worker deletes it last, once every session of its is gone."""
+        return bool(await self.redis.exists(keys.worker_sessions(incarnation)))
+
     async def forget_worker(self, incarnation: str, workspaces: set[str]) -> None:
         """Delete every key a dead incarnation owned, then release the sweep's claim."""
         pipe = self.redis.pipeline(transaction=False)
