@@ -49,22 +49,17 @@ import redis.asyncio as aioredis
 
 from acp_state.cli.serving import DEFAULT_SERVER, SERVERS
 from acp_state.ids import workspace_id
-from acp_state.store import RedisStore, Transition, keys
+from acp_state.store import RedisStore, Transition
 
 from .__main__ import RESULTS, command_calls, create_sessions, ensure_wrk, log, run_wrk, server_stack, wait_port
 from .push_load import mark
-from .procs import ROOT, AcpProcess, RedisServer, api, free_port, percentile, worker
+from .procs import ROOT, AcpProcess, RedisServer, api, cpu_s, free_port, percentile, worker
 
 LOAD = [sys.executable, "-m", "bench.push_load"]
 
 
 def now_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-
-
-def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def machine_busy() -> float:
@@ -155,7 +150,7 @@ async def bench_fanout(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         store = RedisStore(redis)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
             sid = (await create_sessions(client, str(workspace), 1))[0]
-            owner = await redis.hget(keys.session(ws, sid), "inc")
+            owner = (await store.session(ws, sid)).owner  # type: ignore[union-attr]
             busy = machine_busy()
 
             # Baseline: bare SPUBLISH -> `clients` raw SSUBSCRIBE connections, same load process.
@@ -186,7 +181,7 @@ async def bench_fanout(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
                     await store.apply(ws, sid, owner, Transition(active=n % 2 == 1, updated_at=mark(n)))
                     await asyncio.sleep(gap_s)
                 starts, apply_ms = {}, []
-                api_cpu0 = proc_cpu_s(api_process.pid)
+                api_cpu0 = cpu_s(api_process.pid)
                 for seq in range(5, 5 + changes):
                     t0 = now_ns()
                     await store.apply(ws, sid, owner, Transition(active=seq % 2 == 1, updated_at=mark(seq)))
@@ -194,7 +189,7 @@ async def bench_fanout(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
                     starts[seq] = t0
                     await asyncio.sleep(gap_s)
                 await asyncio.sleep(1)
-                api_cpu = proc_cpu_s(api_process.pid) - api_cpu0
+                api_cpu = cpu_s(api_process.pid) - api_cpu0
                 profile = None
                 if args.profile:
                     profile = await profile_fanout(api_process.pid, store, ws, sid, owner, gap_s, 5 + changes)
@@ -298,10 +293,10 @@ async def bench_views(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
                 try:
                     await load.expect("ready")
                     await load.expect("window start")
-                    before, cpu0, t0 = await route_counts(client), proc_cpu_s(api_process.pid), time.monotonic()
+                    before, cpu0, t0 = await route_counts(client), cpu_s(api_process.pid), time.monotonic()
                     prompts = 0
                     await load.expect("window end", window_s + 30)
-                    after, cpu1, elapsed = await route_counts(client), proc_cpu_s(api_process.pid), time.monotonic() - t0
+                    after, cpu1, elapsed = await route_counts(client), cpu_s(api_process.pid), time.monotonic() - t0
                     changes = prompts
                     churner.cancel()
                     result = await load.finish()

@@ -18,7 +18,6 @@ import httpx
 import redis.asyncio as aioredis
 
 from acp_state import events
-from acp_state.store import keys
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore, Transition
 
@@ -55,7 +54,7 @@ async def _publish_to_sse(redis_url: str, port: int, workspace: str, samples: in
         redis = aioredis.Redis.from_url(redis_url, decode_responses=True)
         store = RedisStore(redis)
         ws = workspace_id(workspace)
-        owner = await redis.hget(keys.session(ws, sid), "inc")
+        owner = (await store.session(ws, sid)).owner  # type: ignore[union-attr]
         arrived: asyncio.Queue[float] = asyncio.Queue()
 
         async def read() -> None:
