@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from acp_state.testing.scripted_agent import QUESTIONS as SCRIPTED_QUESTIONS
+from acp_state.testing.scenarios import QUESTIONS as SCRIPTED_QUESTIONS
 
 MODEL = "fake-model"
 # scripts/test installs the pinned reference (tests/node/package.json) here.
