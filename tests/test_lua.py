@@ -20,7 +20,7 @@ from acp_state.store import keys, scripts
 from acp_state.store.keys import F
 from acp_state.store.keys import VersionField as VER
 from acp_state.turns import TurnRecord, TurnState
-from acp_state.store.redis import Script
+from acp_state.store.batching import Script
 from bench.redis_server import RedisServer
 
 WS = "0123456789abcdef"

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from acp_state.store.redis import PerLoopTurn
+from acp_state.store.batching import PerLoopTurn
 
 
 async def test_calls_of_one_turn_share_one_send_and_each_gets_its_own_answer() -> None:

@@ -174,7 +174,7 @@ async def test_a_dead_workers_sessions_are_swept_in_batches(store: RedisStore) -
     """The sweeper's batched removal (more sessions than one SWEEP call takes) ends each
     session as its own APPLY would, in order, fenced, and once."""
     from acp_state.store import SESSION_ID_SLOT
-    from acp_state.store.redis import SWEEP_BATCH
+    from acp_state.store.sweeper_side import SWEEP_BATCH
     from acp_state.sweeper import died
 
     DIED = died(SESSION_ID_SLOT)

@@ -13,7 +13,7 @@ from acp_state import commands, events, ids, interactions, summary, votes
 from acp_state.interactions import CancelSentinelCollision, normalize
 from acp_state.store import SessionView
 from acp_state.store.keys import F
-from acp_state.store.redis import view_of
+from acp_state.store.codec import view_of
 from acp_state.turn_errors import LOOP_DETECTED_MESSAGE, from_exception, from_rpc_error
 from acp_state.votes import MALFORMED_OUTCOME, MalformedVote
 

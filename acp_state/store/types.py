@@ -2,8 +2,8 @@
 
 Nothing here knows Redis. A `Transition` says what changed in a session's runtime state;
 a `SessionView` is that state as a reader sees it; the outcome enums name every answer a
-store call can give. `acp_state.store.redis` alone turns them into key names, hash fields
-and script arguments, and back (one pack/unpack pair each).
+store call can give. `RedisStore` alone turns them into key names, hash fields and script
+arguments, and back (one pack/unpack pair each, in `acp_state.store.codec`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 --          8 the workspace's change channel, 9 the workspace's catalog version,
 --          10 the session's turn records, 11 the ids of its ended turns,
 --          12 the workspace's attention index, 13 its details (the attention prelude)
---   inc: the writer's incarnation; ops: the decoded ops (see RedisStore._ops); ttl_ms: the
+--   inc: the writer's incarnation; ops: the decoded ops (see codec.transition_ops); ttl_ms: the
 --   session hash's TTL (refreshed by every transition); batch (SWEEP's deletes only, else
 --   nil): what the caller does once for many sessions, {flat = this session hash's HGETALL,
 --   removed = the ids it removes from the live set and the single-scope key itself}, the
