@@ -5,11 +5,12 @@ inbox for the workspace) or, for a create, to a chosen worker (its control feed)
 command travels as one JSON object: `{"t": <type>, <fields in declaration order>}`, every
 field present (`null` when unset); where the store keeps it is the store's business.
 `encode` and `decode` are the only Python code that reads or writes that JSON (the VOTE
-script reads a vote's fields from it too: it decides the very vote it enqueues); the
-`send_*` functions are what the API calls, and `dispatch` hands a decoded command to the
-worker's `CommandHandler`. The shape follows rq's `rq/command.py`: a command's sending and
-its handling side by side. A worker answers a create or a close with a `Reply`, which has
-its own encode/decode pair (arq's shape: one result type, one serializer pair).
+and ATTACH scripts read a vote's and an attach's fields from it too: each acts on the very
+command it enqueues); the `send_*` functions are what the API calls, and `dispatch` hands a
+decoded command to the worker's `CommandHandler`. The shape follows rq's `rq/command.py`:
+a command's sending and its handling side by side. A worker answers a create or a close
+with a `Reply`, which has its own encode/decode pair (arq's shape: one result type, one
+serializer pair).
 """
 
 from __future__ import annotations

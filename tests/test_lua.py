@@ -438,11 +438,14 @@ async def test_a_won_vote_is_kept_for_its_retry_and_announced(r: aioredis.Redis)
 async def test_attach_registers_the_client_fenced_by_the_owner(r: aioredis.Redis) -> None:
     await created(r)
     key_list = [SESSION, keys.inbox(WS, INC), CHANNEL, VERSION]
-    assert await run(r, "ATTACH", key_list, [OTHER, "c1", "{}", TTL, 100, SID, TTL]) == 0
+    attach = commands.Attach(sid=SID, client_id="c1")
+    assert await run(r, "ATTACH", key_list, [OTHER, commands.encode(attach), TTL, 100, TTL]) == 0
     assert not await r.hexists(SESSION, F.CLIENT + "c1")
     revision = int(await r.hget(VERSION, VER.REVISION))
-    assert await run(r, "ATTACH", key_list, [INC, "c1", '{"t":"attach"}', TTL, 100, SID, TTL]) == 1
+    assert await run(r, "ATTACH", key_list, [INC, commands.encode(attach), TTL, 100, TTL]) == 1
     assert await r.hget(SESSION, F.CLIENT + "c1") == "1" and await r.xlen(keys.inbox(WS, INC)) == 1
+    [(_, entry)] = await r.xrange(keys.inbox(WS, INC))
+    assert commands.decode(entry["c"]) == attach  # the client it registered is the one enqueued
     assert int(await r.hget(VERSION, VER.REVISION)) == revision + 1  # the client count changed
 
 

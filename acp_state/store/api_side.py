@@ -170,19 +170,13 @@ class ApiSide(RedisSide):
         return VoteOutcome(await self._vote(key_list, args))
 
     async def attach(self, ws: str, incarnation: str, command: Attach) -> bool:
-        """Register a client on a live session (and tell its owner); False if it is gone."""
-        return bool(
-            await self._attach(
-                [
-                    keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.invalidations(ws),
-                    keys.catalog_version(ws),
-                ],
-                [
-                    incarnation, command.client_id, commands.encode(command), INBOX_TTL_MS, INBOX_MAXLEN, command.sid,
-                    self.retention.catalog_ms,
-                ],
-            )
-        )
+        """Register a client on a live session (and tell its owner); False if it is gone.
+        (scripts.ATTACH reads the client and the session from the command it enqueues.)"""
+        key_list = [
+            keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.invalidations(ws), keys.catalog_version(ws),
+        ]
+        args = [incarnation, commands.encode(command), INBOX_TTL_MS, INBOX_MAXLEN, self.retention.catalog_ms]
+        return bool(await self._attach(key_list, args))
 
     # ---- creates ------------------------------------------------------------------------
 
