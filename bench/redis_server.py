@@ -17,7 +17,7 @@ import time
 import redis
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: SIGKILL when the thread that started it ends (Linux)."""
     if sys.platform == "linux":
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -46,7 +46,7 @@ class RedisServer:
         self.process = subprocess.Popen(
             # It dies with the process that started it, even one killed with -9 (a crashed
             # test run or chaos run leaves no Redis behind: tests/test_hosts.py).
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
             args=[binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", self.dir, "--daemonize", "no", "--loglevel", "warning",
              # Fault tests stall the server on purpose (DEBUG SLEEP), from loopback only.

@@ -19,6 +19,42 @@ from tests.harness import Harness
 
 __all__ = ["RedisServer", "free_port"]
 
+# The suite runs its tests in parallel (pytest-xdist, `-n` in scripts/test), longest first so
+# the parallel runners end together: these modules, by their share of a run's time (seen
+# with `--durations=0`), start before the rest, which keep their order. Only the order
+# matters, never a figure.
+LONGEST_FIRST = (
+    "test_chaos", "test_agent_matrix", "test_cluster", "test_web_shell", "test_rolling_deploy", "test_fuzz",
+    "test_qwen_agent", "test_partitions", "test_fencing", "test_resume", "test_faults", "test_reference_diff",
+    "test_reaper", "test_push",
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest first; and the tests that share a module's own fixture (a cluster, a test bed,
+    a browser) run on one runner, in one group (`--dist loadgroup`), so it starts once."""
+    rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.rpartition(".")[2], len(rank)))
+    for item in items:
+        if _uses_a_fixture_of_its_module(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    # The chaos runs each load both cores: one after another, never side by side.
+    for item in items:
+        if item.module.__name__.endswith("test_chaos"):
+            item.add_marker(pytest.mark.xdist_group("chaos"))
+
+
+def _uses_a_fixture_of_its_module(item: pytest.Item) -> bool:
+    definitions = getattr(item, "_fixtureinfo", None)
+    if definitions is None:
+        return False
+    return any(
+        fixture.scope in ("module", "session") and fixture.func.__module__ == item.module.__name__
+        for fixtures in definitions.name2fixturedefs.values()
+        for fixture in fixtures
+    )
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

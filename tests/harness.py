@@ -18,6 +18,7 @@ from acp_state.store import is_transient, keys
 from acp_state.store.connection import connect
 from acp_state.store.fanout import Fanout
 from acp_state.ids import workspace_id
+from bench.redis_server import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 30
@@ -55,6 +56,7 @@ class Process:
         self.proc = await asyncio.create_subprocess_exec(
             *self.prefix, sys.executable, "-m", "acp_state.cli", *self.argv,
             stdout=asyncio.subprocess.PIPE, stderr=self._log, cwd=str(ROOT), env=env,
+            preexec_fn=die_with_parent,  # a test process that dies leaves no worker behind
         )
         assert self.proc.stdout is not None
         while True:
@@ -264,11 +266,15 @@ class Harness:
         return process
 
     async def stop_all(self) -> None:
-        for process in reversed(self.processes):
-            if isinstance(process, ApiProcess):
-                await process.client.aclose()
-            code = await process.terminate()
-            assert code in (0, None, -9), f"{process.argv[0]} exited {code} on SIGTERM; see {process.log_path}"
+        """SIGTERM to every process: the APIs together, then the workers together (a worker
+        gone first would fail the requests an API still serves)."""
+        apis = [p for p in self.processes if isinstance(p, ApiProcess)]
+        for process in apis:
+            await process.client.aclose()
+        for group in (apis, [p for p in self.processes if not isinstance(p, ApiProcess)]):
+            codes = await asyncio.gather(*(process.terminate() for process in group))
+            for process, code in zip(group, codes):
+                assert code in (0, None, -9), f"{process.argv[0]} exited {code} on SIGTERM; see {process.log_path}"
         if self._watching:
             await self.watcher.close()
 

@@ -1,11 +1,52 @@
-"""What several test modules use: create a session, prompt it, read its status, and a
-session watched from its first completed turn. (Fixtures stay in conftest.py.)"""
+"""What several test modules use: create a session, prompt it, read its status, a session
+watched from its first completed turn, and a wait for a state no event announces.
+(Fixtures stay in conftest.py.)"""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import time
+from typing import Any, Awaitable, Callable
+
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness import ApiProcess, Harness, SseClient
+
+
+# A wait's time limit is a safety stop, never what a test asserts: far past the moment the
+# state comes on the slowest machine, so that only a state that never comes fails the test.
+SAFETY_STOP_S = 60.0
+
+
+async def eventually(
+    condition: Callable[[], Any | Awaitable[Any]], what: str, *, safety_stop_s: float = SAFETY_STOP_S, step: float = 0.05
+) -> Any:
+    """Poll `condition` (plain or async) until it returns something truthy, and return that.
+
+    For states no event announces (a registry entry, a key gone, a metric, a log line). Past
+    `safety_stop_s` the test fails, naming `what` never happened."""
+    stop = time.monotonic() + safety_stop_s
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > stop:
+            pytest.fail(f"safety stop: {what} did not happen in {safety_stop_s:.0f} s")
+        await asyncio.sleep(step)
+
+
+def eventually_sync(condition: Callable[[], Any], what: str, *, safety_stop_s: float = SAFETY_STOP_S, step: float = 0.05) -> Any:
+    """`eventually` for a test with no event loop."""
+    stop = time.monotonic() + safety_stop_s
+    while not (value := condition()):
+        if time.monotonic() > stop:
+            pytest.fail(f"safety stop: {what} did not happen in {safety_stop_s:.0f} s")
+        time.sleep(step)
+    return value
 
 
 async def create(api: ApiProcess, workspace: str, **body: object) -> dict:

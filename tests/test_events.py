@@ -11,7 +11,7 @@ import pytest
 from acp_state.store import keys
 from acp_state.ids import workspace_id
 from tests.harness import Harness, SseClient
-from tests.helpers import create, is_type, prompt, samples
+from tests.helpers import create, eventually, is_type, prompt, samples
 
 
 async def test_sse_frames_and_replay_through_any_api(harness: Harness, workspace: str) -> None:
@@ -155,10 +155,11 @@ async def test_a_client_that_leaves_frees_its_stream_at_once(harness: Harness, w
     assert await open_streams() == 3
     for client in clients[:2]:
         await client.close()
-    deadline = asyncio.get_running_loop().time() + 10
-    while await open_streams() != 1 and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.05)
-    assert await open_streams() == 1
+
+    async def one_open() -> bool:  # a closed stream counts out once the server sees it gone
+        return await open_streams() == 1
+
+    await eventually(one_open, "two of three streams counted out")
     accepted = await prompt(api, sid, "#burst 3")  # the one left still streams
     await clients[2].wait_for(is_type("turn_complete", promptId=accepted["promptId"]))
     await clients[2].close()
@@ -229,12 +230,9 @@ async def test_the_stream_is_served_below_the_stack_and_anything_it_would_refuse
             assert await served(path, method) is False and sent == [], (method, path)
 
 
-async def wait_for_log(path, text: str, timeout: float = 30) -> None:
+async def wait_for_log(path, text: str) -> None:
     """The API process says what it did in its log; wait until it said `text`."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while text not in path.read_text():
-        assert asyncio.get_running_loop().time() < deadline, f"{text!r} never logged"
-        await asyncio.sleep(0.05)
+    await eventually(lambda: text in path.read_text(), f"{text!r} logged")
 
 
 async def test_cached_status_is_never_older_than_a_delivered_event(harness: Harness, workspace: str) -> None:

@@ -23,7 +23,7 @@ from acp_state.store import RedisStore
 from acp_state.worker.creates import RECLAIM_MARGIN_S
 from tests.conftest import RedisServer, free_port
 from tests.harness import ApiProcess, EventWatcher, Harness
-from tests.helpers import create, prompt, status
+from tests.helpers import create, eventually, prompt, status
 
 LEASE_MS = 1500
 TERMINALS = ("turn_complete", "turn_error")
@@ -39,18 +39,6 @@ async def registered(redis_client: aioredis.Redis) -> set[str]:
 
 async def incarnation_of(redis_client: aioredis.Redis, workspace: str, sid: str) -> str:
     return await redis_client.hget(keys.session(workspace_id(workspace), sid), keys.F.OWNER)
-
-
-async def until(predicate, timeout: float = 20, step: float = 0.05):
-    """Poll a state that no event announces (a process's registry entry, a key's absence)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        assert loop.time() < deadline, "the state was not reached in time"
-        await asyncio.sleep(step)
 
 
 def terminals_of(events: EventWatcher, sid: str, prompt_id: str) -> list[dict]:
@@ -102,9 +90,7 @@ async def test_a_worker_frozen_past_its_lease_stays_dead_when_it_wakes(
 
     # The woken worker finds out, ends what it hosted and joins again as a new incarnation.
     old = victim.incarnation
-    fresh = await until(
-        lambda: _new_incarnation_of(redis_client, victim.pid, old), timeout=10 * LEASE_MS / 1000
-    )
+    fresh = await eventually(lambda: _new_incarnation_of(redis_client, victim.pid, old), "the woken worker's rejoin")
     assert old not in await registered(redis_client)
 
     # Nothing of the dead incarnation came back: status, prompt, vote and close agree.
@@ -220,15 +206,15 @@ async def test_out_of_memory_sweeps_nobody_and_the_lease_holds(
         # Several leases pass with Redis refusing every write but the lease's own (its
         # scripts may run out of memory): the worker keeps renewing all along.
         renewed = float(await redis_client.zscore(keys.WORKERS, worker.incarnation))
-        await until(lambda: _renewed_after(redis_client, worker.incarnation, renewed + 3 * lease_ms), timeout=10)
+        await eventually(
+            lambda: _renewed_after(redis_client, worker.incarnation, renewed + 3 * lease_ms), "three leases renewed"
+        )
     finally:
         await redis_client.config_set("maxmemory", "0")
         async for key in redis_client.scan_iter(match="ballast:*", count=1000):
             await redis_client.delete(key)
     before = float(await redis_client.zscore(keys.WORKERS, worker.incarnation) or 0)
-    await until(
-        lambda: _renewed_after(redis_client, worker.incarnation, before), timeout=5 * lease_ms / 1000
-    )
+    await eventually(lambda: _renewed_after(redis_client, worker.incarnation, before), "a renewal")
     for sid in sids:
         await turn_done(api, events, sid)
     assert not [e for e in events.events if e["type"] == "session_died"]
@@ -519,7 +505,7 @@ async def test_a_session_nobody_was_told_of_leaves_no_row_when_its_worker_dies(
         async def listed() -> bool:
             return await store.catalog_row(ws, untold) is not None
 
-        await until(listed, timeout=20)
+        await eventually(listed, "the untold session listed")
         await worker.kill9()
         await events.wait_type(untold, "session_died", timeout=30)
         await events.wait_type(told, "session_died", timeout=30)

@@ -11,8 +11,8 @@ exactly as before and still completes a prompt, and the API exits 0 on SIGTERM (
 checks the exit code).
 
 Generating cases costs more CPU than serving them, so two processes fuzz side by side, one
-per generation mode. `FUZZ_SEED=<n>` replays a run; a failure prints the curl command that
-reproduces it.
+per generation mode. `FUZZ_SEED=<n>` replays a run, `FUZZ_ROUNDS=<n>` makes it longer; a failure
+prints the curl command that reproduces it.
 """
 
 from __future__ import annotations
@@ -49,9 +49,10 @@ from tests.harness import Harness
 from tests.helpers import create, prompt, status
 
 # The run is bounded by its cases, not by a clock: ROUNDS passes over every operation, each
-# of up to ROUND_EXAMPLES cases drawn from the seed (about 6,000 requests in all). The time
+# of up to ROUND_EXAMPLES cases drawn from the seed (about 3,000 requests a round). The time
 # limit is only a safety stop for a run that hangs; it fails naming the request in flight.
-ROUNDS = 2
+# The suite runs one round; `FUZZ_ROUNDS=<n>` fuzzes longer (each round draws new cases).
+ROUNDS = int(os.environ.get("FUZZ_ROUNDS", "1"))
 ROUND_EXAMPLES = 40  # cases per operation in one round
 SAFETY_STOP_S = 900
 REQUEST_TIMEOUT_S = (5, 20)

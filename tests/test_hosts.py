@@ -6,10 +6,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -19,6 +17,7 @@ import redis
 from bench.chaos_redis import bind_args
 from bench.hosts import UNAVAILABLE_EXIT, TestBed, leftovers, unavailable_reason
 from bench.redis_server import RedisServer
+from tests.helpers import eventually_sync
 
 ROOT = Path(__file__).resolve().parent.parent
 REASON = unavailable_reason()
@@ -179,10 +178,7 @@ def test_a_killed_driver_leaves_nothing_behind() -> None:
     driver.kill()
     driver.wait()
     # The watchdog reaps the bed, then exits: wait for that exit.
-    deadline = time.monotonic() + 30
-    while _state(watchdog) != "Z":
-        assert time.monotonic() < deadline, "the watchdog did not finish"
-        time.sleep(0.05)
+    eventually_sync(lambda: _state(watchdog) == "Z", "the watchdog's exit")
     assert nothing_left(run_id) == {}
     assert _state(sleeper) == "Z" and _state(redis_pid) == "Z"
 

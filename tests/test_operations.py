@@ -12,7 +12,7 @@ import orjson
 from acp_state.summary import SESSION_STATES, state_of
 from tests.conftest import free_port
 from tests.harness import ROOT, Harness
-from tests.helpers import create, prompt, samples, status
+from tests.helpers import create, eventually, prompt, samples, status
 
 
 async def test_metrics_match_the_status_routes(harness: Harness, workspace: str) -> None:
@@ -50,14 +50,12 @@ async def test_metrics_match_the_status_routes(harness: Harness, workspace: str)
     assert samples(api_text, "acp_state_live_workers") == {(): 1.0}
 
     # The deployment view comes from the lease reports: equal after the next heartbeat.
-    deadline = asyncio.get_running_loop().time() + 10
-    while True:
+    async def deployment_as_expected() -> bool:
         api_text = (await api.client.get("/metrics")).text
         deployment = {dict(k)["state"]: v for k, v in samples(api_text, "acp_state_deployment_sessions").items()}
-        if deployment == expected or asyncio.get_running_loop().time() > deadline:
-            break
-        await asyncio.sleep(0.1)
-    assert deployment == expected
+        return deployment == expected
+
+    await eventually(deployment_as_expected, f"the deployment's sessions by state reported as {expected}")
 
 
 async def test_status_table_and_json_logs(harness: Harness, workspace: str) -> None:

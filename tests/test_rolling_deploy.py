@@ -25,7 +25,7 @@ from bench.rolling_deploy import Plan, deploy
 
 pytestmark = pytest.mark.qwen
 
-SESSIONS = 6
+SESSIONS = 4  # more sessions than the 3 workers, each kept prompted all along
 GRACE_S = 20.0  # qwen's turns here take well under a second: none runs out of it
 EVENT_TIMEOUT_S = 90.0  # a prompt may wait for a move, whose target may be starting qwen
 
