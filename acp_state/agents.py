@@ -28,7 +28,9 @@ class Preset:
 # `--agent-preset NAME`: the launch lines of docs/agents.md, less the endpoint and key, which
 # are the operator's (in the worker's environment, or `env` in an `--agent` line).
 PRESETS: dict[str, Preset] = {
-    "qwen": Preset(f"{_QUIET} qwen --acp", session_mode="default"),
+    # QWEN_CODE_NO_RELAUNCH: as the reference spawns its ACP children. Without it qwen starts a
+    # second node process (more heap) and hands its stdio over: two startups per agent.
+    "qwen": Preset(f"{_QUIET} QWEN_CODE_NO_RELAUNCH=true qwen --acp", session_mode="default"),
     "gemini": Preset(f"{_QUIET} GEMINI_TELEMETRY_ENABLED=false gemini --acp"),
     "codex": Preset(f"{_QUIET} codex-acp"),
     "claude": Preset(f"{_QUIET} CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 "

@@ -255,6 +255,9 @@ def qwen_env(home_dir: str | os.PathLike[str], base_url: str,
         "OPENAI_API_KEY": "sk-fake",
         "OPENAI_BASE_URL": base_url,
         "OPENAI_MODEL": MODEL,
+        # As the reference runs its ACP children (and the worker's `qwen` preset): one node
+        # process per agent, not a second one qwen would start for more heap.
+        "QWEN_CODE_NO_RELAUNCH": "true",
     })
     return env
 
