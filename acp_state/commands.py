@@ -1,4 +1,4 @@
-"""The API-to-worker command protocol: typed commands, their one wire form, sender and handler.
+"""The API-to-worker command protocol: typed commands, their one wire form, and their handler.
 
 An API process sends a command, through the store, to the worker that owns a session (its
 inbox for the workspace) or, for a create, to a chosen worker (its control feed). Each
@@ -6,22 +6,20 @@ command travels as one JSON object: `{"t": <type>, <fields in declaration order>
 field present (`null` when unset); where the store keeps it is the store's business.
 `encode` and `decode` are the only Python code that reads or writes that JSON (the VOTE
 and ATTACH scripts read a vote's and an attach's fields from it too: each acts on the very
-command it enqueues); the `send_*` functions are what the API calls, and `dispatch` hands a
-decoded command to the worker's `CommandHandler`. The shape follows rq's `rq/command.py`:
-a command's sending and its handling side by side. A worker answers a create or a close
-with a `Reply`, which has its own encode/decode pair (arq's shape: one result type, one
-serializer pair).
+command it enqueues). Sending is the store's call that carries each command, which takes it
+typed (`send_control` a create or a drain, `send` a prompt, a cancel or a close, `vote`,
+`attach`): the store imports these types, this module never imports the store. `dispatch`
+hands a decoded command to the worker's `CommandHandler` (rq's `rq/command.py` shape on the
+handling side). A worker answers a create or a close with a `Reply`, which has its own
+encode/decode pair (arq's shape: one result type, one serializer pair).
 """
 
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import orjson
-
-if TYPE_CHECKING:
-    from .store import Admission, ReaderStore, VoteOutcome
 
 # Turn kinds a prompt carries. A caller names one in `turnKind`; a channel turn is never
 # named, only granted to a channel caller's prompt marked `_meta["qwen.channel.prompt"]`.
@@ -284,51 +282,6 @@ def _values(cls: type[Command] | type[Reply], wire: dict[str, Any], what: str) -
             raise ValueError(f"{what} has {key!r} of the wrong type")
         values[f.name] = wire[key]
     return values
-
-
-# ---- the sending side (API processes) ----------------------------------------------------
-
-
-async def send_create(store: ReaderStore, incarnation: str, command: Create) -> None:
-    """To worker `incarnation`'s control stream; the caller awaits the reply."""
-    await store.send_control(incarnation, command)
-
-
-async def send_drain(store: ReaderStore, incarnation: str, command: Drain) -> None:
-    """To worker `incarnation`'s control stream; its report says `draining` once it began."""
-    await store.send_control(incarnation, command)
-
-
-async def send_prompt(
-    store: ReaderStore, ws: str, incarnation: str, command: Prompt, admit_limit: int, idempotency_key: str | None = None
-) -> Admission:
-    """To the owner's inbox, admitted against `admit_limit` (running + queued) in the same step."""
-    return await store.send(ws, incarnation, command, admit_limit=admit_limit, idempotency_key=idempotency_key)
-
-
-async def send_cancel(
-    store: ReaderStore, ws: str, incarnation: str, command: Cancel, idempotency_key: str | None = None
-) -> Admission:
-    return await store.send(ws, incarnation, command, idempotency_key=idempotency_key)
-
-
-async def send_close(
-    store: ReaderStore, ws: str, incarnation: str, command: Close, idempotency_key: str | None = None
-) -> Admission:
-    """To the owner's inbox; the caller awaits the reply to `command.request_id`."""
-    return await store.send(ws, incarnation, command, idempotency_key=idempotency_key)
-
-
-async def send_vote(
-    store: ReaderStore, ws: str, incarnation: str, command: Vote, idempotency_key: str | None = None
-) -> VoteOutcome:
-    """Decide the vote and enqueue it in one step."""
-    return await store.vote(ws, incarnation, command, idempotency_key)
-
-
-async def send_attach(store: ReaderStore, ws: str, incarnation: str, command: Attach) -> bool:
-    """Register the client on the session and tell the owner; False if the session is gone."""
-    return await store.attach(ws, incarnation, command)
 
 
 # ---- the handling side (workers) ---------------------------------------------------------

@@ -11,9 +11,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 from starlette.types import Receive, Scope, Send
 
-from acp_state.registry import WorkerRegistry
-from acp_state.store import STORE_ERRORS, Change, RedisStore
-from acp_state.sweeper import run_sweeper
+from acp_state.store import STORE_ERRORS, Change, RedisStore, WorkerRegistry, run_sweeper
 
 from . import (
     attention,

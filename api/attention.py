@@ -25,8 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from acp_state.interactions import USER_QUESTION
-from acp_state.registry import WorkerRegistry
-from acp_state.store import AttentionCursor, AttentionEntry, Fanout, ReaderStore
+from acp_state.store import AttentionCursor, AttentionEntry, Fanout, ReaderStore, WorkerRegistry
 
 from .auth import principal_of
 from .event_stream import frame

@@ -24,13 +24,13 @@ from acp_state import ids
 from acp_state.clock import now_ms
 from acp_state.store import STORE_ERRORS, SessionView, Subscription
 from acp_state.tasks import survive
-from acp_state.summary import live_summary
 
 from .auth import Authenticator, Principal, principal_of
 from .locator import not_found
 from .metrics import RequestCounts
 from .responses import ApiError, parse_decimal
 from .state import AppState, app_state
+from .summaries import live_summary
 
 log = logging.getLogger("api.events")
 

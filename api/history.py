@@ -15,7 +15,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from acp_state import commands, ids
-from acp_state.summary import live_summary
 
 from .auth import principal_of
 from .locator import not_found
@@ -23,6 +22,7 @@ from .responses import ApiError, OrjsonResponse, json_body, parse_decimal
 from .resume import resume
 from .sessions import client_id_header
 from .state import app_state
+from .summaries import live_summary
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 500
@@ -106,7 +106,7 @@ async def load(request: Request) -> Response:
         attached = not resumed
     attach = commands.Attach(sid=sid, client_id=client_id)
     if not await state.locator.to_owner(
-        sid, ref, lambda owner: commands.send_attach(state.store, ref.ws, owner, attach), lambda attached: not attached
+        sid, ref, lambda owner: state.store.attach(ref.ws, owner, attach), lambda attached: not attached
     ):
         raise not_found(sid)
     snapshot = await state.store.load_snapshot(ref.ws, sid, page_size)

@@ -29,15 +29,14 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from acp_state.registry import WorkerRegistry
-from acp_state.store import Change, Fanout, ReaderStore, SessionView
-from acp_state.summary import live_state_row
+from acp_state.store import Change, Fanout, ReaderStore, SessionView, WorkerRegistry
 
 from . import workspace_ref
 from .event_stream import MAX_SAFE_INTEGER, frame
 from .push import Hub, Listener, frames, stream_response
 from .responses import parse_decimal
 from .state import app_state
+from .summaries import live_state_row
 
 log = logging.getLogger("api.live_feed")
 

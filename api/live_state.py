@@ -19,7 +19,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from acp_state.store import CatalogVersion, SessionView
-from acp_state.summary import live_state_row
 
 from . import workspace_ref
 from .auth import principal_of
@@ -27,6 +26,7 @@ from .cache import LIVE_STATE_PAGE, CachedPage
 from .etag import names
 from .responses import ApiError, JSON_TYPE, OrjsonResponse, json_body
 from .state import AppState, app_state
+from .summaries import live_state_row
 from .workspaces import cached_page
 
 MAX_WORKSPACES = 20

@@ -10,8 +10,7 @@ from collections import OrderedDict
 from typing import Awaitable, Callable, TypeVar
 
 from acp_state import ids
-from acp_state.registry import WorkerRegistry
-from acp_state.store import ReaderStore
+from acp_state.store import ReaderStore, WorkerRegistry
 
 from .auth import Principal
 from .cache import CachedSession, StateCache

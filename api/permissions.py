@@ -38,7 +38,7 @@ async def _cast(
 ) -> Response:
     state = app_state(request)
     async with effect(state.store.resends):
-        outcome = await commands.send_vote(state.store, ref.ws, ref.owner, vote, key)
+        outcome = await state.store.vote(ref.ws, ref.owner, vote, key)
     if outcome is VoteOutcome.OK:
         return OrjsonResponse({})
     if outcome in (VoteOutcome.UNKNOWN, VoteOutcome.GONE):

@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from acp_state.registry import WorkerRegistry
-from acp_state.store import ReaderStore
+from acp_state.store import ReaderStore, WorkerRegistry
 
 FRESH_S = 0.1
 

@@ -19,7 +19,6 @@ from acp_state.moves import accepts
 from acp_state.ids import workspace_id
 from acp_state.clock import iso, now_ms
 from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateRecord, is_transient
-from acp_state.summary import live_summary
 
 from . import workspace_ref
 from .auth import principal_of
@@ -29,6 +28,7 @@ from .locator import not_found
 from .outcomes import effect, idempotency_key, outcome_unknown
 from .responses import ApiError, JSON_TYPE, OrjsonResponse, json_body, unavailable
 from .state import AppState, app_state
+from .summaries import live_summary
 
 log = logging.getLogger("api.sessions")
 
@@ -129,7 +129,7 @@ async def place(
         if before_send is not None:
             await before_send(request_id)
         command = create(request_id)
-        await commands.send_create(state.store, incarnation, command)
+        await state.store.send_control(incarnation, command)
         try:
             reply = await state.store.await_reply(
                 request_id, state.settings.create_timeout_s, alive=lambda: state.registry.is_live(incarnation)
@@ -180,7 +180,7 @@ async def _join_single(state: AppState, ws: str, holder: str, client_id: str) ->
         view = await state.store.session(ws, holder)
         if view is not None:
             attach = commands.Attach(sid=holder, client_id=client_id)
-            if not await state.registry.is_live(view.owner) or not await commands.send_attach(state.store, ws, view.owner, attach):
+            if not await state.registry.is_live(view.owner) or not await state.store.attach(ws, view.owner, attach):
                 return None
             state.locator.remember(holder, ws)
             return live_summary(view)
@@ -447,8 +447,8 @@ async def prompt(request: Request) -> Response:
             queued_at=now_ms(),
         )
         async with effect(state.store.resends):
-            admission = await state.locator.to_owner(sid, ref, lambda owner: commands.send_prompt(
-                state.store, ref.ws, owner, command, admit_limit=1 + MAX_QUEUED_PROMPTS, idempotency_key=key
+            admission = await state.locator.to_owner(sid, ref, lambda owner: state.store.send(
+                ref.ws, owner, command, admit_limit=1 + MAX_QUEUED_PROMPTS, idempotency_key=key
             ), gone)
     assert admission is not None
     if admission.status is AdmissionStatus.GONE:
@@ -472,8 +472,8 @@ async def cancel(request: Request) -> Response:
     ref, admission = await live_or_first(request, sid, key)
     if ref is not None:
         async with effect(state.store.resends):
-            admission = await state.locator.to_owner(sid, ref, lambda owner: commands.send_cancel(
-                state.store, ref.ws, owner, commands.Cancel(sid=sid), key
+            admission = await state.locator.to_owner(sid, ref, lambda owner: state.store.send(
+                ref.ws, owner, commands.Cancel(sid=sid), idempotency_key=key
             ), gone)
     if admission is None or admission.status is not AdmissionStatus.OK:
         raise not_found(sid)
@@ -491,7 +491,7 @@ async def close(request: Request) -> Response:
         command = commands.Close(sid=sid, request_id=request_id, reason=commands.CLOSED_BY_CLIENT)
         async with effect(state.store.resends):
             admission = await state.locator.to_owner(
-                sid, ref, lambda owner: commands.send_close(state.store, ref.ws, owner, command, key), gone
+                sid, ref, lambda owner: state.store.send(ref.ws, owner, command, idempotency_key=key), gone
             )
     if admission is None or admission.status is not AdmissionStatus.OK:
         raise not_found(sid)

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
-from acp_state.registry import WorkerRegistry
-from acp_state.store import Fanout, Store
+from acp_state.store import Fanout, Store, WorkerRegistry
 
 from .locator import SessionLocator
 from .placement import LiveReports

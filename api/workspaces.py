@@ -10,13 +10,12 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from acp_state.summary import live_summary, merged_row, persisted_row
-
 from . import workspace_ref
 from .cache import CachedPage
 from .etag import weak_etag
 from .responses import ApiError, JSON_TYPE, OrjsonResponse, parse_decimal
 from .state import AppState, app_state
+from .summaries import live_summary, merged_row, persisted_row
 
 DEFAULT_SIZE = 20
 MAX_SIZE = 100

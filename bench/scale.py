@@ -266,7 +266,7 @@ async def recovery(store: RedisStore, victim: AcpProcess, victim_inc: str,
 READ_ROUNDS = 7
 READ_SECONDS = 3
 # A reader takes the latest moment Redis can have read its clock in a lease view's round
-# trip (acp_state/registry.py), erring towards "live" by up to that round trip.
+# trip (acp_state/store/registry.py), erring towards "live" by up to that round trip.
 READER_LENIENCY_S = 0.1
 
 

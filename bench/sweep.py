@@ -21,7 +21,7 @@ from typing import Any
 
 from acp_state.ids import new_id
 from acp_state.store import SESSION_ID_SLOT, ApplyOutcome, CatalogRow, Mode, RedisStore, Transition
-from acp_state.sweeper import died
+from acp_state.store.sweeper import died
 
 from .procs import RedisServer
 

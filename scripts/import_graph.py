@@ -11,7 +11,8 @@ folder that pyproject.toml's `[tool.setuptools.package-dir]` maps (`api/` instal
   `if TYPE_CHECKING:` never run, so they are listed, and judged by the room rules, but make
   no cycle: two modules that name each other's classes in annotations are one design);
 * a room importing one it may not (`MAY_IMPORT`: api and worker never import each other,
-  the core and the store neither of them, production code nothing of `tests/` or `bench/`,
+  the core and the store neither of them, the core not the store either (the store sits
+  below the core's domain types: one way), production code nothing of `tests/` or `bench/`,
   and `bench/` nothing of `tests/`: what both use, such as `bench/redis_server.py`, lives in
   `bench/`);
 * a private name (`_name`, or a `_module`) imported from, or read off, another module;
@@ -53,9 +54,12 @@ ROOMS = {
 PRODUCTION = {"core", "store", "composition root", "testing double", "api", "worker"}
 EVERY_ROOM = set(ROOMS.values())
 MAY_IMPORT = {
-    # The store is the core's own package for Redis: the two import each other (never in a
-    # cycle of modules), and everything else reaches it through `acp_state.store` alone.
-    "core": {"core", "store"},
+    # One way: the store sits below the core's domain types. It stores the commands, turn
+    # records and events the core defines (on the core's clock, metrics and tasks); the core
+    # never imports the store. What every process runs over the store (the lease view, the
+    # sweeper) lives in the store package, and a command is sent by the store call that
+    # carries it. Everything else reaches the store through `acp_state.store` alone.
+    "core": {"core"},
     "store": {"core", "store"},
     "api": {"core", "store", "api"},
     "worker": {"core", "store", "worker"},

@@ -1,4 +1,5 @@
-"""The command protocol (acp_state/commands.py): wire form, decoding errors, senders, dispatch."""
+"""The command protocol (acp_state/commands.py): wire form, decoding errors, dispatch, and the
+store carrying it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from acp_state import commands
 from acp_state.store import keys
 from acp_state.commands import Attach, Cancel, Close, Create, MalformedCommand, Prompt, Reply, Vote
-from acp_state.store import Admission, RedisStore
+from acp_state.store import RedisStore
 
 BLOCKS = [{"type": "text", "text": "hi"}, {"type": "image", "data": "AA==", "mimeType": "image/png"}]
 
@@ -200,43 +201,6 @@ def test_dispatch_refuses_what_is_not_a_command() -> None:
         commands.dispatch(Recorder(), {"t": "cancel", "sid": "s"})  # type: ignore[arg-type]
 
 
-# ---- senders ------------------------------------------------------------------------------
-
-
-class FakeStore:
-    """Records the store calls the senders make."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            self.calls.append((name, args, kwargs))
-            return {"send": Admission("ok"), "vote": "ok", "attach": True}.get(name)
-
-        return call
-
-
-async def test_each_sender_uses_its_store_call() -> None:
-    store = FakeStore()
-    create, prompt, cancel, close, vote, attach = (CASES[i][0] for i in (0, 1, 3, 4, 5, 7))
-    await commands.send_create(store, "inc-1", create)  # type: ignore[arg-type]
-    admission = await commands.send_prompt(store, "ws", "inc-1", prompt, admit_limit=6, idempotency_key="k")  # type: ignore[arg-type]
-    assert admission.status == "ok"
-    await commands.send_cancel(store, "ws", "inc-1", cancel)  # type: ignore[arg-type]
-    await commands.send_close(store, "ws", "inc-1", close, "k2")  # type: ignore[arg-type]
-    assert await commands.send_vote(store, "ws", "inc-1", vote, None) == "ok"  # type: ignore[arg-type]
-    assert await commands.send_attach(store, "ws", "inc-1", attach) is True  # type: ignore[arg-type]
-    assert store.calls == [
-        ("send_control", ("inc-1", create), {}),
-        ("send", ("ws", "inc-1", prompt), {"admit_limit": 6, "idempotency_key": "k"}),
-        ("send", ("ws", "inc-1", cancel), {"idempotency_key": None}),
-        ("send", ("ws", "inc-1", close), {"idempotency_key": "k2"}),
-        ("vote", ("ws", "inc-1", vote, None), {}),
-        ("attach", ("ws", "inc-1", attach), {}),
-    ]
-
-
 async def test_the_store_carries_commands_and_reads_a_malformed_entry_as_its_error() -> None:
     """Through the embedded store: what send_control writes is the encoded command, and a
     stream entry that is no command comes back as a MalformedCommand, its neighbours intact."""
@@ -244,10 +208,10 @@ async def test_the_store_carries_commands_and_reads_a_malformed_entry_as_its_err
     try:
         create = CASES[0][0]
         stream = keys.worker_control("inc-1")
-        await commands.send_create(store, "inc-1", create)  # type: ignore[arg-type]
+        await store.send_control("inc-1", create)
         await store.redis.xadd(stream, {"c": "{broken"})
         await store.redis.xadd(stream, {"x": "no command field"})
-        await commands.send_create(store, "inc-1", create)  # type: ignore[arg-type]
+        await store.send_control("inc-1", create)
         assert (await store.redis.xrange(stream))[0][1] == {"c": commands.encode(create).decode()}
         received = await store.read_commands({stream: "0"}, block_ms=10)
         assert [entry[0] for entry in received] == [stream] * 4

@@ -36,6 +36,9 @@ def test_the_check_catches_each_kind_of_break(tmp_path: Path) -> None:
         "acp_state/one.py": "from . import two\n",
         "acp_state/two.py": "from . import one\n",  # a cycle
         "acp_state/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import one\n",
+        "acp_state/ids.py": "def new(): ...\n",
+        "acp_state/store/__init__.py": "from ..ids import new\n",  # store -> core: the store sits below
+        "acp_state/sweeper.py": "from .store import new\n",  # core -> store: never
         "api/__init__.py": "",
         "api/app.py": "from worker import loop\nfrom .routes import _state\n",  # api -> worker; private
         "api/routes.py": "def _state(): ...\n",
@@ -56,6 +59,8 @@ def test_the_check_catches_each_kind_of_break(tmp_path: Path) -> None:
     problems = "\n".join(load_checker().build(tmp_path).problems)
 
     assert "forbidden import: core -> api: acp_state.keys imports acp_state.api.app" in problems
+    assert "forbidden import: core -> store: acp_state.sweeper imports acp_state.store" in problems
+    assert "store -> core" not in problems
     assert "forbidden import: api -> worker: acp_state.api.app imports worker.loop" in problems
     assert "forbidden import: worker -> tests: worker.loop imports tests.helpers" in problems
     assert "import cycle: acp_state.one <-> acp_state.two" in problems
@@ -66,7 +71,7 @@ def test_the_check_catches_each_kind_of_break(tmp_path: Path) -> None:
     assert "tests.test_b imports make from tests.test_a" in problems
     assert "forbidden import: bench -> tests: bench.run imports tests.helpers" in problems
     assert "test_a from" not in problems  # re-collecting a test function is fine
-    assert len(problems.splitlines()) == 9, problems
+    assert len(problems.splitlines()) == 10, problems
 
 
 def test_the_check_keeps_redis_inside_the_store_package(tmp_path: Path) -> None:
@@ -79,7 +84,7 @@ def test_the_check_keeps_redis_inside_the_store_package(tmp_path: Path) -> None:
         "acp_state/store/types.py": "class View: ...\n",
         "acp_state/store/keys.py": 'class F:\n    OWNER = "inc"\n    CLIENT = "c:"\ndef session(): return "acp:{ws}:s:"\n',
         "acp_state/store/redis.py": "import redis\nfrom .keys import F\n",
-        "acp_state/summary.py": "from .store import View\n",  # the surface: fine
+        "api/summaries.py": "from acp_state.store import View\n",  # the surface: fine
         "api/__init__.py": "",
         "api/locator.py": "from acp_state.store import keys\n",  # reaches in
         "api/app.py": "from redis import exceptions\n",  # the client

@@ -154,7 +154,7 @@ async def test_a_sweep_tells_each_session_of_its_death_as_of_the_sweep(store: Re
     from acp_state.clock import now_ms
     from acp_state.ids import new_id
     from acp_state.store import Mode, Transition
-    from acp_state.sweeper import sweep_once
+    from acp_state.store.sweeper import sweep_once
 
     await store.heartbeat("w-1", {}, LEASE)
     sids = [new_id() for _ in range(3)]
@@ -245,7 +245,7 @@ async def test_a_slow_read_of_the_leases_never_makes_a_live_worker_look_dead() -
     deadline, and the sessions of a live worker answered 404 (seen opening 10,000 streams)."""
     import time
 
-    from acp_state.registry import WorkerRegistry
+    from acp_state.store import WorkerRegistry
     from acp_state.store import LeaseView
 
     class BusyRedis:

@@ -10,8 +10,7 @@ from typing import Any
 import orjson
 
 from acp_state.ids import new_id
-from acp_state.registry import WorkerRegistry
-from acp_state.store import CatalogRow, Change, Mode, RedisStore, Transition, keys
+from acp_state.store import CatalogRow, Change, Mode, RedisStore, Transition, WorkerRegistry, keys
 from acp_state.api.live_feed import WorkspaceFeed
 from acp_state.api.push import Listener
 

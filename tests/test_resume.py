@@ -336,8 +336,7 @@ async def test_a_command_that_finds_the_session_moved_since_it_was_located_goes_
     from acp_state.api.locator import SessionLocator
     from acp_state.api.sessions import gone
     from acp_state.ids import new_id
-    from acp_state.registry import WorkerRegistry
-    from acp_state.store import AdmissionStatus, CatalogRow, Mode, RedisStore, Transition
+    from acp_state.store import AdmissionStatus, CatalogRow, Mode, RedisStore, Transition, WorkerRegistry
 
     store = RedisStore.from_url(f"memory://moves-{secrets.token_hex(4)}")
     ws, sid, old, new = secrets.token_hex(8), new_id(), "w-old", "w-new"

@@ -175,7 +175,7 @@ async def test_a_dead_workers_sessions_are_swept_in_batches(store: RedisStore) -
     session as its own APPLY would, in order, fenced, and once."""
     from acp_state.store import SESSION_ID_SLOT
     from acp_state.store.sweeper_side import SWEEP_BATCH
-    from acp_state.sweeper import died
+    from acp_state.store.sweeper import died
 
     DIED = died(SESSION_ID_SLOT)
 
@@ -265,6 +265,38 @@ async def test_one_vote_wins(store: RedisStore) -> None:
     assert sorted(outcomes) == [VoteOutcome.OK] + [VoteOutcome.UNKNOWN] * 9
     view = await store.session(s.ws, s.sid)
     assert view is not None and view.pending == []
+
+
+async def test_each_command_reaches_its_owner_as_sent_by_the_call_that_carries_it(store: RedisStore) -> None:
+    """What the API hands a worker arrives as the very command it sent, whichever store call
+    carries it (send, vote, attach, send_control): the store takes the typed command."""
+    s = Session()
+    await s.create(store, interactions_added=[PendingInteraction("r1", {"requestId": "r1", "kind": "permission"}, 1, ["allow"])])
+    sent: list[commands.Command] = [
+        prompt(s.sid, "p1"), commands.Cancel(sid=s.sid), commands.Attach(sid=s.sid, client_id="c1"),
+        commands.Vote(sid=s.sid, rid="r1", selected=True, option_id="allow", client_id="c1"),
+        commands.Close(sid=s.sid, request_id="q1", reason=commands.CLOSED_BY_CLIENT),
+    ]
+    for command in sent:
+        if isinstance(command, commands.Attach):
+            assert await store.attach(s.ws, s.inc, command) is True
+        elif isinstance(command, commands.Vote):
+            assert await store.vote(s.ws, s.inc, command) is VoteOutcome.OK
+        else:  # a prompt is admitted against its limit, as the API sends it
+            limit = 1 if isinstance(command, commands.Prompt) else None
+            assert (await store.send(s.ws, s.inc, command, admit_limit=limit)).status is AdmissionStatus.OK
+    inbox = store.inbox_feed(s.ws, s.inc)
+    received = await store.read_commands({inbox: "0-0"}, 1000)
+    assert [command for _, _, command in received] == sent
+    controls: list[commands.Create | commands.Drain] = [
+        commands.Create(ws=s.ws, sid=new_id(), cwd="/w", scope="thread", client_id="c1", wait_ms=1000, request_id="q2"),
+        commands.Drain(grace_s=5),
+    ]
+    await asyncio.gather(*(store.send_control(s.inc, command) for command in controls))  # one pipeline
+    feed = store.control_feed(s.inc)
+    assert [command for _, _, command in await store.read_commands({feed: "0-0"}, 1000)] == controls
+    # Nothing more (see test_send_admits_fences_and_keeps_the_first_outcome).
+    assert await store.read_commands({feed: (await store.redis.xrange(feed))[-1][0]}, 200) == []
 
 
 async def test_attach_and_the_single_slot(store: RedisStore) -> None:

@@ -9,7 +9,8 @@ import orjson
 import pytest
 from acp.exceptions import RequestError
 
-from acp_state import commands, events, ids, interactions, summary, votes
+from acp_state import commands, events, ids, interactions, votes
+from acp_state.api import summaries
 from acp_state.interactions import CancelSentinelCollision, normalize
 from acp_state.store import SessionView
 from acp_state.store.keys import F
@@ -371,7 +372,7 @@ def pending(rid: str, kind: str) -> dict:
 
 def test_idle_live_summary_matches_observed_status() -> None:
     fields = session_hash(**{F.UPDATED: "2026-11-30T06:03:17.161Z", F.CLIENT + "c1": "1", F.SEQ: "9"})
-    result = summary.live_summary(fields)
+    result = summaries.live_summary(fields)
     assert result == {
         "sessionId": "15788ed8", "workspaceCwd": "/tmp/qws", "createdAt": "2026-11-30T06:03:12.621Z",
         "updatedAt": "2026-11-30T06:03:17.161Z", "clientCount": 1, "hasActivePrompt": False,
@@ -389,7 +390,7 @@ def test_idle_live_summary_matches_observed_status() -> None:
 def test_pending_interactions_follow_request_order_numerically() -> None:
     fields = session_hash((10, pending("late", "permission")), (9, pending("early", "user_question")),
                           (100, pending("last", "permission")), **{F.ACTIVE: "1"})
-    result = summary.live_summary(fields)
+    result = summaries.live_summary(fields)
     assert [p["requestId"] for p in result["pendingInteractions"]] == ["early", "late", "last"]
     assert result["pendingInteractionCount"] == 3
     assert result["hasActivePrompt"] is True and result["activeWorkState"] == "active"
@@ -403,7 +404,7 @@ def test_pending_interactions_follow_request_order_numerically() -> None:
 ])
 def test_waiting_booleans_derive_from_kinds(kinds: list, waiting_permission: bool, waiting_question: bool) -> None:
     fields = session_hash(*[(i, pending(f"r{i}", kind)) for i, kind in enumerate(kinds)])
-    result = summary.live_summary(fields)
+    result = summaries.live_summary(fields)
     assert result["isWaitingForPermission"] is waiting_permission
     assert result["isWaitingForUserQuestion"] is waiting_question
     assert result["pendingInteractionCount"] == len(kinds)
@@ -411,13 +412,13 @@ def test_waiting_booleans_derive_from_kinds(kinds: list, waiting_permission: boo
 
 def test_votable_entry_without_interaction_is_not_listed() -> None:
     fields = session_hash((1, pending("kept", "permission")), **{F.VOTABLE + "gone": "[0,[]]"})
-    assert [p["requestId"] for p in summary.live_summary(fields)["pendingInteractions"]] == ["kept"]
+    assert [p["requestId"] for p in summaries.live_summary(fields)["pendingInteractions"]] == ["kept"]
 
 
 def test_turn_error_present_only_while_set() -> None:
-    without = summary.live_summary(session_hash())
+    without = summaries.live_summary(session_hash())
     assert without["hasTurnError"] is False and "turnError" not in without
-    with_error = summary.live_summary(session_hash(**{F.TURN_ERROR: orjson.dumps(LOOP_TURN_ERROR).decode()}))
+    with_error = summaries.live_summary(session_hash(**{F.TURN_ERROR: orjson.dumps(LOOP_TURN_ERROR).decode()}))
     assert with_error["hasTurnError"] is True
     assert with_error["turnError"] == LOOP_TURN_ERROR
 
@@ -425,22 +426,22 @@ def test_turn_error_present_only_while_set() -> None:
 def test_client_count_counts_client_fields_only() -> None:
     fields = session_hash(**{F.CLIENT + "a": "1", F.CLIENT + "b": "1", F.CLIENT + "c": "1",
                              F.OWNER: "inc", F.SEQ: "3", F.ADMITTED: "2"})
-    assert summary.live_summary(fields)["clientCount"] == 3
+    assert summaries.live_summary(fields)["clientCount"] == 3
 
 
 def test_update_and_background_flag_appear_once_a_turn_ended() -> None:
     """The reference's status has neither `updatedAt` nor `hasRunningBackgroundTasks` until
     a turn of the session reached its terminal."""
-    fresh = summary.live_summary(session_hash())
+    fresh = summaries.live_summary(session_hash())
     assert "updatedAt" not in fresh and "hasRunningBackgroundTasks" not in fresh
-    ended = summary.live_summary(session_hash(**{F.UPDATED: "2026-11-30T06:03:17.161Z"}))
+    ended = summaries.live_summary(session_hash(**{F.UPDATED: "2026-11-30T06:03:17.161Z"}))
     assert ended["updatedAt"] == "2026-11-30T06:03:17.161Z" and ended["hasRunningBackgroundTasks"] is False
 
 
 def test_display_name_is_the_listings_never_the_status() -> None:
     named = session_hash(meta={**META, "displayName": "PERM please run"})
-    assert "displayName" not in summary.live_summary(named)
-    listed = summary.merged_row({}, summary.live_summary(named), named.meta)
+    assert "displayName" not in summaries.live_summary(named)
+    listed = summaries.merged_row({}, summaries.live_summary(named), named.meta)
     assert listed["displayName"] == "PERM please run"
 
 
@@ -449,18 +450,18 @@ ROW = {"sessionId": "15788ed8", "workspaceCwd": "/tmp/qws", "createdAt": "2026-1
 
 
 def test_persisted_row_has_no_runtime_fields() -> None:
-    row = summary.persisted_row(ROW)
+    row = summaries.persisted_row(ROW)
     assert NEW_FIELDS.isdisjoint(row)
     assert row == {**ROW, "clientCount": 0, "hasActivePrompt": False, "isArchived": False}
 
 
 def test_persisted_row_without_update_uses_created_at() -> None:
-    row = summary.persisted_row({k: v for k, v in ROW.items() if k not in ("updatedAt", "displayName")})
+    row = summaries.persisted_row({k: v for k, v in ROW.items() if k not in ("updatedAt", "displayName")})
     assert row["updatedAt"] == ROW["createdAt"] and "displayName" not in row
 
 
 def live(**overrides: object) -> dict:
-    return summary.live_summary(live_hash(**overrides))
+    return summaries.live_summary(live_hash(**overrides))
 
 
 def live_hash(**overrides: object) -> SessionView:
@@ -471,8 +472,8 @@ def live_hash(**overrides: object) -> SessionView:
 
 def test_merged_row_overlays_live_runtime_fields() -> None:
     named = live_hash(meta={"displayName": "PERM please run"})
-    live_summary = summary.live_summary(named)
-    merged = summary.merged_row(ROW, live_summary, named.meta)
+    live_summary = summaries.live_summary(named)
+    merged = summaries.merged_row(ROW, live_summary, named.meta)
     assert merged["createdAt"] == ROW["createdAt"]
     assert merged["updatedAt"] == ROW["updatedAt"]  # the later of the two
     assert merged["displayName"] == "PERM please run"
@@ -488,13 +489,13 @@ def test_merged_row_overlays_live_runtime_fields() -> None:
 
 
 def test_merged_row_takes_live_update_when_later_and_persisted_name_as_fallback() -> None:
-    merged = summary.merged_row({**ROW, "updatedAt": "2026-11-30T06:00:01.000Z"}, live())
+    merged = summaries.merged_row({**ROW, "updatedAt": "2026-11-30T06:00:01.000Z"}, live())
     assert merged["updatedAt"] == "2026-11-30T06:03:17.161Z"
     assert merged["displayName"] == "persisted title"
 
 
 def test_merged_row_keeps_display_name_position_when_taken_from_persisted_row() -> None:
-    merged = summary.merged_row(ROW, live())
+    merged = summaries.merged_row(ROW, live())
     assert list(merged)[4] == "displayName"
 
 

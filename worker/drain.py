@@ -40,8 +40,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 from acp_state import commands, events, ids
 from acp_state.clock import from_iso, iso, now_ms
 from acp_state.moves import Carry, accepts
-from acp_state.registry import WorkerRegistry
-from acp_state.store import Applied, CatalogRow, Mode, Transition
+from acp_state.store import Applied, CatalogRow, Mode, Transition, WorkerRegistry
 from acp_state.turn_errors import TurnError
 
 from .prompt import AUTOMATIC_KINDS, Prompt
@@ -188,7 +187,7 @@ class Drain:
             load=session.has_history, agent_sid=session.agent_sid, move_from=session.incarnation,
             carry=session.carry().pack(),
         )
-        await commands.send_create(self.worker.store, target, create)
+        await self.worker.store.send_control(target, create)
         reply = await self.worker.store.await_reply(
             request_id, MOVE_WAIT_S, alive=lambda: self.registry.is_live(target)
         )

@@ -28,9 +28,8 @@ from acp_state import commands
 from acp_state.commands import Reply
 from acp_state.agents import DEFAULT_AGENT
 from acp_state.clock import iso, now_ms
-from acp_state.store import ApplyOutcome, Standing, Store
+from acp_state.store import ApplyOutcome, Standing, Store, run_sweeper
 from acp_state.summary import SESSION_STATES
-from acp_state.sweeper import run_sweeper
 from acp_state.tasks import cancel_until_done, survive
 
 from .agent import AgentProcess

@@ -181,14 +181,14 @@ async def run_dev(args: argparse.Namespace) -> None:
 async def run_drain(args: argparse.Namespace) -> None:
     """Tell a worker to drain, then follow its report until it is gone (or `--no-wait`)."""
     from .. import commands
-    from ..registry import WorkerRegistry
+    from ..store import WorkerRegistry
 
     store = RedisStore.from_url(args.redis_url)
     try:
         registry = WorkerRegistry(store)
         if args.incarnation not in await registry.live():
             raise SystemExit(f"acp-state: no live worker {args.incarnation!r} (see acp-state status)")
-        await commands.send_drain(store, args.incarnation, commands.Drain(grace_s=args.grace_s))
+        await store.send_control(args.incarnation, commands.Drain(grace_s=args.grace_s))
         print(f"told {args.incarnation} to drain", flush=True)
         while not args.no_wait and args.incarnation in await registry.live():
             await asyncio.sleep(0.5)
@@ -199,7 +199,7 @@ async def run_drain(args: argparse.Namespace) -> None:
 
 
 async def run_status(args: argparse.Namespace) -> None:
-    from ..status import watch
+    from .status import watch
 
     await watch(RedisStore.from_url(args.redis_url), once=args.once, interval_s=args.interval)
 

@@ -1,9 +1,11 @@
 """The runtime-state store both sides share: its interface in domain terms, and Redis.
 
-Everything outside this package uses only what is imported here: the protocols
-(`interface`), the domain types (`types`), `RedisStore` and its connection's few public
-facts, the fan-out (live delivery and change feed), and what a store error means
-(`faults`). The key schema (`keys`), the Lua (`scripts`, `lua/`) and redis-py stay inside;
+It sits below the core's domain types (commands, turns, events), which it stores; the core
+never imports it. Everything outside this package uses only what is imported here: the
+protocols (`interface`), the domain types (`types`), `RedisStore` and its connection's few
+public facts, the fan-out (live delivery and change feed), what a store error means
+(`faults`), and what every process runs over the store: the lease view
+(`WorkerRegistry`) and the sweeper (`run_sweeper`). The key schema (`keys`), the Lua (`scripts`, `lua/`) and redis-py stay inside;
 `scripts/import_graph.py` fails the suite when anything else reaches for them.
 """
 
@@ -15,6 +17,8 @@ from .fanout import Delivery, Fanout, Subscription
 from .faults import STORE_ERRORS, is_out_of_memory, is_transient, never_ran
 from .interface import LeaseReader, ReaderStore, Store, SweeperStore, WorkerStore
 from .redis import RedisStore
+from .registry import WorkerRegistry
+from .sweeper import run_sweeper
 from .types import (
     ABANDONED,
     SESSION_ID_SLOT,
@@ -49,5 +53,6 @@ __all__ = [
     "ListedSession", "LoadSnapshot", "MEMORY", "Mode", "PendingInteraction", "ReaderStore",
     "RedisStore", "ReplyFate", "Retention", "STORE_ERRORS", "SessionView", "Standing", "Store",
     "Subscription", "SweeperStore", "Transition", "UnsuitableRedis", "VoteOutcome",
-    "WorkerStore", "check_redis", "is_out_of_memory", "is_transient", "never_ran",
+    "WorkerRegistry", "WorkerStore", "check_redis", "is_out_of_memory", "is_transient", "never_ran",
+    "run_sweeper",
 ]

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 
 class LeaseReader(Protocol):
-    """The registry as readers see it (acp_state.registry, `acp-state status`)."""
+    """The registry as readers see it (`WorkerRegistry`, `acp-state status`)."""
 
     async def lease_view(self) -> LeaseView: ...
     async def worker_reports(self, incarnations: list[str]) -> dict[str, dict[str, Any]]: ...

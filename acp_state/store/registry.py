@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from .store import LeaseReader
+from .interface import LeaseReader
 
 RECHECK_MS = 200
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from . import events
-from .clock import now_ms
-from .metrics import SWEEPS, SWEPT_SESSIONS
-from .store import SESSION_ID_SLOT, ApplyOutcome, DeadClaims, EndAdmitted, Mode, SweeperStore, Transition
-from .tasks import survive, wait_or_stop
+from .. import events
+from ..clock import now_ms
+from ..metrics import SWEEPS, SWEPT_SESSIONS
+from ..tasks import survive, wait_or_stop
+from .interface import SweeperStore
+from .types import SESSION_ID_SLOT, ApplyOutcome, DeadClaims, EndAdmitted, Mode, Transition
 
 log = logging.getLogger("acp_state.sweeper")
 WORKER_LOST = "worker_lost"

@@ -11,8 +11,8 @@ import signal
 import sys
 from typing import Any
 
-from .store import LeaseReader
-from .summary import SESSION_STATES
+from ..store import LeaseReader
+from ..summary import SESSION_STATES
 
 
 def render(deadlines: dict[str, int], reports: dict[str, dict[str, Any]], now: int) -> str:
