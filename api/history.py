@@ -20,7 +20,7 @@ from .auth import principal_of
 from .locator import not_found
 from .responses import ApiError, OrjsonResponse, json_body, parse_decimal
 from .resume import resume
-from .sessions import client_id_header
+from .session_requests import client_id_header
 from .state import app_state
 from .summaries import live_summary
 

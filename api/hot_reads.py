@@ -23,8 +23,9 @@ from .cache import CachedPage, CachedSession, Heads
 from .etag import names
 from .metrics import RequestCounts
 from .responses import JSON_TYPE, ApiError
-from .sessions import status, status_answer
+from .sessions import status
 from .state import AppState
+from .summaries import status_answer
 from .workspaces import current_page, list_sessions, page_asked
 
 log = logging.getLogger("api.hot_reads")

@@ -16,7 +16,7 @@ from acp_state.store import VoteOutcome
 from .cache import CachedSession
 from .outcomes import effect, idempotency_key
 from .responses import ApiError, OrjsonResponse, json_body
-from .sessions import client_id_header, live_or_first
+from .session_requests import client_id_header, live_or_first
 from .state import app_state
 
 

@@ -1,4 +1,6 @@
-"""The live workers' load reports, as a create's placement reads them.
+"""Where a create goes: a live worker offering its agent (and, for a load, reading its
+session's agent-state store) with spare capacity, the next one if it is full (`place`); and
+the live workers' load reports it chooses by (`LiveReports`).
 
 A burst of creates would otherwise read the registry and the reports twice per create. The
 reports are as old as the last heartbeat anyway (a third of a lease), so one read serves
@@ -9,11 +11,26 @@ within that window is still asked: the create then finds it dead and tries the n
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import logging
+import random
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from acp_state.store import ReaderStore, WorkerRegistry
+from acp_state import commands, ids
+from acp_state.commands import Reply
+from acp_state.moves import accepts
+from acp_state.store import ReaderStore, WorkerRegistry, is_transient
+
+from .outcomes import outcome_unknown
+from .responses import ApiError, unavailable
+
+if TYPE_CHECKING:  # it holds this process's LiveReports
+    from .state import AppState
+
+log = logging.getLogger("api.placement")
 
 FRESH_S = 0.1
+# How often a create that found no live worker looks again.
+REPORTS_WAIT_STEP_S = 0.1
 
 
 class LiveReports:
@@ -38,3 +55,111 @@ class LiveReports:
         reports = await self._store.worker_reports(await self._registry.live())
         self._reports, self._read_at = list(reports.values()), started
         return self._reports
+
+
+async def _live_reports(state: AppState) -> list[dict[str, Any]]:
+    """The live workers' load reports. Right after a start (or while every worker is
+    between incarnations) there may be none yet: wait for one, up to the create timeout."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + state.settings.create_timeout_s
+    fresh = False
+    while True:
+        reports = await state.reports.get(fresh)
+        if reports or loop.time() >= deadline:
+            return reports
+        fresh = True  # none yet: read again each step, not the kept empty answer
+        await asyncio.sleep(REPORTS_WAIT_STEP_S)
+
+
+async def _offering(state: AppState, agent: str | None, state_store: str | None = None) -> list[dict[str, Any]]:
+    """The live workers that can run a session of `agent` (None: any, its default agent),
+    not draining, and reading `state_store` if one is named (a resume). A name no worker
+    offers is 400 `unknown_agent`; a known one no live worker offers now (its workers died
+    or left), or a store no live worker reads, is 503 with Retry-After."""
+    if state_store is not None:
+        stored = [r for r in await _live_reports(state) if accepts(r, None, state_store)]
+        if not stored:
+            raise unavailable(
+                "no live worker reads the agent-state store this session's history is in",
+                "no_worker_for_state_store", retry_after_s=2, stateStore=state_store,
+            )
+    if agent is None:
+        candidates = [r for r in await _live_reports(state) if accepts(r, None, state_store)]
+        if not candidates:
+            raise unavailable("no worker is registered", "no_worker", retry_after_s=2)
+        return candidates
+    # A known name is judged at once; an unknown one only once some worker is live (right
+    # after a start, the worker offering it may not have registered yet).
+    known = agent in await state.store.known_agents()
+    live = await state.store.worker_reports(await state.registry.live())
+    candidates = list(live.values()) if known or live else await _live_reports(state)
+    offering = [report for report in candidates if accepts(report, agent, state_store)]
+    if offering:
+        return offering
+    if known:
+        raise unavailable(f"no live worker offers agent {agent!r} now", "no_worker_for_agent", retry_after_s=2, agent=agent)
+    raise unknown_agent(agent)
+
+
+def not_resumable(sid: str) -> ApiError:
+    return ApiError(409, "the session's agent cannot load sessions (no ACP loadSession); it cannot be resumed",
+                    "not_resumable", sessionId=sid)
+
+
+def unknown_agent(agent: Any) -> ApiError:
+    return ApiError(400, f"no worker offers an agent named {agent!r} (see /capabilities)", "unknown_agent", agent=agent)
+
+
+async def place(
+    state: AppState,
+    create: Callable[[str], commands.Create],
+    before_send: Callable[[str], Awaitable[None]] | None = None,
+    agent: str | None = None,
+    state_store: str | None = None,
+) -> Reply:
+    """Send a create (`create(request id)`) to a live worker offering `agent` with spare
+    capacity (and, for a load, reading `state_store`); try the next one if it is full or
+    draining. `before_send(request id)` runs before each create goes out."""
+    candidates = await _offering(state, agent, state_store)
+    random.shuffle(candidates)  # equal loads spread instead of piling onto one worker
+    # Least loaded first. Reports are as old as the last heartbeat, so a worker that looked
+    # full is still asked last: the worker itself is the judge of its capacity.
+    candidates.sort(key=lambda r: r.get("sessions", 0) / max(r.get("maxSessions", 1), 1))
+    for report in candidates:
+        request_id = ids.new_id()
+        incarnation = report["incarnation"]
+        if before_send is not None:
+            await before_send(request_id)
+        command = create(request_id)
+        await state.store.send_control(incarnation, command)
+        try:
+            reply = await state.store.await_reply(
+                request_id, state.settings.create_timeout_s, alive=lambda: state.registry.is_live(incarnation)
+            )
+        except Exception as error:  # the create went out: it may be under way, or done
+            if is_transient(error):
+                raise outcome_unknown() from error
+            raise
+        if reply is None and not await state.registry.is_live(incarnation):
+            continue  # the worker died with the create: it was abandoned, try the next one
+        if reply is None:
+            raise ApiError(504, "the worker did not start the session in time", "agent_init_timeout")
+        if reply.ok:
+            await note_told(state, command.ws, command.sid)
+            return reply
+        code = reply.code or "agent_unavailable"
+        if code == "not_resumable":
+            raise not_resumable(command.sid)
+        if code not in ("worker_full", "agent_not_offered", "worker_draining"):
+            raise ApiError(503, reply.error or "the agent could not start", code)
+    raise unavailable("no live worker has spare capacity", "no_worker_capacity", retry_after_s=2)
+
+
+async def note_told(state: AppState, ws: str, sid: str) -> None:
+    """A create's answer was taken: its session is one somebody was told of, and keeps its
+    catalog row even if its worker dies. Best effort: if this is lost, such a death also
+    takes the row, and the session was gone anyway."""
+    try:
+        await state.store.mark_told(ws, sid)
+    except Exception:  # the store is away: the create's answer stands
+        log.warning("could not mark session %s as told", sid, exc_info=True)

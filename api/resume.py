@@ -18,8 +18,8 @@ from .auth import Principal
 from .cache import CachedSession
 from .locator import not_found
 from .outcomes import effect
+from .placement import not_resumable, place
 from .responses import unavailable
-from .sessions import not_resumable, place
 from .state import AppState
 
 WAIT_STEP_S = 0.05

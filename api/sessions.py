@@ -1,41 +1,41 @@
-"""Session routes: create or attach, prompt, cancel, close, status."""
+"""Session routes: create or attach, prompt, cancel, close, status.
+
+What these share with the other routes on a session is in `session_requests` (the client
+id, the session a request names), where a create goes in `placement`, and the summaries
+they answer in `summaries`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-import random
 from typing import Any, Awaitable, Callable
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from acp_state import commands, ids
 from acp_state.commands import Reply
 from acp_state.agents import is_agent_name
-from acp_state.moves import accepts
 from acp_state.ids import workspace_id
 from acp_state.clock import iso, now_ms
-from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateRecord, is_transient
+from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateRecord
 
 from . import workspace_ref
 from .auth import principal_of
-from .cache import CachedSession
-from .etag import weak_etag
 from .locator import not_found
 from .outcomes import effect, idempotency_key, outcome_unknown
+from .placement import note_told, place, unknown_agent
 from .responses import ApiError, JSON_TYPE, OrjsonResponse, json_body, unavailable
+from .session_requests import client_id_header, live_or_first
 from .state import AppState, app_state
-from .summaries import live_summary
+from .summaries import live_summary, status_answer
 
 log = logging.getLogger("api.sessions")
 
 MAX_QUEUED_PROMPTS = 5
 SINGLE_WAIT_STEP_S = 0.05
-# How often a create that found no live worker looks again, and a repeated close or create
-# checks whether the first one's effect has landed.
+# How often a repeated close or create checks whether the first one's effect has landed.
 WAIT_STEP_S = 0.1
 CHANNEL_PROMPT_META_KEY = "qwen.channel.prompt"
 
@@ -43,124 +43,6 @@ CHANNEL_PROMPT_META_KEY = "qwen.channel.prompt"
 def gone(admission: Admission) -> bool:
     """SEND refused the command: the session is not its owner's (any more)."""
     return admission.status is AdmissionStatus.GONE
-
-
-def client_id_header(request: Request) -> str | None:
-    """`X-Qwen-Client-Id`: optional, at most 128 chars of `[A-Za-z0-9._:-]`."""
-    value = request.headers.get("x-qwen-client-id")
-    if value is None:
-        return None
-    if not ids.is_token(value):
-        raise ApiError(400, "X-Qwen-Client-Id must be 1-128 characters of [A-Za-z0-9._:-]", "invalid_client_id")
-    return value
-
-
-async def _live_reports(state: AppState) -> list[dict[str, Any]]:
-    """The live workers' load reports. Right after a start (or while every worker is
-    between incarnations) there may be none yet: wait for one, up to the create timeout."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + state.settings.create_timeout_s
-    fresh = False
-    while True:
-        reports = await state.reports.get(fresh)
-        if reports or loop.time() >= deadline:
-            return reports
-        fresh = True  # none yet: read again each step, not the kept empty answer
-        await asyncio.sleep(WAIT_STEP_S)
-
-
-async def _offering(state: AppState, agent: str | None, state_store: str | None = None) -> list[dict[str, Any]]:
-    """The live workers that can run a session of `agent` (None: any, its default agent),
-    not draining, and reading `state_store` if one is named (a resume). A name no worker
-    offers is 400 `unknown_agent`; a known one no live worker offers now (its workers died
-    or left), or a store no live worker reads, is 503 with Retry-After."""
-    if state_store is not None:
-        stored = [r for r in await _live_reports(state) if accepts(r, None, state_store)]
-        if not stored:
-            raise unavailable(
-                "no live worker reads the agent-state store this session's history is in",
-                "no_worker_for_state_store", retry_after_s=2, stateStore=state_store,
-            )
-    if agent is None:
-        candidates = [r for r in await _live_reports(state) if accepts(r, None, state_store)]
-        if not candidates:
-            raise unavailable("no worker is registered", "no_worker", retry_after_s=2)
-        return candidates
-    # A known name is judged at once; an unknown one only once some worker is live (right
-    # after a start, the worker offering it may not have registered yet).
-    known = agent in await state.store.known_agents()
-    live = await state.store.worker_reports(await state.registry.live())
-    candidates = list(live.values()) if known or live else await _live_reports(state)
-    offering = [report for report in candidates if accepts(report, agent, state_store)]
-    if offering:
-        return offering
-    if known:
-        raise unavailable(f"no live worker offers agent {agent!r} now", "no_worker_for_agent", retry_after_s=2, agent=agent)
-    raise unknown_agent(agent)
-
-
-def not_resumable(sid: str) -> ApiError:
-    return ApiError(409, "the session's agent cannot load sessions (no ACP loadSession); it cannot be resumed",
-                    "not_resumable", sessionId=sid)
-
-
-def unknown_agent(agent: Any) -> ApiError:
-    return ApiError(400, f"no worker offers an agent named {agent!r} (see /capabilities)", "unknown_agent", agent=agent)
-
-
-async def place(
-    state: AppState,
-    create: Callable[[str], commands.Create],
-    before_send: Callable[[str], Awaitable[None]] | None = None,
-    agent: str | None = None,
-    state_store: str | None = None,
-) -> Reply:
-    """Send a create (`create(request id)`) to a live worker offering `agent` with spare
-    capacity (and, for a load, reading `state_store`); try the next one if it is full or
-    draining. `before_send(request id)` runs before each create goes out."""
-    candidates = await _offering(state, agent, state_store)
-    random.shuffle(candidates)  # equal loads spread instead of piling onto one worker
-    # Least loaded first. Reports are as old as the last heartbeat, so a worker that looked
-    # full is still asked last: the worker itself is the judge of its capacity.
-    candidates.sort(key=lambda r: r.get("sessions", 0) / max(r.get("maxSessions", 1), 1))
-    for report in candidates:
-        request_id = ids.new_id()
-        incarnation = report["incarnation"]
-        if before_send is not None:
-            await before_send(request_id)
-        command = create(request_id)
-        await state.store.send_control(incarnation, command)
-        try:
-            reply = await state.store.await_reply(
-                request_id, state.settings.create_timeout_s, alive=lambda: state.registry.is_live(incarnation)
-            )
-        except Exception as error:  # the create went out: it may be under way, or done
-            if is_transient(error):
-                raise outcome_unknown() from error
-            raise
-        if reply is None and not await state.registry.is_live(incarnation):
-            continue  # the worker died with the create: it was abandoned, try the next one
-        if reply is None:
-            raise ApiError(504, "the worker did not start the session in time", "agent_init_timeout")
-        if reply.ok:
-            await _told(state, command.ws, command.sid)
-            return reply
-        code = reply.code or "agent_unavailable"
-        if code == "not_resumable":
-            raise not_resumable(command.sid)
-        if code not in ("worker_full", "agent_not_offered", "worker_draining"):
-            raise ApiError(503, reply.error or "the agent could not start", code)
-    raise unavailable("no live worker has spare capacity", "no_worker_capacity", retry_after_s=2)
-
-
-async def _told(state: AppState, ws: str, sid: str) -> None:
-    """A create's answer was taken: its session is one somebody was told of, and keeps its
-    catalog row even if its worker dies. Best effort: if this is lost, such a death also
-    takes the row, and the session was gone anyway."""
-    try:
-        await state.store.mark_told(ws, sid)
-    except Exception:  # the store is away: the create's answer stands
-        log.warning("could not mark session %s as told", sid, exc_info=True)
 
 
 async def _keep(state: AppState, key: str, sid: str, client_id: str, attached: bool) -> None:
@@ -247,7 +129,7 @@ async def create_session(request: Request) -> Response:
         if late is None or not late.ok:
             await state.store.forget_create(key, sid)  # abandoned: the worker undoes it
             raise unavailable("the create was not confirmed and is undone; retry", "create_undone") from error
-        await _told(state, ws, sid)
+        await note_told(state, ws, sid)
         body = {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id,
                 "createdAt": late.created_at}
     await _keep(state, key, body["sessionId"], client_id, body["attached"])
@@ -340,7 +222,7 @@ async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: 
             if not answer.ok:
                 await state.store.forget_create(key, record.sid)
                 raise ApiError(503, answer.error or "the agent could not start", answer.code or "agent_unavailable")
-            await _told(state, ws, record.sid)
+            await note_told(state, ws, record.sid)
             await _keep(state, key, record.sid, record.client_id, record.attached)
             created_at = answer.created_at
             break
@@ -368,7 +250,7 @@ async def first_create_outcome(state: AppState, key: str, ws: str, first: Create
     if isinstance(answer, Reply):
         if not answer.ok:
             return None
-        await _told(state, ws, first.sid)
+        await note_told(state, ws, first.sid)
     elif answer == ABANDONED or not await state.store.was_told(ws, first.sid):
         if answer != ABANDONED and await state.store.catalog_row(ws, first.sid) is not None:
             claim_ms = int(state.settings.create_timeout_s * 1000) + 10_000
@@ -378,25 +260,6 @@ async def first_create_outcome(state: AppState, key: str, ws: str, first: Create
         return None
     await _keep(state, key, first.sid, first.client_id, first.attached)
     return first
-
-
-async def live_or_first(
-    request: Request, sid: str, key: str | None
-) -> tuple[CachedSession | None, Admission | None]:
-    """The live session, or, for a repeated Idempotency-Key, the first outcome even if the
-    session has gone since (a retry must not turn a success into a 404)."""
-    state = app_state(request)
-    principal = principal_of(request)
-    try:
-        return await state.locator.live(sid, principal), None
-    except ApiError:
-        if key is None:
-            raise
-        ws = await state.locator.workspace_of(sid, principal)
-        first = await state.store.first_outcome(ws, sid, key) if ws is not None else None
-        if first is None:
-            raise
-        return None, first
 
 
 def _prompt_blocks(body: Any) -> tuple[list[dict[str, Any]], str]:
@@ -529,12 +392,3 @@ async def status(request: Request) -> Response:
     ref = await app_state(request).locator.live(request.path_params["id"], principal_of(request))
     body, etag = status_answer(ref)
     return Response(body, media_type=JSON_TYPE, headers={"ETag": etag})
-
-
-def status_answer(ref: CachedSession) -> tuple[bytes, str]:
-    """The status answer of a kept session and its ETag, made on its first read: a poller's
-    reads hash nothing again, as a listing page's do not."""
-    if ref.status_body is None:
-        ref.status_body = orjson.dumps(live_summary(ref.view))
-        ref.status_etag = weak_etag(ref.status_body)
-    return ref.status_body, ref.status_etag

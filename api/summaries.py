@@ -1,12 +1,18 @@
 """Session summaries: the live status object and the persisted listing row (spec §1.2, §1.3),
-each made from the store's view of a session (`SessionView`) or its catalog row."""
+each made from the store's view of a session (`SessionView`) or its catalog row; and a kept
+session's status answer, made once (`status_answer`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from acp_state.interactions import USER_QUESTION
 from acp_state.store import SessionView
+
+from .cache import CachedSession
+from .etag import weak_etag
 
 
 def turn_ended(view: SessionView) -> bool:
@@ -106,3 +112,12 @@ def merged_row(row: dict[str, Any], live: dict[str, Any], meta: dict[str, Any] |
         if key == "hasActivePrompt":
             merged["isArchived"] = False  # the reference's key order
     return merged
+
+
+def status_answer(ref: CachedSession) -> tuple[bytes, str]:
+    """The status answer of a kept session and its ETag, made on its first read: a poller's
+    reads hash nothing again, as a listing page's do not."""
+    if ref.status_body is None:
+        ref.status_body = orjson.dumps(live_summary(ref.view))
+        ref.status_etag = weak_etag(ref.status_body)
+    return ref.status_body, ref.status_etag

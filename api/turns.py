@@ -15,7 +15,7 @@ from acp_state import turns
 
 from .auth import principal_of
 from .responses import ApiError, OrjsonResponse
-from .sessions import client_id_header
+from .session_requests import client_id_header
 from .state import app_state
 
 
