@@ -24,7 +24,8 @@ __all__ = ["RedisServer", "free_port"]
 # with `--durations=0`), start before the rest, which keep their order. Only the order
 # matters, never a figure.
 LONGEST_FIRST = (
-    "test_chaos", "test_agent_matrix", "test_cluster", "test_web_shell", "test_rolling_deploy", "test_fuzz",
+    "test_chaos", "test_agent_matrix", "test_cluster", "test_web_shell", "test_web_shell_moves",
+    "test_web_shell_feeds", "test_rolling_deploy", "test_fuzz",
     "test_qwen_agent", "test_partitions", "test_fencing", "test_resume", "test_faults", "test_reference_diff",
     "test_reaper", "test_push",
 )
@@ -32,30 +33,30 @@ LONGEST_FIRST = (
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Longest first; and the tests that share a module's own fixture (a cluster, a test bed,
-    a browser) run on one runner, in one group (`--dist loadgroup`), so it starts once."""
+    """Longest first; and the tests that share a fixture which outlives a test (a cluster, a
+    test bed, a browser), defined by their module or a helper module, run on one runner, in
+    one group (`--dist loadgroup`), so that it starts once."""
     rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.module.__name__.rpartition(".")[2], len(rank)))
     for item in items:
-        if _uses_a_fixture_of_its_module(item):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-    # The chaos runs each load both cores: one after another, never side by side.
-    for item in items:
-        if item.module.__name__.endswith("test_chaos"):
-            item.add_marker(pytest.mark.xdist_group("chaos"))
+        # The chaos runs each load both cores: one after another, never side by side.
+        group = "chaos" if item.module.__name__.endswith("test_chaos") else _home_of_a_shared_fixture(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
-def _uses_a_fixture_of_its_module(item: pytest.Item) -> bool:
+def _home_of_a_shared_fixture(item: pytest.Item) -> str | None:
+    """The test module or helper defining a module- or session-scoped fixture the test uses
+    (not this file, whose session fixtures every runner has its own of, nor pytest)."""
     definitions = getattr(item, "_fixtureinfo", None)
-    if definitions is None:
-        return False
-    return any(
-        fixture.scope in ("module", "session") and fixture.func.__module__ == item.module.__name__
-        for fixtures in definitions.name2fixturedefs.values()
+    homes = sorted(
+        fixture.func.__module__
+        for fixtures in (definitions.name2fixturedefs.values() if definitions else ())
         for fixture in fixtures
+        if fixture.scope in ("module", "session")
+        and fixture.func.__module__.startswith("tests.") and fixture.func.__module__ != __name__
     )
-
-ROOT = Path(__file__).resolve().parent.parent
+    return homes[0] if homes else None
 
 
 @pytest.fixture(scope="session", autouse=True)
