@@ -35,7 +35,7 @@ class Mutation:
     before: str | None = None
 
 
-LUA_TESTS = ("tests/test_lua.py",)
+LUA_TESTS = ("tests/test_lua.py", "tests/test_lua_commands.py")
 
 MUTATIONS = [
     Mutation(

@@ -1,5 +1,6 @@
 """The rooms keep their rules (docs/architecture.md): `scripts/import_graph.py` finds no cycle,
-no forbidden cross-room import, no private name used across modules, no generic package."""
+no forbidden cross-room import, no private name used across modules, no generic package, no
+module over its size limit."""
 
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ def load_checker():
 def test_the_repository_keeps_the_import_rules() -> None:
     run = subprocess.run([sys.executable, str(SCRIPT), "--rooms-only"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "no cycles, no forbidden imports, no private names across modules, nothing of Redis outside the store" in run.stdout
+    assert (
+        "no cycles, no forbidden imports, no private names across modules, nothing of Redis outside the store, "
+        "no module over 700 lines"
+    ) in run.stdout
 
 
 def test_the_check_catches_each_kind_of_break(tmp_path: Path) -> None:
@@ -51,6 +55,9 @@ def test_the_check_catches_each_kind_of_break(tmp_path: Path) -> None:
         "tests/test_b.py": "from tests.test_a import make, test_a\n",  # a helper from a test module
         "bench/__init__.py": "",
         "bench/run.py": "from tests import helpers\n",  # bench -> tests
+        "bench/long.py": "x = 1\n" * 701,  # over the size limit
+        "bench/chaos_check.py": "x = 1\n" * 701,  # named as long: fine
+        "bench/limit.py": "x = 1\n" * 700,  # at the limit: fine
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +78,9 @@ def test_the_check_catches_each_kind_of_break(tmp_path: Path) -> None:
     assert "tests.test_b imports make from tests.test_a" in problems
     assert "forbidden import: bench -> tests: bench.run imports tests.helpers" in problems
     assert "test_a from" not in problems  # re-collecting a test function is fine
-    assert len(problems.splitlines()) == 10, problems
+    assert "size: bench/long.py has 701 lines (over 700: split it by job)" in problems
+    assert "chaos_check" not in problems and "limit.py" not in problems
+    assert len(problems.splitlines()) == 11, problems
 
 
 def test_the_check_keeps_redis_inside_the_store_package(tmp_path: Path) -> None:
