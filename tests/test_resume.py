@@ -14,7 +14,7 @@ import sys
 
 from acp_state.store import keys
 from tests.harness import ROOT, ApiProcess, Harness, SseClient
-from tests.helpers import create, is_type, prompt, status
+from tests.helpers import SAFETY_STOP_S, create, eventually, is_type, prompt, status
 
 LEASE_MS = "1500"
 
@@ -236,22 +236,20 @@ async def test_a_drain_with_no_other_worker_stops_as_before_after_its_grace(harn
 
 
 async def test_a_draining_worker_gets_no_creates_and_says_so(harness: Harness, workspace: str, redis_client) -> None:
-    draining = await harness.worker("--drain-grace-s", "20", "--name", "leaving")
+    draining = await harness.worker("--drain-grace-s", "60", "--name", "leaving")
     api = await harness.api()
     watcher = await harness.events()
     sid = (await create(api, workspace))["sessionId"]
-    slow = await prompt(api, sid, "#slow 3")  # holds the drain for a while
-    await watcher.wait_for(lambda e: e.get("promptId") == slow["promptId"] and e["type"] == "session_update")
+    await prompt(api, sid, "#permission")  # its turn holds the drain until the vote below
+    request = await watcher.wait_type(sid, "permission_request")
     stay = await harness.worker("--name", "staying")
     draining.proc.send_signal(15)
-    async def says_draining() -> None:  # the report says so at once (the drain renews first)
-        while True:
-            workers = (await api.client.get("/workers")).json()["workers"]
-            if any(w["incarnation"] == draining.incarnation and w.get("draining") for w in workers):
-                return
-            await asyncio.sleep(0.05)  # a report is read, not pushed: poll it
 
-    await asyncio.wait_for(says_draining(), 10)
+    async def says_draining() -> bool:  # the report says so at once (the drain renews first)
+        workers = (await api.client.get("/workers")).json()["workers"]  # read, not pushed: poll it
+        return any(w["incarnation"] == draining.incarnation and w.get("draining") for w in workers)
+
+    await eventually(says_draining, "the worker's report saying it drains")
     table = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "acp_state.cli", "status", "--redis-url", harness.redis_url, "--once",
         stdout=asyncio.subprocess.PIPE, cwd=str(ROOT),
@@ -262,7 +260,13 @@ async def test_a_draining_worker_gets_no_creates_and_says_so(harness: Harness, w
     created = [(await create(api, workspace))["sessionId"] for _ in range(3)]
     hosted = await redis_client.smembers(keys.worker_sessions(stay.incarnation))
     assert {member.split("/")[1] for member in hosted} >= set(created)
-    assert await asyncio.wait_for(draining.proc.wait(), 30) == 0
+    # The vote ends the turn; the drain moves the session and the worker leaves.
+    vote = await api.client.post(
+        f"/session/{sid}/permission/{request['data']['requestId']}",
+        json={"outcome": {"outcome": "selected", "optionId": "proceed_once"}},
+    )
+    assert vote.status_code == 200, vote.text
+    assert await asyncio.wait_for(draining.proc.wait(), SAFETY_STOP_S) == 0
 
 
 async def test_a_permission_pending_when_the_grace_runs_out_is_cancelled_and_leaves_the_inbox(
