@@ -49,11 +49,11 @@ from tests.harness import Harness
 from tests.helpers import create, prompt, status
 
 # The run is bounded by its cases, not by a clock: ROUNDS passes over every operation, each
-# of up to ROUND_EXAMPLES cases drawn from the seed (about 3,000 requests a round). The time
+# of up to ROUND_EXAMPLES cases drawn from the seed (about 2,300 requests a round). The time
 # limit is only a safety stop for a run that hangs; it fails naming the request in flight.
 # The suite runs one round; `FUZZ_ROUNDS=<n>` fuzzes longer (each round draws new cases).
 ROUNDS = int(os.environ.get("FUZZ_ROUNDS", "1"))
-ROUND_EXAMPLES = 40  # cases per operation in one round
+ROUND_EXAMPLES = 30  # cases per operation in one round
 SAFETY_STOP_S = 900
 REQUEST_TIMEOUT_S = (5, 20)
 SSE_TIMEOUT_S = (5, 5)
