@@ -25,7 +25,11 @@ from bench.rolling_deploy import Plan, deploy
 
 pytestmark = pytest.mark.qwen
 
-SESSIONS = 4  # more sessions than the 3 workers, each kept prompted all along
+SESSIONS = 4  # more sessions than the 3 workers
+# Prompts kept going at once, each sent to the next idle session as the last one ends: half
+# the sessions busy at any time, so a restart finds some mid-turn and some idle (the bench
+# keeps one going on every session; here the qwen turns would take all the CPU they get).
+IN_FLIGHT = 2
 GRACE_S = 20.0  # qwen's turns here take well under a second: none runs out of it
 EVENT_TIMEOUT_S = 90.0  # a prompt may wait for a move, whose target may be starting qwen
 
@@ -69,7 +73,7 @@ def assert_every_conversation_went_on(run: dict[str, Any]) -> None:
 async def test_a_rolling_deploy_moves_every_session_and_loses_no_prompt(
     qwen: str, fake_llm: FakeOpenAI, own_redis: RedisServer, workspace: str, tmp_path: Path
 ) -> None:
-    plan = Plan(SESSIONS, GRACE_S, in_flight=SESSIONS, event_timeout_s=EVENT_TIMEOUT_S, stop_timeout_s=90)
+    plan = Plan(SESSIONS, GRACE_S, in_flight=IN_FLIGHT, event_timeout_s=EVENT_TIMEOUT_S, stop_timeout_s=90)
     run = await deploy(plan, own_redis.url, workspace, fake_llm, tmp_path / "home", tmp_path)
     (tmp_path / "run.json").write_text(json.dumps(run, indent=1, default=str))
 
@@ -97,7 +101,7 @@ async def test_a_kill9_mid_deploy_keeps_the_chaos_invariants(
     client sees that move: its sessions die (`session_died`, swept once its lease lapsed),
     moves under way to it go elsewhere, and the client resumes each dead session with
     `POST /session/:id/load` on another worker."""
-    plan = Plan(SESSIONS, GRACE_S, in_flight=SESSIONS, kill9=True, event_timeout_s=EVENT_TIMEOUT_S, stop_timeout_s=90)
+    plan = Plan(SESSIONS, GRACE_S, in_flight=IN_FLIGHT, kill9=True, event_timeout_s=EVENT_TIMEOUT_S, stop_timeout_s=90)
     run = await deploy(plan, own_redis.url, workspace, fake_llm, tmp_path / "home", tmp_path)
     (tmp_path / "run.json").write_text(json.dumps(run, indent=1, default=str))
 
