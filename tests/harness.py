@@ -272,8 +272,11 @@ class Harness:
         for process in apis:
             await process.client.aclose()
         for group in (apis, [p for p in self.processes if not isinstance(p, ApiProcess)]):
-            codes = await asyncio.gather(*(process.terminate() for process in group))
+            # Every process of the group is stopped even when one of them fails its SIGTERM.
+            codes = await asyncio.gather(*(process.terminate() for process in group), return_exceptions=True)
             for process, code in zip(group, codes):
+                if isinstance(code, BaseException):
+                    raise code
                 assert code in (0, None, -9), f"{process.argv[0]} exited {code} on SIGTERM; see {process.log_path}"
         if self._watching:
             await self.watcher.close()
