@@ -4,9 +4,13 @@ waits for a human (`GET /attention`), and its changes pushed (`GET /attention/ev
 An item is a pending permission, a pending question, or a turn error:
 `{sessionId, workspaceId, workspaceCwd, kind, since, requestId?, title?}`, oldest wait
 first. The index behind it is kept by the worker's transitions and the votes themselves,
-in the same script as the change (acp_state/store/lua/attention.lua); a page is one
-script per workspace, pipelined: one round trip per shard. Items whose owner's lease
-lapsed are left out at once, and leave the index when the sweeper removes their sessions.
+in the same script as the change (acp_state/store/lua/attention.lua), once per workspace and
+once for the deployment (per cluster slot). A page over every workspace of the process is
+read from the deployment's index (one script on one Redis: one round trip per shard), one
+of a token scoped to a workspace from that workspace's; either is kept until a change is
+announced (`attention_cache`). Items whose owner's lease lapsed are left out at once, and
+leave the index when the sweeper removes their sessions. The stream's hub loads the inbox
+from the deployment's index too.
 
 The stream starts with `attention_snapshot` (`{items}`, every visible item, oldest first),
 then sends `attention_added` (an item) and `attention_removed` (`{sessionId, workspaceId,
@@ -18,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Container, NamedTuple, Sequence
 
 import orjson
 from starlette.requests import Request
@@ -27,10 +31,11 @@ from starlette.responses import Response
 from acp_state.interactions import USER_QUESTION
 from acp_state.store import AttentionCursor, AttentionEntry, Fanout, ReaderStore, WorkerRegistry
 
+from .attention_cache import AttentionPages
 from .auth import principal_of
 from .event_stream import frame
 from .push import Hub, Listener, frames, stream_response
-from .responses import ApiError, OrjsonResponse, parse_decimal
+from .responses import JSON_TYPE, ApiError, OrjsonResponse, parse_decimal
 from .state import app_state
 
 DEFAULT_SIZE = 50
@@ -100,26 +105,53 @@ async def attention_page(request: Request) -> Response:
     cursor_text = request.query_params.get("cursor")
     after = _decode_cursor(cursor_text) if cursor_text else None
     principal = principal_of(request)
-    workspaces = sorted(ws for ws in state.workspaces if principal.may(ws))
-    taken, next_cursor = await page(state.store, state.registry.is_live, workspaces, after, size)
-    items = [item(entry, state.workspaces[entry.ws]) for entry in taken]
-    return OrjsonResponse({"items": items, "nextCursor": _encode_cursor(next_cursor) if next_cursor else None})
+    feeds = state.attention
+    workspaces = feeds.every if principal.workspaces is None else tuple(sorted(ws for ws in feeds.every if principal.may(ws)))
+    if not workspaces:
+        return OrjsonResponse({"items": [], "nextCursor": None})
+    key = (workspaces, cursor_text or "", size)
+    kept = await feeds.pages.kept(key, state.registry.holds_lease)
+    if kept is not None:
+        return Response(kept, media_type=JSON_TYPE)
+    started = await feeds.pages.begin(workspaces)
+    # Every workspace of the process: the deployment's index; one (a scoped token): its own.
+    read = deployment_read(state.store, workspaces) if workspaces is feeds.every else workspace_read(state.store, workspaces)
+    found = await page(read, state.registry.is_live, set(workspaces), after, size)
+    body = orjson.dumps({
+        "items": [item(entry, state.workspaces[entry.ws]) for entry in found.taken],
+        "nextCursor": _encode_cursor(found.next) if found.next else None,
+    })
+    if found.complete:
+        feeds.pages.keep(key, started, body, frozenset(entry.owner for entry in found.taken))
+    return Response(body, media_type=JSON_TYPE)
+
+
+class Page(NamedTuple):
+    taken: list[AttentionEntry]  # the page's entries
+    next: AttentionCursor | None  # where the next page starts (None: at the end)
+    complete: bool  # no entry was left out for a lapsed lease (which may yet be renewed)
+
+
+# Reads entries after a cursor, `limit` from each index it reads, in the attention order,
+# and the horizon past which they do not reach (None: they reach the end).
+PageRead = Callable[[AttentionCursor | None, int], Awaitable[tuple[list[AttentionEntry], AttentionCursor | None]]]
 
 
 async def page(
-    store: ReaderStore,
+    read: PageRead,
     is_live: Callable[[str], Awaitable[bool]],
-    workspaces: list[str],
+    visible: Container[str],
     after: AttentionCursor | None,
     size: int,
-) -> tuple[list[AttentionEntry], AttentionCursor | None]:
-    """Up to `size` entries of live owners after `after`, oldest wait first, and the cursor
-    of the next page (None at the end). A page may hold fewer than `size` entries and still
-    have a next one: entries of lapsed leases are skipped, not replaced."""
-    entries, horizon = await _read_page(store, workspaces, after, size)
+) -> Page:
+    """Up to `size` entries of live owners in `visible` workspaces after `after`, oldest
+    wait first, and the cursor of the next page (None at the end). A page may hold fewer
+    than `size` entries and still have a next one: entries of lapsed leases (and, read from
+    the deployment's index, of workspaces not visible) are skipped, not replaced."""
+    entries, horizon = await read(after, size + 1)
     taken: list[AttentionEntry] = []
     last: AttentionEntry | None = None
-    more = horizon is not None
+    more, complete = horizon is not None, True
     for entry in entries:
         if horizon is not None and entry.order > horizon.order:
             break
@@ -127,23 +159,38 @@ async def page(
             more = True
             break
         last = entry
+        if entry.ws not in visible:
+            continue
         if await is_live(entry.owner):
             taken.append(entry)
-    return taken, last.cursor if more and last is not None else None
+        else:
+            complete = False
+    return Page(taken, last.cursor if more and last is not None else None, complete)
 
 
-async def _read_page(
-    store: ReaderStore, workspaces: list[str], after: AttentionCursor | None, size: int
-) -> tuple[list[AttentionEntry], AttentionCursor | None]:
-    """Enough entries, in order, to answer a page of `size` after `after` (each workspace's
-    next size + 1: one round trip per shard), and the horizon past which they do not reach.
+def deployment_read(store: ReaderStore, workspaces: Sequence[str]) -> PageRead:
+    """Pages read from the deployment's attention index (its part in each slot the
+    workspaces use, on a cluster): one script a page on one Redis, one per slot on a
+    cluster, one round trip per shard either way."""
+
+    async def read(after: AttentionCursor | None, limit: int) -> tuple[list[AttentionEntry], AttentionCursor | None]:
+        return await store.deployment_attention_page(list(workspaces), after, limit)
+
+    return read
+
+
+def workspace_read(store: ReaderStore, workspaces: Sequence[str]) -> PageRead:
+    """Pages read from each workspace's own index (each workspace's next `limit`: one round
+    trip per shard): what a token scoped to one workspace reads.
     (Asking each for a fair share first reads less when waits are spread evenly, but twice
     when one workspace holds the oldest: measured no faster, and it breaks the one round
     trip; see docs/performance.md.)"""
-    if not workspaces:
-        return [], None
-    entries = await store.attention_page(workspaces, after, size + 1)
-    return entries, _horizon(entries, size + 1)
+
+    async def read(after: AttentionCursor | None, limit: int) -> tuple[list[AttentionEntry], AttentionCursor | None]:
+        entries = await store.attention_page(list(workspaces), after, limit)
+        return entries, _horizon(entries, limit)
+
+    return read
 
 
 def _horizon(entries: list[AttentionEntry], limit: int) -> AttentionCursor | None:
@@ -220,11 +267,10 @@ class AttentionFeed(Hub):
         """Read the whole inbox again and push the difference."""
         current: dict[Key, tuple[dict[str, Any], str]] = {}
         after: AttentionCursor | None = None
-        workspaces = sorted(self._workspaces)
+        read = deployment_read(self._store, sorted(self._workspaces))
         while len(current) < MAX_FOLLOWED:
-            entries = await self._store.attention_page(workspaces, after, LOAD_PAGE)
+            entries, after = await read(after, LOAD_PAGE)
             current.update(await self._visible(entries))
-            after = _horizon(entries, LOAD_PAGE)
             if after is None:
                 break  # every workspace answered all it holds past the cursor
         self._replace(set(self.items), current)
@@ -248,6 +294,8 @@ class AttentionFeeds:
 
     def __init__(self, store: ReaderStore, registry: WorkerRegistry, fanout: Fanout, workspaces: dict[str, str]) -> None:
         self._args = (store, registry, fanout, workspaces)
+        self.every = tuple(sorted(workspaces))  # the process's workspaces, as a page spans them
+        self.pages = AttentionPages(fanout)  # GET /attention's kept answers
         self._feed: AttentionFeed | None = None
         self._starting: asyncio.Task[AttentionFeed] | None = None
         self._ending = False
@@ -271,10 +319,12 @@ class AttentionFeeds:
         self._feed = None
 
     def changed(self, ws: str, sid: str) -> None:
+        self.pages.changed()
         if self._feed is not None:
             self._feed.changed(ws, sid)
 
     def reset(self) -> None:
+        self.pages.changed()
         if self._feed is not None:
             self._feed.reset()
 

@@ -86,7 +86,7 @@ MUTATIONS = [
         "attention-stays",
         "a won vote leaves its request in the attention inbox",
         "acp_state/store/lua/vote.lua",
-        "attention_unset(5, 6, vote.sid, {{F.INTERACTION}} .. vote.rid)\n",
+        "attention_unset({5, 6, 7, 8}, vote.sid, {{F.INTERACTION}} .. vote.rid)\n",
         "",
         LUA_TESTS,
     ),

@@ -2,7 +2,7 @@
 redis-server per module and an empty Redis for each test (the fixtures `server` and `r`,
 which each module imports), one session's keys, a script run by name (`run`), the APPLY
 calls that make a session (`apply`, `created`), and the attention index read back
-(`attention`). tests/conftest.py runs the modules that use these fixtures on one runner.
+(`attention`, with the deployment's index checked against it). tests/conftest.py runs the modules that use these fixtures on one runner.
 """
 
 from __future__ import annotations
@@ -29,9 +29,13 @@ SESSION = keys.session(WS, SID)
 VERSION = keys.catalog_version(WS)
 TURNS, ENDED = keys.turns(WS, SID), keys.turns_ended(WS, SID)
 ATTENTION, ATTENTION_DETAILS = keys.attention(WS), keys.attention_details(WS)
+# The deployment's attention index as one Redis holds it (a cluster's slot has its own tag).
+DEPLOYMENT = keys.attention_all(keys.attention_tag(WS, per_slot=False))
+DEPLOYMENT_DETAILS = keys.attention_all_details(keys.attention_tag(WS, per_slot=False))
 APPLY_KEYS = [
     SESSION, keys.events(WS, SID), keys.live(WS), keys.catalog(WS), keys.catalog_order(WS),
     keys.single(WS), keys.transcript(WS, SID), CHANNEL, VERSION, TURNS, ENDED, ATTENTION, ATTENTION_DETAILS,
+    DEPLOYMENT, DEPLOYMENT_DETAILS,
 ]
 
 
@@ -79,6 +83,12 @@ def update(text: str) -> str:
 
 
 async def attention(r: aioredis.Redis) -> dict[str, tuple[int, str]]:
-    """The index as {member: (since, details)}."""
+    """The workspace's index as {member: (since, details)}, after checking that the
+    deployment's holds the very same entries (members prefixed with the workspace id)."""
     index = await r.zrange(ATTENTION, 0, -1, withscores=True)
-    return {member: (int(since), await r.hget(ATTENTION_DETAILS, member)) for member, since in index}
+    found = {member: (int(since), await r.hget(ATTENTION_DETAILS, member)) for member, since in index}
+    whole = await r.zrange(DEPLOYMENT, 0, -1, withscores=True)
+    mirrored = {m: (int(since), await r.hget(DEPLOYMENT_DETAILS, m)) for m, since in whole if m.startswith(WS + "/")}
+    assert mirrored == {f"{WS}/{member}": value for member, value in found.items()}
+    assert len([m for m in await r.hkeys(DEPLOYMENT_DETAILS) if m.startswith(WS + "/")]) == len(mirrored)
+    return found

@@ -1,6 +1,7 @@
 """The inbox's paging logic on its own (a pure unit test over an in-memory stand-in for the
-store's ATTENTION_PAGE): whatever the page size, the number of workspaces and how the waits
-are spread, walking the pages gives every live entry once, in order."""
+store's ATTENTION_PAGE, read per workspace or from the deployment's index): whatever the
+page size, the number of workspaces and how the waits are spread, walking the pages gives
+every live entry of the visible workspaces once, in order."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import random
 import pytest
 
 from acp_state.store import AttentionCursor, AttentionEntry
-from acp_state.api.attention import page
+from acp_state.api.attention import deployment_read, page, workspace_read
 
 
 class Index:
@@ -27,6 +28,14 @@ class Index:
             mine = [e for e in self.entries if e.ws == ws and (after is None or e.order > after.order)]
             found += mine[:limit]
         return sorted(found, key=lambda e: e.order)
+
+    async def deployment_attention_page(
+        self, workspaces: list[str], after: AttentionCursor | None, limit: int
+    ) -> tuple[list[AttentionEntry], AttentionCursor | None]:
+        """One index holding every workspace's entries (a single Redis)."""
+        self.reads += 1
+        found = [e for e in self.entries if after is None or e.order > after.order][:limit]
+        return found, found[-1].cursor if len(found) == limit else None
 
 
 def spread(seed: int, workspaces: int, count: int) -> list[AttentionEntry]:
@@ -54,7 +63,8 @@ async def test_walking_the_pages_gives_every_live_entry_once_in_order(seed: int,
     names = sorted({e.ws for e in entries})
     walked, after, pages = [], None, 0
     while True:
-        taken, after = await page(index, is_live, names, after, size)  # type: ignore[arg-type]
+        found = await page(workspace_read(index, names), is_live, set(names), after, size)  # type: ignore[arg-type]
+        taken, after = found.taken, found.next
         assert len(taken) <= size
         walked += taken
         pages += 1
@@ -62,3 +72,30 @@ async def test_walking_the_pages_gives_every_live_entry_once_in_order(seed: int,
             break
     assert walked == [e for e in index.entries if e.owner != lapsed]
     assert index.reads == pages  # one read per page: one round trip per shard
+
+
+@pytest.mark.parametrize("seed,workspaces,count,size", [(7, 10, 1000, 100), (8, 4, 90, 7), (9, 1, 30, 30)])
+async def test_pages_of_the_deployment_index_give_every_visible_live_entry_once_in_order(
+    seed: int, workspaces: int, count: int, size: int
+) -> None:
+    entries = spread(seed, workspaces, count)
+    index = Index(entries)
+    names = sorted({e.ws for e in entries})
+    visible = set(names[: max(1, len(names) - 1)])  # the deployment may hold workspaces this process does not serve
+
+    async def is_live(owner: str) -> bool:
+        return owner != "w1"
+
+    walked, after, pages, complete = [], None, 0, True
+    while True:
+        found = await page(deployment_read(index, names), is_live, visible, after, size)  # type: ignore[arg-type]
+        assert len(found.taken) <= size
+        walked += found.taken
+        complete = complete and found.complete
+        pages += 1
+        after = found.next
+        if after is None:
+            break
+    assert walked == [e for e in index.entries if e.owner != "w1" and e.ws in visible]
+    assert index.reads == pages
+    assert not complete  # a page that left out a lapsed lease's item says so (it is not kept)

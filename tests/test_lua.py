@@ -24,7 +24,7 @@ from acp_state.store.keys import F
 from acp_state.store.keys import VersionField as VER
 from acp_state.turns import TurnRecord, TurnState
 from tests.lua_helpers import (  # noqa: F401  (server, r: fixtures, each module's own)
-    APPLY_KEYS, ATTENTION, ATTENTION_DETAILS, CHANNEL, ENDED, INC, OTHER, SESSION, SID, TTL, TURNS,
+    APPLY_KEYS, ATTENTION, ATTENTION_DETAILS, CHANNEL, DEPLOYMENT, DEPLOYMENT_DETAILS, ENDED, INC, OTHER, SESSION, SID, TTL, TURNS,
     VERSION, WS, apply, apply_ops, attention, created, r, run, server, update,
 )
 
@@ -161,7 +161,7 @@ async def test_apply_tells_caches_before_it_publishes_the_event(r: aioredis.Redi
 def sweep_keys(sids: list[str]) -> list[str]:
     shared = [
         keys.live(WS), keys.catalog(WS), keys.catalog_order(WS), keys.single(WS), CHANNEL, VERSION,
-        ATTENTION, ATTENTION_DETAILS,
+        ATTENTION, ATTENTION_DETAILS, DEPLOYMENT, DEPLOYMENT_DETAILS,
     ]
     for sid in sids:
         shared += [keys.session(WS, sid), keys.events(WS, sid), keys.transcript(WS, sid), keys.turns(WS, sid),

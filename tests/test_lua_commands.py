@@ -18,7 +18,7 @@ from acp_state.store.keys import F
 from acp_state.store.keys import VersionField as VER
 from acp_state.turns import TurnRecord, TurnState
 from tests.lua_helpers import (  # noqa: F401  (server, r: fixtures, each module's own)
-    ATTENTION, ATTENTION_DETAILS, CHANNEL, INC, OTHER, SESSION, SID, TTL, TURNS, VERSION, WS, apply,
+    ATTENTION, ATTENTION_DETAILS, CHANNEL, DEPLOYMENT, DEPLOYMENT_DETAILS, INC, OTHER, SESSION, SID, TTL, TURNS, VERSION, WS, apply,
     attention, created, r, run, server, update,
 )
 
@@ -117,7 +117,7 @@ async def test_takeover_passes_the_session_to_the_named_target_only(r: aioredis.
 # ---- VOTE ------------------------------------------------------------------------------
 
 
-VOTE_KEYS = [SESSION, keys.inbox(WS, INC), CHANNEL, VERSION, ATTENTION, ATTENTION_DETAILS]
+VOTE_KEYS = [SESSION, keys.inbox(WS, INC), CHANNEL, VERSION, ATTENTION, ATTENTION_DETAILS, DEPLOYMENT, DEPLOYMENT_DETAILS]
 
 
 def vote_command(option: str = "allow", client: str = "", kind: str = "selected") -> commands.Vote:
@@ -304,3 +304,62 @@ async def test_attention_of_answers_one_sessions_waits(r: aioredis.Redis) -> Non
     flat = await run(r, "ATTENTION_OF", [SESSION, ATTENTION, ATTENTION_DETAILS], [SID])
     found = {flat[i]: flat[i + 2] for i in range(0, len(flat), 3)}
     assert found == {f"{SID}/r2": INC + "\n" + QUESTION, f"{SID}/!": INC + '\n{"message":"x"}'}
+
+
+# ---- the deployment's attention index (APPLY, VOTE, SWEEP keep it beside the workspace's) ----
+
+
+def apply_keys_of(ws: str, sid: str) -> list[str]:
+    tag = keys.attention_tag(ws, per_slot=False)
+    return [
+        keys.session(ws, sid), keys.events(ws, sid), keys.live(ws), keys.catalog(ws), keys.catalog_order(ws),
+        keys.single(ws), keys.transcript(ws, sid), keys.invalidations(ws), keys.catalog_version(ws),
+        keys.turns(ws, sid), keys.turns_ended(ws, sid), keys.attention(ws), keys.attention_details(ws),
+        keys.attention_all(tag), keys.attention_all_details(tag),
+    ]
+
+
+async def test_the_deployment_index_holds_every_workspaces_waits_in_one_order(r: aioredis.Redis) -> None:
+    """Two workspaces' waits land in the one deployment index (a single Redis), with the
+    workspace's since, and one ATTENTION_PAGE walks them oldest first, ties by workspace."""
+    other_ws, other_sid = "fedcba9876543210", "22222222-2222-4222-8222-222222222222"
+    meta = orjson.dumps({"sessionId": other_sid, "workspaceCwd": "/v", "createdAt": "t0"}).decode()
+    ops = {"sid": other_sid, "verttl": TTL, "mode": "create", "set": {F.META: meta, F.EPOCH: "e1", F.INTERACTION + "r9": "{}"}}
+    assert (await run(r, "APPLY", apply_keys_of(other_ws, other_sid), [OTHER, orjson.dumps(ops).decode(), TTL]))[0] == 1
+    await created(r, **{F.INTERACTION + "r1": "{}"})
+    await apply(r, mode="update", set={F.TURN_ERROR: '{"message":"x"}'})
+    assert set(await attention(r)) == {f"{SID}/r1", f"{SID}/!"}  # and mirrored in the deployment's
+    since = {m: int(s) for m, s in await r.zrange(DEPLOYMENT, 0, -1, withscores=True)}
+    assert set(since) == {f"{WS}/{SID}/r1", f"{WS}/{SID}/!", f"{other_ws}/{other_sid}/r9"}
+    assert await r.hget(DEPLOYMENT_DETAILS, f"{other_ws}/{other_sid}/r9") == OTHER + "\n{}"
+    assert 0 < await r.pttl(DEPLOYMENT) <= TTL and 0 < await r.pttl(DEPLOYMENT_DETAILS) <= TTL
+    # Equal waits, as a busy second gives many: workspace first, then session and request.
+    await r.zadd(DEPLOYMENT, {member: 50 for member in since})
+    flat = await run(r, "ATTENTION_PAGE", [DEPLOYMENT, DEPLOYMENT_DETAILS], ["", "gt", "", 2])
+    assert [flat[i] for i in range(0, len(flat), 3)] == [f"{WS}/{SID}/!", f"{WS}/{SID}/r1"]
+    flat = await run(r, "ATTENTION_PAGE", [DEPLOYMENT, DEPLOYMENT_DETAILS], ["50", "ge", f"{WS}/{SID}/r1", 2])
+    assert [flat[i] for i in range(0, len(flat), 3)] == [f"{other_ws}/{other_sid}/r9"]
+    # The other workspace's session goes: its wait leaves the deployment's index, ours stay.
+    ops = {"sid": other_sid, "verttl": TTL, "mode": "delete", "uncatalog": True}
+    assert (await run(r, "APPLY", apply_keys_of(other_ws, other_sid), [OTHER, orjson.dumps(ops).decode(), TTL]))[0] == 1
+    assert set(await r.zrange(DEPLOYMENT, 0, -1)) == {f"{WS}/{SID}/r1", f"{WS}/{SID}/!"}
+
+
+async def test_a_takeover_reowns_the_deployment_index_entry_too(r: aioredis.Redis) -> None:
+    await created(r, **{F.TURN_ERROR: '{"message":"boom"}'})
+    assert await move(r) == 1
+    moved = events.body("session_moved", {"sessionId": SID, "reason": "worker_draining"})
+    assert (await apply(r, OTHER, mode="takeover", **{"from": INC}, events=[moved], op=1))[0] == 1
+    assert (await attention(r))[f"{SID}/!"][1] == OTHER + '\n{"message":"boom"}'  # both indexes
+
+
+def test_a_slot_tag_shares_the_slot_of_its_workspaces() -> None:
+    """On a cluster each slot has its own deployment index, in that slot: the script that
+    changes a workspace names keys of one slot only."""
+    from redis.crc import key_slot
+
+    for ws in ("0123456789abcdef", "fedcba9876543210", "00000000000000ff"):
+        tag = keys.attention_tag(ws, per_slot=True)
+        assert key_slot(keys.attention_all(tag).encode()) == key_slot(keys.session(ws, SID).encode())
+        assert key_slot(keys.attention_all_details(tag).encode()) == key_slot(keys.attention(ws).encode())
+    assert keys.attention_tag(WS, per_slot=False) == keys.attention_tag("fedcba9876543210", per_slot=False)

@@ -273,6 +273,36 @@ async def test_the_inbox_stream_follows_votes_and_a_token_sees_its_workspaces(ha
     await limited.close()
 
 
+async def page_hits(api: ApiProcess) -> float:
+    """Inbox pages the process answered from what it kept (its `/metrics`)."""
+    text = (await api.client.get("/metrics")).text
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("acp_state_attention_page_hits_total "))
+
+
+async def test_a_kept_inbox_page_misses_no_vote_taken_elsewhere_and_no_lapsed_lease(harness: Harness, workspace: str) -> None:
+    """An API process keeps an inbox page until a change is announced: a vote another API
+    process took is gone from its very next answer, a new wait is there, and a worker that
+    dies leaves the page with its lease."""
+    victim = await harness.worker("--lease-ms", str(LEASE_MS))
+    reader, voter = await harness.api(), await harness.api()
+    asking = (await create(reader, workspace))["sessionId"]
+    later = (await create(reader, workspace))["sessionId"]
+    await prompt(reader, asking, "#permission")
+    items = await wait_inbox(reader, lambda items: len(items) == 1)
+    hits = await page_hits(reader)
+    assert (await inbox(reader))["items"] == items  # the same answer, kept
+    assert await page_hits(reader) == hits + 1
+    await prompt(voter, later, "#question")
+    await wait_inbox(reader, lambda items: len(items) == 2)
+    assert (await inbox(reader))["items"] == (await inbox(reader))["items"]  # kept again
+    rid = items[0]["requestId"]
+    assert (await voter.client.post(f"/session/{asking}/permission/{rid}", json=PROCEED_ONCE)).status_code == 200
+    assert [i["sessionId"] for i in (await inbox(reader))["items"]] == [later]  # at once, no waiting
+    assert [i["sessionId"] for i in (await inbox(reader))["items"]] == [later]
+    await victim.kill9()
+    await wait_inbox(reader, lambda items: items == [])
+
+
 async def test_a_dead_workers_waits_leave_the_inbox_with_its_lease(harness: Harness, workspace: str) -> None:
     victim = await harness.worker("--lease-ms", str(LEASE_MS))
     api = await harness.api()

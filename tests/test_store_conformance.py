@@ -422,6 +422,34 @@ async def test_the_attention_index_follows_transitions_and_votes(store: RedisSto
     assert [(e.sid, e.request_id) for e in await store.attention_page(workspaces, None, 10)] == [(asking.sid, "q1")]
 
 
+async def test_the_deployment_attention_index_pages_every_workspace_in_one_order(store: RedisStore) -> None:
+    """The deployment's index (one on a single Redis, one per slot on a cluster) holds what
+    the workspaces' indexes hold, pages it in the same order, and loses a wait with its vote."""
+    asking, failing = Session(), Session()
+    await asking.create(store, interactions_added=[
+        PendingInteraction("r1", {"requestId": "r1", "kind": "permission", "action": {"title": "rm -rf"}}, 1, ["allow"]),
+    ])
+    await failing.create(store, turn_error={"code": "rate_limited", "message": "slow down"})
+    workspaces = sorted({asking.ws, failing.ws})
+    ours = [e for e in await store.attention_page(workspaces, None, 10)]
+    entries, horizon = await store.deployment_attention_page(workspaces, None, 10)
+    assert [e for e in entries if e.ws in workspaces] == ours and horizon is None
+    first, horizon = await store.deployment_attention_page(workspaces, None, 1)
+    assert horizon is not None and horizon.order == first[0].order  # the earliest index that filled its share
+    walked, after = [], None
+    while True:  # one entry an index at a time: up to the horizon, the read is complete
+        page, horizon = await store.deployment_attention_page(workspaces, after, 1)
+        walked += [e for e in page if e.ws in workspaces and (horizon is None or e.order <= horizon.order)]
+        if horizon is None:
+            break
+        after = horizon
+    assert walked == ours
+    vote = commands.Vote(sid=asking.sid, rid="r1", selected=True, option_id="allow")
+    assert await store.vote(asking.ws, asking.inc, vote) is VoteOutcome.OK
+    entries, _ = await store.deployment_attention_page(workspaces, None, 10)
+    assert [(e.sid, e.request_id) for e in entries if e.ws in workspaces] == [(failing.sid, None)]
+
+
 # ---- resumes and moves ---------------------------------------------------------------------
 
 

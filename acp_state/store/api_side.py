@@ -159,7 +159,7 @@ class ApiSide(RedisSide):
         the vote from the command it enqueues)."""
         key_list = [
             keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.invalidations(ws), keys.catalog_version(ws),
-            keys.attention(ws), keys.attention_details(ws),
+            keys.attention(ws), keys.attention_details(ws), *self.attention_all_keys(ws),
         ]
         if idempotency_key is not None:
             key_list.append(keys.idempotency(ws, command.sid, idempotency_key))

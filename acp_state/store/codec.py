@@ -187,3 +187,18 @@ def attention_entries(ws: str, flat: list[Any]) -> list[AttentionEntry]:
         owner, _, value = details.partition("\n")
         found.append(AttentionEntry(ws, sid, None if rid == "!" else rid, int(since), owner, value))
     return found
+
+
+def deployment_attention_entries(flat: list[Any]) -> list[AttentionEntry]:
+    """An ATTENTION_PAGE reply of the deployment's index (members `<ws>/<sid>/<requestId>`)
+    -> entries."""
+    found = []
+    for i in range(0, len(flat), 3):
+        member, since, details = flat[i], flat[i + 1], flat[i + 2]
+        if not details:
+            continue
+        ws, _, rest = member.partition("/")
+        sid, _, rid = rest.partition("/")
+        owner, _, value = details.partition("\n")
+        found.append(AttentionEntry(ws, sid, None if rid == "!" else rid, int(since), owner, value))
+    return found

@@ -17,7 +17,7 @@ import logging
 import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import orjson
 from redis.asyncio.client import PubSub
@@ -259,6 +259,10 @@ class _Link:
         return not self.lapsed
 
 
+async def _all_synced(waiting: list[asyncio.Future[bool]]) -> bool:
+    return bool(waiting) and all(await asyncio.gather(*waiting))
+
+
 def _resolve(waiters: list[asyncio.Future[bool]], ok: bool) -> None:
     for waiter in waiters:
         if not waiter.done():  # a read that gave up (cancelled) is skipped
@@ -388,6 +392,19 @@ class Fanout:
         unsure: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         unsure.set_result(False)
         return unsure
+
+    def sync_all(self, workspaces: list[str]) -> Awaitable[bool]:
+        """`sync` of many workspaces at once (a read that spans them): one wait per link
+        they share, so one on a single server, whatever their number."""
+        links: dict[int, _Link] = {}
+        for ws in workspaces:
+            link = self._change_link(ws)
+            if link is None:
+                return self.sync(ws)  # not followed: answered False at once
+            links[id(link)] = link
+        if len(links) != 1:
+            return _all_synced([link.sync() for link in links.values()])
+        return next(iter(links.values())).sync()
 
     async def watch(self, ws: str) -> bool:
         """Follow a workspace's changes; False when too many workspaces are followed."""

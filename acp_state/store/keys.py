@@ -10,6 +10,9 @@ See docs/architecture.md ("Key schema") for owners and TTLs.
 
 from __future__ import annotations
 
+import binascii
+import functools
+
 PREFIX = "acp"
 
 # The registry of worker incarnations. Its keys share one hash tag, so each lease decision
@@ -113,6 +116,50 @@ def attention(ws: str) -> str:
 def attention_details(ws: str) -> str:
     """HASH attention member -> `<owner incarnation>\n<the interaction's or turn error's JSON>`."""
     return f"{PREFIX}:{{{ws}}}:attn:d"
+
+
+# The deployment's attention index: one on a single Redis; on a cluster one per hash slot,
+# tagged so that it shares the slot of the workspaces it holds (the script that changes a
+# workspace stays in one slot). Its tags never look like a workspace id (16 hex digits).
+ATTENTION_TAG = "attn"
+SLOTS = 16384
+
+
+def _slot(tag: str) -> int:
+    """The cluster slot of keys with this hash tag (Redis: CRC16-XMODEM mod 16384)."""
+    return binascii.crc_hqx(tag.encode(), 0) % SLOTS
+
+
+@functools.cache
+def _slot_tags() -> tuple[str, ...]:
+    """For each slot, the first tag `attn~<n>` that falls in it (about 170,000 CRCs, once)."""
+    tags: list[str | None] = [None] * SLOTS
+    left, n = SLOTS, 0
+    while left:
+        tag = f"{ATTENTION_TAG}~{n}"
+        slot = _slot(tag)
+        if tags[slot] is None:
+            tags[slot] = tag
+            left -= 1
+        n += 1
+    return tuple(tag for tag in tags if tag is not None)
+
+
+def attention_tag(ws: str, per_slot: bool) -> str:
+    """The hash tag of the deployment attention index that holds the workspace's waits."""
+    return _slot_tags()[_slot(ws)] if per_slot else ATTENTION_TAG
+
+
+def attention_all(tag: str) -> str:
+    """ZSET `<workspaceId>/<sessionId>/<requestId>` (`.../!` for a turn error) -> since
+    (epoch ms): the workspace index's entries of every workspace under this tag, kept by
+    the same scripts in the same step."""
+    return f"{PREFIX}:{{{tag}}}:attn:all"
+
+
+def attention_all_details(tag: str) -> str:
+    """HASH deployment attention member -> `<owner incarnation>\n<the JSON>`."""
+    return f"{PREFIX}:{{{tag}}}:attn:all:d"
 
 
 def turns(ws: str, sid: str) -> str:

@@ -18,7 +18,7 @@ from ..metrics import REDIS_ROUNDTRIP
 from ..turns import TurnRecord
 from . import keys, scripts
 from .batching import Script, pipelined
-from .codec import attention_entries, view_of
+from .codec import attention_entries, deployment_attention_entries, view_of
 from .connection import is_cluster
 from .fanout import Fanout
 from .keys import VersionField
@@ -202,6 +202,31 @@ class ReadSide(RedisSide):
         entries = [entry for ws, flat in zip(workspaces, replies, strict=True) for entry in attention_entries(ws, flat)]
         entries.sort(key=lambda e: e.order)
         return entries
+
+    async def deployment_attention_page(
+        self, workspaces: list[str], after: AttentionCursor | None, limit: int
+    ) -> tuple[list[AttentionEntry], AttentionCursor | None]:
+        """Up to `limit` entries of each deployment attention index that holds one of the
+        workspaces' waits (one on a single Redis, a slot's on a cluster: one round trip per
+        shard), after `after`, in the attention order; and the horizon: past the earliest
+        last entry of an index that filled its `limit`, entries are missing (None: none
+        are). Entries of other workspaces sharing an index come too: the caller filters."""
+        tags = sorted({keys.attention_tag(ws, is_cluster(self.redis)) for ws in workspaces})
+        bound = ["", "gt", ""] if after is None else [str(after.since_ms), "ge", f"{after.ws}/{after.member}"]
+        calls = [([keys.attention_all(tag), keys.attention_all_details(tag)], [*bound, limit]) for tag in tags]
+        replies = await pipelined(self.redis, self._attention_page, calls)
+        failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
+        if failed is not None:
+            raise failed
+        entries: list[AttentionEntry] = []
+        horizon: AttentionCursor | None = None
+        for flat in replies:
+            found = deployment_attention_entries(flat)
+            entries += found
+            if len(flat) >= limit * 3 and found and (horizon is None or found[-1].order < horizon.order):
+                horizon = found[-1].cursor
+        entries.sort(key=lambda e: e.order)
+        return entries, horizon
 
     async def attention_of(self, ws: str, sid: str) -> list[AttentionEntry]:
         """What one live session waits for (its entries of the attention index)."""

@@ -9,7 +9,8 @@ and keeps its own state; the clients below are set before any side's.
 
 from __future__ import annotations
 
-from .connection import Client
+from . import keys
+from .connection import Client, is_cluster
 from .types import Retention
 
 # Inbox streams outlive neither their worker nor a day of silence.
@@ -32,3 +33,9 @@ class RedisSide:
     heartbeat_redis: Client
     resends: bool  # the client resends a command after an error (it may have run twice)
     retention: Retention
+
+    def attention_all_keys(self, ws: str) -> list[str]:
+        """The deployment attention index (and its details) that holds the workspace's
+        waits: the whole deployment's on a single Redis, its slot's on a cluster."""
+        tag = keys.attention_tag(ws, is_cluster(self.redis))
+        return [keys.attention_all(tag), keys.attention_all_details(tag)]

@@ -83,6 +83,7 @@ class WorkerSide(RedisSide):
             keys.turns_ended(ws, sid),
             keys.attention(ws),
             keys.attention_details(ws),
+            *self.attention_all_keys(ws),
         ]
         future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
         args = [incarnation, orjson.dumps(ops).decode(), str(self.retention.session_ttl_ms)]

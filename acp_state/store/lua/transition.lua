@@ -5,7 +5,9 @@
 --          4 catalog hash, 5 catalog order zset, 6 single-scope key, 7 transcript stream,
 --          8 the workspace's change channel, 9 the workspace's catalog version,
 --          10 the session's turn records, 11 the ids of its ended turns,
---          12 the workspace's attention index, 13 its details (the attention prelude)
+--          12 the workspace's attention index, 13 its details, 14 the deployment's
+--          attention index (its part in the workspace's slot), 15 its details (the
+--          attention prelude)
 --   inc: the writer's incarnation; ops: the decoded ops (see codec.transition_ops); ttl_ms: the
 --   session hash's TTL (refreshed by every transition); batch (SWEEP's deletes only, else
 --   nil): what the caller does once for many sessions, {flat = this session hash's HGETALL,
@@ -15,6 +17,7 @@
 local function transition(at, inc, ops, ttl_ms, batch)
   local hash, log, live, catalog, order, single = KEYS[at[1]], KEYS[at[2]], KEYS[at[3]], KEYS[at[4]], KEYS[at[5]], KEYS[at[6]]
   local transcript, turns, ended = KEYS[at[7]], KEYS[at[10]], KEYS[at[11]]
+  local ix = {at[12], at[13], at[14], at[15]}
   -- A delete reads the whole hash once and keeps its changes to it here, as the hash goes
   -- at the end: every check and every field it leaves behind come from that one read (a
   -- sweep runs this for each of a dead worker's 25,000 sessions). `names` keeps HKEYS's order.
@@ -45,7 +48,7 @@ local function transition(at, inc, ops, ttl_ms, batch)
     -- A whole snapshot (first publish, or a rewrite under a new epoch): start clean. What it
     -- waited for before and the snapshot no longer holds leaves the attention index.
     for _, name in ipairs(redis.call('HKEYS', hash)) do
-      if not (ops.set and ops.set[name]) then attention_unset(at[12], at[13], ops.sid, name) end
+      if not (ops.set and ops.set[name]) then attention_unset(ix, ops.sid, name) end
     end
     redis.call('DEL', hash, log)
     if ops.resumed then
@@ -69,7 +72,7 @@ local function transition(at, inc, ops, ttl_ms, batch)
     redis.call('HSET', hash, {{F.OWNER}}, inc)
     redis.call('HDEL', hash, {{F.MOVING}}, {{F.OP}})
     local flat = redis.call('HGETALL', hash)
-    for i = 1, #flat, 2 do attention_reown(at[12], at[13], ops.sid, flat[i], inc, flat[i + 1]) end
+    for i = 1, #flat, 2 do attention_reown(ix, ops.sid, flat[i], inc, flat[i + 1]) end
     owner = inc
   elseif not owner then
     return {0, 0, ''}
@@ -86,7 +89,7 @@ local function transition(at, inc, ops, ttl_ms, batch)
     local args = {}
     for k, v in pairs(ops.set) do
       args[#args + 1] = k; args[#args + 1] = v
-      attention_set(at[12], at[13], ops.sid, k, inc, v, ops.verttl)
+      attention_set(ix, ops.sid, k, inc, v, ops.verttl)
     end
     if #args > 0 then redis.call('HSET', hash, unpack(args)) end
   end
@@ -96,7 +99,7 @@ local function transition(at, inc, ops, ttl_ms, batch)
     else
       redis.call('HDEL', hash, unpack(ops.del))
     end
-    for _, k in ipairs(ops.del) do attention_unset(at[12], at[13], ops.sid, k) end
+    for _, k in ipairs(ops.del) do attention_unset(ix, ops.sid, k) end
   end
   if ops.incr and not deleting then
     for k, n in pairs(ops.incr) do redis.call('HINCRBY', hash, k, n) end
@@ -176,7 +179,7 @@ local function transition(at, inc, ops, ttl_ms, batch)
     -- A session whose creator was never told of it (its answer not taken: the field is still
     -- there) leaves no catalog row when its worker is swept.
     local untold = ops.uncatalog_untold and held[{{F.REQUEST}}] ~= nil
-    for _, name in ipairs(fields) do attention_unset(at[12], at[13], ops.sid, name) end
+    for _, name in ipairs(fields) do attention_unset(ix, ops.sid, name) end
     if ops.uncatalog or untold then
       redis.call('DEL', hash, turns, ended)
     else
