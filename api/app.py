@@ -110,6 +110,11 @@ class ApiApp(Starlette):
             return
         if await event_stream.answer(state, self.authenticator, self.counts, scope, receive, send):
             return
+        # An event stream whose start and first frame have passed every middleware (they look
+        # at the start only, and let streams through) writes its later frames straight to the
+        # server's send: a change to a thousand streams is a thousand writes, and each would
+        # cross five wrappers for nothing.
+        scope[event_stream.DIRECT_SEND] = send
         await super().__call__(scope, receive, send)
 
 
@@ -177,7 +182,6 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> ApiApp:
             Exception: internal_error_handler,
         },
         middleware=[
-            Middleware(event_stream.DirectSend),
             Middleware(RequestMetrics, counts=counts),
             Middleware(ETagMiddleware),
             Middleware(AuthMiddleware, authenticator=authenticator),

@@ -13,12 +13,12 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncIterator, Callable, Generator, Iterator, Mapping, Protocol
 
 import orjson
 from starlette.datastructures import Headers, QueryParams
 from starlette.requests import Request
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from acp_state import ids
 from acp_state.clock import now_ms
@@ -150,22 +150,15 @@ async def answer(state: AppState | None, auth: Authenticator, counts: RequestCou
     return True
 
 
-DIRECT_SEND = "acp.direct_send"
+DIRECT_SEND = "acp.direct_send"  # the server's own send, kept in the scope by the app (`ApiApp`)
 
 
-class DirectSend:
-    """The outermost of the app's middlewares: it keeps the send it is given in the scope.
-    An event stream whose start and first frame have passed every middleware (they look at
-    the start only, and let streams through) writes its later frames straight to it: a
-    fan-out to a thousand streams is a thousand sends per change, and each crossed four
-    wrappers for nothing."""
+class DirectWrites(Protocol):
+    """What a push stream's body comes from (a hub's listener): while the stream's task
+    waits for its next chunk, `write` is the stream's own `EventStreamResponse.write_now`,
+    so the hub writes a frame to the connection without waking the task."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        scope[DIRECT_SEND] = send
-        await self.app(scope, receive, send)
+    write: Callable[[bytes], bool] | None
 
 
 class EventStreamResponse:
@@ -181,7 +174,7 @@ class EventStreamResponse:
 
     def __init__(
         self, body: AsyncIterator[bytes], send_timeout: float, headers: dict[str, str],
-        keepalive: Callable[[], None] | None = None,
+        keepalive: Callable[[], None] | None = None, writes: DirectWrites | None = None,
     ) -> None:
         self.body = body
         # `content-type` as is, last (Starlette adds `; charset=utf-8`, the reference does not).
@@ -198,6 +191,9 @@ class EventStreamResponse:
         # push hubs send their own).
         self.keepalive = keepalive
         self.keepalive_due = 0.0
+        self.writes = writes
+        self._send: Send | None = None  # the send later frames take, once the start passed the middlewares
+        self._writing: asyncio.Future[None] | None = None  # a write of `write_now` the client is slow to take
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()
@@ -213,12 +209,14 @@ class EventStreamResponse:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             del headers
             async for chunk in self.body:
-                self.sending_since = loop.time()
+                await self._sending(loop)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 self.sending_since = None
                 del chunk
-                send = direct or send  # the middlewares have seen what they look at
-            self.sending_since = loop.time()
+                send = self._send = direct or send  # the middlewares have seen what they look at
+                if self.writes is not None:  # the task waits for its body: the hub may write
+                    self.writes.write = self.write_now
+            await self._sending(loop)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except STORE_ERRORS as error:  # Redis went away mid-stream: end it; the client reconnects and resumes
             log.warning("SSE stream ended by a store error (%r)", error)
@@ -232,10 +230,54 @@ class EventStreamResponse:
             log.debug("SSE stream ended: %s", self.ending)
         finally:
             self.task = None
+            if self.writes is not None:
+                self.writes.write = None
+            if self._writing is not None:
+                self._writing.cancel()
             _SEND_WATCH.discard(self)
             if self._receiving is not None:
                 self._receiving.cancel()
             await self.body.aclose()  # type: ignore[attr-defined]
+
+    async def _sending(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The task is to send: the hub writes no more (its frames queue for the task), and
+        a write of the hub's that waits on the client finishes first (or raises its error)."""
+        if self.writes is not None:
+            self.writes.write = None
+        if self._writing is not None:
+            await self._writing  # its `sending_since` holds meanwhile
+        self.sending_since = loop.time()
+
+    def write_now(self, chunk: bytes) -> bool:
+        """Write `chunk` from the caller's step, not the stream's task: a hub writes one
+        change to a thousand streams in one step, without a thousand task wake-ups. The
+        server's send completes at once while the client reads (granian, uvicorn); when it
+        must wait for the client, the rest of the write goes on in a task of its own, and
+        what follows queues for the stream's task, which sends it after. False: nothing
+        written (a write still waits); the caller queues `chunk` for the task."""
+        if self._writing is not None or self._send is None or self.ending is not None:
+            return False
+        try:
+            step = self._send({"type": "http.response.body", "body": chunk, "more_body": True}).__await__()
+            waits_on = next(step)  # an iterator, not always a generator (granian's)
+        except StopIteration:
+            return True
+        except Exception as error:  # the connection is gone: the stream ends as its own send would
+            self.end(f"a write failed ({error!r})")
+            return True
+        self.sending_since = asyncio.get_running_loop().time()  # the send watch drops a client that never reads
+        self._writing = asyncio.ensure_future(_rest_of(step, waits_on))
+        self._writing.add_done_callback(self._written)
+        return True
+
+    def _written(self, writing: asyncio.Future[None]) -> None:
+        """A write of `write_now` that waited on the client is over: the hub may write again,
+        or, if it failed, the stream ends."""
+        if self._writing is writing:
+            self._writing = None
+            self.sending_since = None
+        if not writing.cancelled() and writing.exception() is not None:
+            self.end(f"a write failed ({writing.exception()!r})")
 
     def end(self, why: str) -> None:
         """End the stream from outside its task: the client left, or stopped reading."""
@@ -259,6 +301,38 @@ class EventStreamResponse:
 
         self._receiving = asyncio.ensure_future(receive())
         self._receiving.add_done_callback(heard)
+
+
+async def _rest_of(step: Iterator[Any], waits_on: Any) -> None:
+    """Go on with a send that was stepped once by hand and waits on `waits_on`."""
+    await _Resumed(step, waits_on)
+
+
+class _Resumed:
+    """An awaitable that goes on with `step` (a send's `__await__()`, already at its first
+    wait): what it waits on, then the rest, as `await` would have."""
+
+    def __init__(self, step: Iterator[Any], waits_on: Any) -> None:
+        self.step, self.waits_on = step, waits_on
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        waits_on = self.waits_on
+        while True:
+            try:
+                sent = yield waits_on
+            except BaseException as error:  # cancelled, say: the send is told, as `await` tells it
+                throw = getattr(self.step, "throw", None)
+                if throw is None:
+                    raise
+                try:
+                    waits_on = throw(error)
+                except StopIteration:
+                    return
+            else:
+                try:
+                    waits_on = next(self.step) if sent is None else self.step.send(sent)
+                except StopIteration:
+                    return
 
 
 class _SendWatch:

@@ -3,7 +3,8 @@
 
 Each is a hub: it follows Redis once for the whole process (the workspaces' change
 channels), keeps the state its streams show in memory, and pushes one encoded frame to every
-listener. A listener is a bounded buffer: one that falls behind is never waited for; its
+listener, written in the hub's own step to each stream whose task waits with nothing queued
+(`EventStreamResponse.write_now`: no task wake-up per stream and change). A listener is a bounded buffer: one that falls behind is never waited for; its
 buffer is dropped and it is sent a fresh snapshot from the hub's memory instead. A hub left
 without listeners keeps following for a while, so a client that reconnects finds it warm
 (and, for the feed, resumes from memory), then stops.
@@ -15,7 +16,7 @@ import asyncio
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncGenerator, Awaitable, Callable
 
 from acp_state.tasks import survive
 
@@ -42,11 +43,16 @@ class Listener:
     frames: deque[bytes] = field(default_factory=deque)
     behind: bool = False
     closed: bool = False
+    # While its stream's task waits with nothing queued: the stream's own write (`DirectWrites`),
+    # so a frame goes out in the hub's step, without waking the task.
+    write: Callable[[bytes], bool] | None = None
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     def push(self, frame: bytes) -> None:
         if self.behind or self.closed:
             return  # the snapshot it is owed includes this
+        if self.write is not None and not self.frames and self.write(frame):
+            return
         if len(self.frames) >= LISTENER_BUFFER:
             self.behind = True
             self.frames.clear()
@@ -178,9 +184,27 @@ async def run_every(name: str, interval_s: float, round_: Callable[[], Awaitable
         await survive(name, round_)
 
 
-async def frames(listener: Listener, first: bytes, snapshot: Callable[[], bytes], leave: Callable[[], None]) -> AsyncIterator[bytes]:
+class PushBody:
+    """A push stream's body (`frames`), and the listener it sends, which its response lets
+    the hub write to directly."""
+
+    def __init__(self, listener: Listener, chunks: AsyncGenerator[bytes, None]) -> None:
+        self.listener, self._chunks = listener, chunks
+
+    def __aiter__(self) -> AsyncGenerator[bytes, None]:
+        return self._chunks
+
+    async def aclose(self) -> None:
+        await self._chunks.aclose()
+
+
+def frames(listener: Listener, first: bytes, snapshot: Callable[[], bytes], leave: Callable[[], None]) -> PushBody:
     """A push stream's body: `retry:`, its first frame, then what the hub pushes (its
     keepalives too), with a fresh snapshot whenever the listener fell behind."""
+    return PushBody(listener, _frames(listener, first, snapshot, leave))
+
+
+async def _frames(listener: Listener, first: bytes, snapshot: Callable[[], bytes], leave: Callable[[], None]) -> AsyncGenerator[bytes, None]:
     try:
         yield f"retry: {RETRY_MS}\n\n".encode()
         if first:
@@ -199,5 +223,5 @@ async def frames(listener: Listener, first: bytes, snapshot: Callable[[], bytes]
         leave()
 
 
-def stream_response(body: AsyncIterator[bytes], send_timeout_s: float, headers: dict[str, str] | None = None) -> EventStreamResponse:
-    return EventStreamResponse(body, send_timeout_s, {**STREAM_HEADERS, **(headers or {})})
+def stream_response(body: PushBody, send_timeout_s: float, headers: dict[str, str] | None = None) -> EventStreamResponse:
+    return EventStreamResponse(body, send_timeout_s, {**STREAM_HEADERS, **(headers or {})}, writes=body.listener)
