@@ -2,9 +2,10 @@
 
 The stream starts with `live_state_snapshot` (the live-state body: `v`, `catalogVersion`,
 `sessions`), then sends one `live_state_changed` per change of a row: `{catalogVersion,
-sessions: [changed rows], removed: [session ids]}`, with `id:` the catalog revision. A
-session whose owner's lease lapsed is removed at once, before any sweeper ran (same id: its
-revision did not move).
+sessions: [changed rows], removed: [session ids]}`. Each frame's `id:` is
+`<revision>-<generation>` (`api/stream_ids.py`): all a resume needs. A session whose
+owner's lease lapsed is removed at once, before any sweeper ran (same id: its revision did
+not move).
 
 One `WorkspaceFeed` per workspace and process follows the workspace's change channel, where
 every change is announced with the revision it moved the workspace to, reads the changed
@@ -12,10 +13,13 @@ session once and pushes one frame to every listener. A revision skipped (pub/sub
 message) or one that falls (a new generation: Redis lost the workspace) makes it read the
 whole live state again and push the difference, or a new snapshot.
 
-Resume: `Last-Event-ID` (or `?lastEventId=`) with the stream's `generation` (the
-`X-Acp-Catalog-Generation` response header; sent back as `?generation=` or that header)
-gets what changed since that revision, from the feed's memory; a generation that differs,
-or a revision older than the feed remembers, gets a fresh snapshot.
+Resume: `Last-Event-ID` (or `?lastEventId=`) alone, as a browser's EventSource sends it,
+gets what changed since that revision, from the feed's memory. The older form, a bare
+revision with the stream's `generation` beside it (the `X-Acp-Catalog-Generation` response
+header; sent back as `?generation=` or that header), is still read; a generation in the id
+wins over one beside it (a browser's reconnect repeats the URL it first opened). A
+generation that differs, or a revision older than the feed remembers, gets a fresh
+snapshot.
 """
 
 from __future__ import annotations
@@ -31,10 +35,9 @@ from starlette.responses import Response
 
 from acp_state.store import Change, Fanout, ReaderStore, SessionView, WorkerRegistry
 
-from . import workspace_ref
-from .event_stream import MAX_SAFE_INTEGER, frame
+from . import stream_ids, workspace_ref
+from .event_stream import frame
 from .push import Hub, Listener, frames, stream_response
-from .responses import parse_decimal
 from .state import app_state
 from .summaries import live_state_row
 
@@ -92,7 +95,7 @@ class WorkspaceFeed(Hub):
         found = dict(zip(sids, await asyncio.gather(*(self._visible(sid) for sid in sids)), strict=True))
         for sid, revision in todo:
             self.revision = revision
-            if self._set(sid, found[sid], revision):
+            if self._set(sid, found[sid], revision, announced=True):
                 row = self.rows.get(sid)
                 self.broadcast(lambda _, f=self._changed([row] if row else [], [] if row else [sid]): f)
 
@@ -106,23 +109,27 @@ class WorkspaceFeed(Hub):
             return live_state_row(view), view.owner
         return None
 
-    def _set(self, sid: str, found: tuple[dict[str, Any], str] | None, at: float) -> bool:
-        """Take the session's current row (None: not live); True if its row changed."""
+    def _set(self, sid: str, found: tuple[dict[str, Any], str] | None, at: float, announced: bool = False) -> bool:
+        """Take the session's current row (None: not live) as of revision `at`; True if its
+        row changed. A change announced at `at` is remembered for resumes even when the row
+        was already so: a whole read (which reads the version first) may have taken it in
+        before its announcement came, and a client that saw an earlier revision, here or on
+        another process, still lacks it."""
         if found is None:
-            if sid not in self.rows:
-                return False
-            del self.rows[sid], self.owners[sid]
+            changed = self.rows.pop(sid, None) is not None
+            self.owners.pop(sid, None)
         else:
             row, self.owners[sid] = found
-            if self.rows.get(sid) == row:
-                return False
+            changed = self.rows.get(sid) != row
             self.rows[sid] = row
+        if not (changed or announced):
+            return False
         self.changed_at[sid] = at
         self.changed_at.move_to_end(sid)
         while len(self.changed_at) > len(self.rows) + REMEMBERED_CHANGES:
             _, oldest = self.changed_at.popitem(last=False)
             self.since = max(self.since, int(oldest))  # resumes from before it: a snapshot
-        return True
+        return changed
 
     async def _resync(self) -> None:
         """Read the whole live state; push the difference, or a snapshot for a new generation."""
@@ -161,11 +168,15 @@ class WorkspaceFeed(Hub):
 
     def snapshot(self) -> bytes:
         body = {"v": 1, "catalogVersion": self._version(), "sessions": [self.rows[sid] for sid in sorted(self.rows)]}
-        return frame("live_state_snapshot", orjson.dumps(body).decode(), self.revision)
+        return frame("live_state_snapshot", orjson.dumps(body).decode(), self.event_id())
 
     def _changed(self, sessions: list[dict[str, Any]], removed: list[str]) -> bytes:
         body = {"catalogVersion": self._version(), "sessions": sessions, "removed": removed}
-        return frame("live_state_changed", orjson.dumps(body).decode(), self.revision)
+        return frame("live_state_changed", orjson.dumps(body).decode(), self.event_id())
+
+    def event_id(self) -> str:
+        """The `id:` of a frame at the feed's revision: the revision with its generation."""
+        return stream_ids.compose(self.revision, self.generation)
 
     def resume(self, last_id: int, generation: str | None) -> bytes:
         """What a client that saw revision `last_id` of `generation` missed (b"" if nothing),
@@ -238,11 +249,21 @@ class LiveFeeds:
 async def live_state_events(request: Request) -> Response:
     state = app_state(request)
     ws = workspace_ref.resolve(request, "workspace")
-    last_id = parse_decimal(request.headers.get("last-event-id") or request.query_params.get("lastEventId"), MAX_SAFE_INTEGER)
-    generation = request.query_params.get("generation") or request.headers.get(GENERATION_HEADER)
+    point = resume_point(request)
     feed = await state.feeds.feed(ws)
     listener = Listener()
     feed.add(listener)  # nothing is awaited from here to the first frame: no change falls between
-    first = feed.snapshot() if last_id is None else feed.resume(last_id, generation)
+    first = feed.snapshot() if point is None else feed.resume(*point)
     body = frames(listener, first, feed.snapshot, lambda: feed.remove(listener))
     return stream_response(body, state.settings.sse_send_timeout_s, {GENERATION_HEADER: feed.generation})
+
+
+def resume_point(request: Request) -> tuple[int, str | None] | None:
+    """The revision and generation a client resumes from, if it resumes: its last event id
+    (`Last-Event-ID`, else `?lastEventId=`), whose generation wins over one sent beside it
+    (`?generation=` or the header): a browser's reconnect repeats the URL it first opened."""
+    point = stream_ids.parse(request.headers.get("last-event-id") or request.query_params.get("lastEventId"))
+    if point is None:
+        return None
+    revision, generation = point
+    return revision, generation or request.query_params.get("generation") or request.headers.get(GENERATION_HEADER)

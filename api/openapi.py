@@ -640,8 +640,10 @@ def paths() -> Schema:
                     "200": {
                         "description": "An endless `text/event-stream`: `retry:`, then `live_state_snapshot` (the "
                         "live-state body) and one `live_state_changed` `{catalogVersion, sessions, removed}` per "
-                        "change, `id:` the catalog revision; a resume gets what changed since its revision, or a "
-                        "snapshot. The `X-Acp-Catalog-Generation` header names the generation.",
+                        "change, `id:` `<revision>-<generation>` (the frame's `catalogVersion`): all a resume needs, "
+                        "so a browser's EventSource reconnect (`Last-Event-ID` alone) gets what changed since that "
+                        "revision, or a snapshot when the API process cannot tell it. The "
+                        "`X-Acp-Catalog-Generation` header names the generation.",
                         "content": {"text/event-stream": {"schema": string()}},
                     },
                     "400": error(BAD_WORKSPACE),
@@ -649,10 +651,13 @@ def paths() -> Schema:
                 },
                 parameters=[
                     WORKSPACE,
-                    LAST_EVENT_ID,
-                    query_param("lastEventId", "The revision to resume after (for clients that cannot send "
-                                "`Last-Event-ID`).", string(pattern="^[0-9]+$")),
-                    query_param("generation", "The generation the resumed revision belongs to.", string()),
+                    {**LAST_EVENT_ID, "description": "Resume after this frame: its `id:` as sent "
+                     "(`<revision>-<generation>`), or a bare revision with `generation` beside it (the form before). "
+                     "Any other value opens a fresh stream (a snapshot)."},
+                    query_param("lastEventId", "As `Last-Event-ID`, for clients that cannot send it (the header "
+                                "wins).", string(pattern="^[0-9]+(-[0-9A-Za-z]+)?$")),
+                    query_param("generation", "The generation of a bare revision (a generation in the id wins).",
+                                string()),
                 ],
             )
         },

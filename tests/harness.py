@@ -287,7 +287,7 @@ class SseClient:
     EventSource would, frame by frame."""
 
     def __init__(
-        self, api: ApiProcess, sid: str = "", last_event_id: int | None = None, query: str = "", path: str | None = None,
+        self, api: ApiProcess, sid: str = "", last_event_id: int | str | None = None, query: str = "", path: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         self.api = api
@@ -340,7 +340,7 @@ class SseClient:
             self.closed.set()
 
     async def _add(self, raw: dict[str, Any]) -> None:
-        frame = {"event": raw.get("event"), "id": int(raw["id"]) if "id" in raw else None}
+        frame = {"event": raw.get("event"), "id": _event_id(raw["id"]) if "id" in raw else None}
         frame["data"] = orjson.loads(raw["data"]) if "data" in raw else None
         async with self._arrived:
             self.frames.append(frame)
@@ -370,3 +370,8 @@ class SseClient:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+
+
+def _event_id(text: str) -> int | str:
+    """A session stream's id is a number; the live feed's is `<revision>-<generation>`."""
+    return int(text) if text.isdigit() else text

@@ -13,6 +13,7 @@ from acp_state.ids import new_id
 from acp_state.store import CatalogRow, Change, Mode, RedisStore, Transition, WorkerRegistry, keys
 from acp_state.api.live_feed import WorkspaceFeed
 from acp_state.api.push import Listener
+from tests.helpers import eventually
 
 
 class Channel:
@@ -81,5 +82,49 @@ async def test_a_change_of_another_generation_gets_a_new_snapshot() -> None:
     event, body = await next_frame(listener)
     assert event == "live_state_snapshot" and body["catalogVersion"] == {"generation": now.generation, "revision": 1}
     assert [row["hasActivePrompt"] for row in body["sessions"]] == [False]
+    feed.stop()
+    await store.close()
+
+
+class VersionReadEarlier:
+    """The store, but a whole read answers the version it had before the latest change: as
+    when a change lands between the whole read's version and its sessions (the version is
+    read first)."""
+
+    def __init__(self, store: RedisStore, version: Any) -> None:
+        self._store, self._version = store, version
+
+    async def live_states(self, workspaces: list[str]) -> dict[str, Any]:
+        return {ws: (self._version, views) for ws, (_, views) in (await self._store.live_states(workspaces)).items()}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def test_a_change_a_whole_read_took_in_before_its_announcement_is_still_resumed() -> None:
+    """The feed's whole read holds a change (revision R+1) under the version before it (R);
+    its announcement, when it comes, changes no row the feed holds, so nothing is pushed, but
+    a client that saw revision R (here, or on a process whose read came earlier) still lacks
+    it: a resume from R gets it."""
+    store = RedisStore.from_url(f"memory://feed-{secrets.token_hex(4)}")
+    ws, inc, sid = secrets.token_hex(8), f"w-{secrets.token_hex(4)}", new_id()
+    await store.heartbeat(inc, {}, 60_000)
+    meta = {"sessionId": sid, "workspaceCwd": "/w", "createdAt": "2020-01-01T00:00:00Z"}
+    await store.apply(ws, sid, inc, Transition(mode=Mode.CREATE, meta=meta, epoch="e", catalog=CatalogRow(meta["createdAt"], meta["createdAt"], 1)))
+    before = await store.catalog_version(ws)
+    await store.apply(ws, sid, inc, Transition(active=True))  # revision before.revision + 1
+    feed = WorkspaceFeed(VersionReadEarlier(store, before), WorkerRegistry(store), Channel(), ws, forget=lambda feed: None)  # type: ignore[arg-type]
+    await feed.start()
+    assert feed.revision == before.revision and feed.rows[sid]["hasActivePrompt"] is True
+    listener = Listener()
+    feed.add(listener)
+    feed.changed(Change(ws, sid, before.revision + 1, before.generation))
+    await eventually(lambda: feed.revision == before.revision + 1, "the feed took the announcement")
+    assert not listener.frames  # no row changed: nothing pushed
+
+    raw = feed.resume(before.revision, before.generation)
+    fields = dict(line.split(": ", 1) for line in raw.decode().strip().splitlines())
+    assert fields["event"] == "live_state_changed" and fields["id"] == f"{before.revision + 1}-{before.generation}"
+    assert [row["sessionId"] for row in orjson.loads(fields["data"])["sessions"]] == [sid]
     feed.stop()
     await store.close()

@@ -27,12 +27,21 @@ async def feed(api: ApiProcess, workspace: str, **kwargs: Any) -> SseClient:
     return client
 
 
+def revision_of(frame: dict[str, Any]) -> int:
+    return frame["data"]["catalogVersion"]["revision"]
+
+
+def id_of(version: dict[str, Any]) -> str:
+    """The `id:` of a feed frame at this catalog version: all a resume needs."""
+    return f"{version['revision']}-{version['generation']}"
+
+
 def row_of(sid: str, after: int = -1, **fields: Any) -> Callable[[dict[str, Any]], bool]:
-    """A `live_state_changed` frame (with an id past `after`) that carries `sid`'s row with
+    """A `live_state_changed` frame (past revision `after`) that carries `sid`'s row with
     these fields."""
 
     def match(frame: dict[str, Any]) -> bool:
-        if frame["event"] != "live_state_changed" or frame["id"] <= after:
+        if frame["event"] != "live_state_changed" or revision_of(frame) <= after:
             return False
         return any(r["sessionId"] == sid and all(r.get(k) == v for k, v in fields.items()) for r in frame["data"]["sessions"])
 
@@ -63,25 +72,25 @@ async def test_the_feed_starts_with_the_live_state_and_pushes_each_change(harnes
     stream = await feed(api2, workspace)
     snapshot = await stream.wait_for(lambda f: f["event"] == "live_state_snapshot")
     polled = (await api1.client.get(f"/workspaces/{workspace_id(workspace)}/sessions/live-state")).json()
-    assert snapshot["data"] == polled and snapshot["id"] == polled["catalogVersion"]["revision"]
+    assert snapshot["data"] == polled and snapshot["id"] == id_of(polled["catalogVersion"])
     assert stream.response_headers["content-type"] == "text/event-stream"
     assert stream.response_headers["x-acp-catalog-generation"] == polled["catalogVersion"]["generation"]
 
     sid = (await create(api1, workspace))["sessionId"]  # created through the other API process
     came = await stream.wait_for(row_of(sid, hasActivePrompt=False))
-    assert came["data"]["removed"] == [] and came["id"] == came["data"]["catalogVersion"]["revision"]
+    assert came["data"]["removed"] == [] and came["id"] == id_of(came["data"]["catalogVersion"])
     asked = await prompt(api1, sid, "#permission")
     waiting = await stream.wait_for(row_of(sid, isWaitingForPermission=True))
-    assert waiting["id"] > came["id"]
+    assert revision_of(waiting) > revision_of(came)
     status = (await api1.client.get(f"/session/{sid}/status")).json()
     rid = status["pendingInteractions"][0]["requestId"]
     assert (await api1.client.post(f"/session/{sid}/permission/{rid}", json=PROCEED_ONCE)).status_code == 200
-    await stream.wait_for(row_of(sid, waiting["id"], isWaitingForPermission=False, hasActivePrompt=False))
+    await stream.wait_for(row_of(sid, revision_of(waiting), isWaitingForPermission=False, hasActivePrompt=False))
     assert (await api1.client.delete(f"/session/{before}")).status_code == 204
     gone = await stream.wait_for(removal_of(before))
     assert gone["data"]["sessions"] == []
-    ids = [f["id"] for f in stream.frames]
-    assert ids == sorted(ids) and len(set(ids)) == len(ids)  # one frame per revision, in order
+    revisions = [revision_of(f) for f in stream.frames]
+    assert revisions == sorted(revisions) and len(set(revisions)) == len(revisions)  # one frame per revision, in order
     # What the stream showed adds up to what a poll answers now.
     rows = rows_shown(stream.frames)
     now = (await api2.client.get(f"/workspaces/{workspace_id(workspace)}/sessions/live-state")).json()
@@ -102,7 +111,7 @@ async def test_a_dead_workers_sessions_leave_the_feed_when_its_lease_lapses(harn
     gone = await stream.wait_for(removal_of(sid), timeout=LEASE_MS / 1000 + 10)
     elapsed_ms = round((time.monotonic() - killed) * 1000)
     print(f"\nworker killed: its session left the live feed {elapsed_ms} ms later (lease {LEASE_MS} ms)")
-    assert gone["data"]["sessions"] == [] and gone["id"] >= snapshot["id"]
+    assert gone["data"]["sessions"] == [] and revision_of(gone) >= revision_of(snapshot)
     now = (await api.client.get(f"/workspaces/{workspace_id(workspace)}/sessions/live-state")).json()
     assert now["sessions"] == []
     await stream.close()
@@ -126,7 +135,8 @@ async def test_a_client_resumes_with_what_it_missed(harness: Harness, workspace:
     await witness.wait_for(removal_of(closed))
 
     for api in (api1, api2):  # on the process it left, and on the other one
-        resumed = await feed(api, workspace, last_event_id=snapshot["id"], query=f"?generation={generation}")
+        # The form before ids were self-sufficient: the bare revision, the generation beside it.
+        resumed = await feed(api, workspace, last_event_id=revision_of(snapshot), query=f"?generation={generation}")
         missed = await resumed.wait_for(lambda f: f["event"] is not None)
         assert missed["event"] == "live_state_changed", missed
         assert missed["data"]["removed"] == [closed]
@@ -135,12 +145,62 @@ async def test_a_client_resumes_with_what_it_missed(harness: Harness, workspace:
         await resumed.close()
 
     # Another generation's revision cannot be resumed: a fresh snapshot instead.
-    stale = await feed(api2, workspace, last_event_id=snapshot["id"], query="?generation=1")
+    stale = await feed(api2, workspace, last_event_id=revision_of(snapshot), query="?generation=1")
     fresh = await stale.wait_for(lambda f: f["event"] is not None)
     assert fresh["event"] == "live_state_snapshot"
     assert [r["sessionId"] for r in fresh["data"]["sessions"]] == [kept]
     assert busy["promptId"]
     await stale.close()
+    await witness.close()
+
+
+async def test_a_reconnect_with_its_last_event_id_alone_gets_the_changes_it_missed(harness: Harness, workspace: str) -> None:
+    """A browser's EventSource reconnects by itself with `Last-Event-ID` alone: each id of
+    the feed names its generation with its revision, so that is all a resume needs. The
+    form before (the bare revision, the generation beside it) is still answered; the case of
+    issue 27: the id of the frame that announced a new session, on the process it came from
+    and on another one, after the session changed."""
+    await harness.worker()
+    api1, api2 = await harness.api(), await harness.api()
+    stream = await feed(api1, workspace)
+    witness = await feed(api2, workspace)  # the other process follows the workspace too: it can answer
+    await stream.wait_for(lambda f: f["event"] == "live_state_snapshot")
+    sid = (await create(api1, workspace))["sessionId"]
+    announced = await stream.wait_for(row_of(sid))
+    version = announced["data"]["catalogVersion"]
+    assert announced["id"] == id_of(version)
+    await stream.close()
+    await prompt(api1, sid, "#permission")  # what the client misses
+    await witness.wait_for(row_of(sid, isWaitingForPermission=True))
+
+    forms = {
+        "the id alone": {"last_event_id": announced["id"]},
+        "the id as a query": {"query": f"?lastEventId={announced['id']}"},
+        "the bare revision and the generation": {
+            "last_event_id": version["revision"], "query": f"?generation={version['generation']}"
+        },
+        # A browser's reconnect repeats the URL it first opened: the id's generation wins.
+        "the id and a stale generation": {"last_event_id": announced["id"], "query": "?generation=1"},
+    }
+    for api in (api1, api2):
+        for form, how in forms.items():
+            resumed = await feed(api, workspace, **how)
+            missed = await resumed.wait_for(lambda f: f["event"] is not None)
+            assert missed["event"] == "live_state_changed", (api.port, form, missed)
+            assert [r["sessionId"] for r in missed["data"]["sessions"]] == [sid], form
+            assert missed["data"]["sessions"][0]["isWaitingForPermission"] is True and missed["data"]["removed"] == []
+            assert missed["id"] == id_of(missed["data"]["catalogVersion"])
+            await resumed.close()
+
+    # What cannot be answered from memory gets a snapshot: another generation's revision, a
+    # revision the feed has not reached, and what is not an id of the feed at all.
+    ahead = f"{version['revision'] + 1000}-{version['generation']}"
+    for last in (f"{version['revision']}-1", ahead, f"{version['revision']}-", "x-1"):
+        fresh = await feed(api1, workspace, last_event_id=last)
+        first = await fresh.wait_for(lambda f: f["event"] is not None)
+        assert first["event"] == "live_state_snapshot", (last, first)
+        assert [r["sessionId"] for r in first["data"]["sessions"]] == [sid]
+        await fresh.close()
     await witness.close()
 
 
@@ -165,7 +225,7 @@ async def test_a_redis_restart_starts_a_new_generation_on_the_feed(own_redis: Re
             lambda f: f["event"] == "live_state_snapshot" and f["data"]["catalogVersion"]["generation"] != old, timeout=30
         )
         # The worker rewrites its session into the new generation; the feed shows it again.
-        await stream.wait_for(lambda f: f["id"] is not None and f["id"] >= renewed["id"] and sid in rows_shown(stream.frames))
+        await stream.wait_for(lambda f: f["id"] is not None and revision_of(f) >= revision_of(renewed) and sid in rows_shown(stream.frames))
         polled = (await api.client.get(f"/workspaces/{workspace_id(workspace)}/sessions/live-state")).json()
         assert renewed["data"]["catalogVersion"]["generation"] == polled["catalogVersion"]["generation"]
         assert list(rows_shown(stream.frames)) == [sid] == [r["sessionId"] for r in polled["sessions"]]
