@@ -110,20 +110,19 @@ async def attention_page(request: Request) -> Response:
     if not workspaces:
         return OrjsonResponse({"items": [], "nextCursor": None})
     key = (workspaces, cursor_text or "", size)
-    kept = await feeds.pages.kept(key, state.registry.holds_lease)
-    if kept is not None:
-        return Response(kept, media_type=JSON_TYPE)
-    started = await feeds.pages.begin(workspaces)
-    # Every workspace of the process: the deployment's index; one (a scoped token): its own.
-    read = deployment_read(state.store, workspaces) if workspaces is feeds.every else workspace_read(state.store, workspaces)
-    found = await page(read, state.registry.is_live, set(workspaces), after, size)
-    body = orjson.dumps({
-        "items": [item(entry, state.workspaces[entry.ws]) for entry in found.taken],
-        "nextCursor": _encode_cursor(found.next) if found.next else None,
-    })
-    if found.complete:
-        feeds.pages.keep(key, started, body, frozenset(entry.owner for entry in found.taken))
-    return Response(body, media_type=JSON_TYPE)
+
+    async def read() -> tuple[bytes, frozenset[str], bool]:
+        # Every workspace of the process: the deployment's index; one (a scoped token): its own.
+        reader = deployment_read(state.store, workspaces) if workspaces is feeds.every else workspace_read(state.store, workspaces)
+        found = await page(reader, state.registry.is_live, set(workspaces), after, size)
+        body = orjson.dumps({
+            "items": [item(entry, state.workspaces[entry.ws]) for entry in found.taken],
+            "nextCursor": _encode_cursor(found.next) if found.next else None,
+        })
+        return body, frozenset(entry.owner for entry in found.taken), found.complete
+
+    body, etag = await feeds.pages.answer(key, state.registry.holds_lease, read)
+    return Response(body, media_type=JSON_TYPE, headers={"ETag": etag})
 
 
 class Page(NamedTuple):

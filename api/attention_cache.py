@@ -9,18 +9,22 @@ a kept page is served only once a ping sent on the change links of its workspace
 the request came back (`Fanout.sync_all`): a vote or a new permission acknowledged anywhere
 before the request is never missing from the answer. Liveness is never kept: every owner of
 a kept page is checked against its lease deadline, and a page that left out an item of a
-lapsed lease (which may come back, renewed late) is not kept.
+lapsed lease (which may come back, renewed late) is not kept. Concurrent misses of one page
+share one read, so a stream of changes costs Redis at most one read per page at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 from acp_state.metrics import Tally
 from acp_state.store import Fanout
+
+from .etag import weak_etag
 
 log = logging.getLogger("acp_state.api.attention_cache")
 
@@ -36,13 +40,33 @@ PageKey = tuple[tuple[str, ...], str, int]
 @dataclass(frozen=True)
 class KeptPage:
     body: bytes
+    etag: str  # made once, with the body: the ETag middleware keeps a route's own
     owners: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Flight:
+    """A page being read from Redis now, for every request that may share it."""
+
+    started: int  # the changes heard when it began
+    answer: asyncio.Future[tuple[bytes, str]]
+
+
+# Reads a page from Redis: its body, the owners its items count under, and whether it left
+# no item out for a lapsed lease (only such a page is kept).
+PageReader = Callable[[], Awaitable[tuple[bytes, frozenset[str], bool]]]
+
+
+def _retrieved(answer: asyncio.Future[tuple[bytes, str]]) -> None:
+    if not answer.cancelled():
+        answer.exception()  # said by the request that read it; no "never retrieved" warning
 
 
 class AttentionPages:
     def __init__(self, fanout: Fanout) -> None:
         self._fanout = fanout
         self._pages: OrderedDict[PageKey, KeptPage] = OrderedDict()
+        self._flights: dict[PageKey, Flight] = {}
         self._changes = 0  # changes (and resets) heard so far: a read kept only if none came meanwhile
 
     def changed(self) -> None:
@@ -50,22 +74,53 @@ class AttentionPages:
         self._changes += 1
         self._pages.clear()
 
-    async def kept(self, key: PageKey, holds_lease: Callable[[str], bool]) -> bytes | None:
-        """The kept answer of `key`, once every change of its workspaces announced before
-        the call has arrived, while every owner it counts holds its lease."""
-        if key not in self._pages or not await self._fanout.sync_all(list(key[0])):
-            PAGE_MISSES.inc()
-            return None
-        page = self._pages.get(key)  # a change heard during the sync dropped it
-        if page is None or not all(holds_lease(owner) for owner in page.owners):
-            PAGE_MISSES.inc()
-            return None
-        PAGE_HITS.inc()
-        return page.body
+    async def answer(self, key: PageKey, holds_lease: Callable[[str], bool], read: PageReader) -> tuple[bytes, str]:
+        """The answer of `key` and its ETag: kept, else read (`read`), and kept if no change
+        came meanwhile. Concurrent misses of one key share one read: a request joins a read under way only
+        if, once every change announced before it has arrived (`sync_all`), none has
+        arrived since that read began, as it could then keep its answer too."""
+        page, flight = self._pages.get(key), self._flights.get(key)
+        if (page is not None or flight is not None) and await self._fanout.sync_all(list(key[0])):
+            page = self._pages.get(key)  # a change heard during the sync dropped it
+            if page is not None and all(holds_lease(owner) for owner in page.owners):
+                PAGE_HITS.inc()
+                return page.body, page.etag
+            flight = self._flights.get(key)
+            if flight is not None and flight.started == self._changes:
+                try:
+                    answer = await asyncio.shield(flight.answer)
+                    PAGE_HITS.inc()
+                    return answer
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if not flight.answer.cancelled() or (current is not None and current.cancelling()):
+                        raise
+                    # the request that was reading it went away: read it ourselves
+        PAGE_MISSES.inc()
+        started = await self._begin(key[0])
+        flight = Flight(started, asyncio.get_running_loop().create_future())
+        flight.answer.add_done_callback(_retrieved)
+        self._flights[key] = flight
+        try:
+            body, owners, complete = await read()
+        except Exception as error:
+            flight.answer.set_exception(error)
+            raise
+        except BaseException:  # cancelled (its client left): whoever joined reads for itself
+            flight.answer.cancel()
+            raise
+        finally:
+            if self._flights.get(key) is flight:
+                del self._flights[key]
+        answer = body, weak_etag(body)
+        flight.answer.set_result(answer)
+        if complete:
+            self._keep(key, started, KeptPage(*answer, owners))
+        return answer
 
-    async def begin(self, workspaces: tuple[str, ...]) -> int:
+    async def _begin(self, workspaces: tuple[str, ...]) -> int:
         """Call before reading a page from Redis: follows its workspaces' changes; the
-        answer may be kept (`keep`) only if no change arrives after this point."""
+        answer may be kept (`_keep`) only if no change arrives after this point."""
         for ws in workspaces:
             if not self._fanout.watching(ws):
                 try:
@@ -74,9 +129,9 @@ class AttentionPages:
                     log.debug("cannot follow the changes of %s", ws, exc_info=True)
         return self._changes
 
-    def keep(self, key: PageKey, started: int, body: bytes, owners: frozenset[str]) -> None:
+    def _keep(self, key: PageKey, started: int, page: KeptPage) -> None:
         if started != self._changes or not all(self._fanout.watching(ws) for ws in key[0]):
             return  # changed while we read, or not followed: serve this once, do not keep it
-        self._pages[key] = KeptPage(body, owners)
+        self._pages[key] = page
         if len(self._pages) > MAX_PAGES:
             self._pages.popitem(last=False)

@@ -14,15 +14,20 @@ of the same run.
    polling live state every 5 s (the reference's `sessionLiveStatePollIntervalMs`), and
    following the live feed. Counted by the API itself (`/metrics` request counters by route,
    before and after the window) and by the load process; the API's CPU seconds too.
-3. **attention**: `GET /attention?size=100` with 10,000 live scripted sessions in 10
-   workspaces, 1,000 of them waiting on a `#permission` prompt; `wrk -t2 -c32 -d5s`, against
-   `GET /health` of the same API process and the bare Starlette hello (`bench/hello_app.py`).
+3. **attention**: `GET /attention?size=100` over 100,000 live sessions in 10 workspaces,
+   10,000 of them waiting on a `#permission` prompt (those are real: created over HTTP and
+   asked by their real workers; the 90,000 idle ones are written by the bench through the
+   worker's own store call, `RedisStore.apply`, under an incarnation whose lease it renews);
+   `wrk -t2 -c32 -d5s`, against `GET /health` of the same API process and the bare Starlette
+   hello (`bench/hello_app.py`); also under a change every 2 ms (most reads then go to Redis),
+   and the Redis read behind a page, per-workspace indexes (before issue 27) against the
+   deployment's index, in the same process.
 
 Real redis-server on a free port, real worker and API processes (the API's default server).
 
     python -m bench.push [--quick] [--only fanout,views,attention] [--profile]
 
-`--quick`: 200 subscribers, 10 s windows, 2,000 sessions (200 waiting). `--profile` records
+`--quick`: 200 subscribers, 10 s windows, 10,000 sessions (1,000 waiting). `--profile` records
 the API with py-spy (`pip install py-spy`) during an extra, unmeasured round of fan-out
 changes and of attention-page load (bench/results/push_fanout_profile.txt,
 push_attention_profile.txt: py-spy's raw folded stacks). Results: bench/results/push.json (push_quick.json).
@@ -40,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -49,7 +55,7 @@ import redis.asyncio as aioredis
 
 from acp_state.cli.serving import DEFAULT_SERVER, SERVERS
 from acp_state.ids import workspace_id
-from acp_state.store import RedisStore, Transition
+from acp_state.store import CatalogRow, Mode, RedisStore, Transition
 
 from .__main__ import RESULTS, command_calls, create_sessions, ensure_wrk, log, run_wrk, server_stack, wait_port
 from .push_load import mark
@@ -326,8 +332,63 @@ async def bench_views(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
 # ---- 3. attention inbox ---------------------------------------------------------------------
 
 
+BENCH_OWNER = "w-bench-idle"  # the incarnation that holds the sessions written by the store's own calls
+BENCH_LEASE_MS = 10_000
+
+
+async def hold_lease(store: RedisStore, stop: asyncio.Event) -> None:
+    """Renew the bench owner's lease as a worker does (a third of a lease apart), reported as
+    draining with no room, so that no create is placed on it."""
+    report = {"incarnation": BENCH_OWNER, "host": "bench", "pid": os.getpid(), "sessions": 0, "maxSessions": 0,
+              "agents": 0, "agentNames": [], "states": {}, "leaseMs": BENCH_LEASE_MS, "draining": True}
+    while not stop.is_set():
+        await store.heartbeat(BENCH_OWNER, report, BENCH_LEASE_MS)
+        try:
+            await asyncio.wait_for(stop.wait(), BENCH_LEASE_MS / 3000)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def write_idle(store: RedisStore, workspaces: list[tuple[str, str]], count: int) -> list[tuple[str, str]]:
+    """`count` idle live sessions spread over the workspaces, each published with the
+    worker's own create transition (`RedisStore.apply`, auto-pipelined, 1,000 at a time)."""
+    at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    written = [(workspaces[n % len(workspaces)], str(uuid.uuid4())) for n in range(count)]
+    for first in range(0, count, 1000):
+        await asyncio.gather(*(
+            store.apply(ws, sid, BENCH_OWNER, Transition(
+                mode=Mode.CREATE, meta={"sessionId": sid, "workspaceCwd": cwd, "createdAt": at}, epoch="e1",
+                catalog=CatalogRow(at, at, 1000),
+            ))
+            for (ws, cwd), sid in written[first : first + 1000]
+        ))
+    return [(ws, sid) for (ws, _), sid in written]
+
+
+async def read_cost(store: RedisStore, workspaces: list[str], rounds: int) -> dict[str, Any]:
+    """The Redis read behind one page of 100 (101 asked), old and new, one after another in
+    this process: each workspace's index (the read before issue 27) against the
+    deployment's; ms a read, sequential, and the entries each decodes."""
+    out: dict[str, Any] = {}
+    for name, read in (("per_workspace_indexes", lambda: store.attention_page(workspaces, None, 101)),
+                       ("deployment_index", lambda: store.deployment_attention_page(workspaces, None, 101))):
+        await read()
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            found = await read()
+        entries = found if isinstance(found, list) else found[0]
+        out[name] = {"ms_per_read": round((time.perf_counter() - t0) * 1000 / rounds, 3), "entries_decoded": len(entries)}
+    out["speedup"] = round(out["per_workspace_indexes"]["ms_per_read"] / out["deployment_index"]["ms_per_read"], 1)
+    return out
+
+
 async def bench_attention(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
-    total, waiting, n_workspaces, n_workers = (2000, 200, 10, 4) if args.quick else (10_000, 1000, 10, 4)
+    """`waiting` real sessions (created over HTTP, each asked a `#permission` by its real
+    worker) plus `total - waiting` idle live sessions written through the worker's own store
+    call by the bench (a real worker creates about 280 sessions/s here: 100,000 would take
+    six minutes of both cores; idle sessions hold no attention entry, so what a page reads
+    is the same whoever wrote them)."""
+    total, waiting, n_workspaces, n_workers = (10_000, 1000, 10, 2) if args.quick else (100_000, 10_000, 10, 4)
     ensure_wrk()
     server = RedisServer()
     cwds = [logs / f"attn{n}" for n in range(n_workspaces)]
@@ -337,21 +398,23 @@ async def bench_attention(args: argparse.Namespace, logs: Path) -> dict[str, Any
     hello: subprocess.Popen[bytes] | None = None
     rows: list[dict[str, Any]] = []
     profile = None
+    stop = asyncio.Event()
+    lease: asyncio.Task[None] | None = None
     try:
         for _ in range(n_workers):
-            processes.append(await worker(server.url, logs, "--max-sessions", str(total // n_workers + 500)))
+            processes.append(await worker(server.url, logs, "--max-sessions", str(waiting // n_workers + 500)))
         extra = [a for cwd in cwds for a in ("--workspace", str(cwd))]
         api_process, port = await api(server.url, str(cwds[0]), logs, *extra, server=args.server)
         processes.append(api_process)
         base = f"http://127.0.0.1:{port}"
         setup0 = time.monotonic()
         async with httpx.AsyncClient(base_url=base, timeout=120) as client:
-            per = total // n_workspaces
+            per = waiting // n_workspaces
             sids: list[list[str]] = []
             for cwd in cwds:
                 sids.append(await create_sessions(client, str(cwd), per, concurrency=32))
             create_s = time.monotonic() - setup0
-            log(f"attention: {total} sessions in {create_s:.0f} s; {waiting} #permission prompts")
+            log(f"attention: {waiting} real sessions in {create_s:.0f} s; {waiting} #permission prompts")
             semaphore = asyncio.Semaphore(32)
 
             async def ask(sid: str) -> None:
@@ -359,7 +422,14 @@ async def bench_attention(args: argparse.Namespace, logs: Path) -> dict[str, Any
                     response = await client.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "#permission"}]})
                     response.raise_for_status()
 
-            await asyncio.gather(*(ask(sid) for group in sids for sid in group[: waiting // n_workspaces]))
+            await asyncio.gather(*(ask(sid) for group in sids for sid in group))
+            redis = aioredis.Redis.from_url(server.url, decode_responses=True)
+            store = RedisStore(redis)
+            lease = asyncio.ensure_future(hold_lease(store, stop))
+            idle0 = time.monotonic()
+            await write_idle(store, [(workspace_id(str(cwd)), str(cwd)) for cwd in cwds], total - waiting)
+            idle_s = time.monotonic() - idle0
+            log(f"attention: {total - waiting} idle sessions written in {idle_s:.0f} s")
             count = 0
             while True:
                 count, cursor = 0, None
@@ -369,11 +439,12 @@ async def bench_attention(args: argparse.Namespace, logs: Path) -> dict[str, Any
                     cursor = page["nextCursor"]
                     if not cursor:
                         break
-                if count >= waiting or time.monotonic() - setup0 > 600:
+                if count >= waiting or time.monotonic() - setup0 > 900:
                     break
                 await asyncio.sleep(0.5)
             setup_s = time.monotonic() - setup0
-            log(f"attention: {count} waiting after {setup_s:.0f} s of setup")
+            live = sum([await redis.scard(f"acp:{{{workspace_id(str(cwd))}}}:live") for cwd in cwds])
+            log(f"attention: {count} waiting of {live} live after {setup_s:.0f} s of setup")
             page = (await client.get("/attention", params={"size": 100})).json()
             second = (await client.get("/attention", params={"size": 100, "cursor": page["nextCursor"]})).json()
             assert len(page["items"]) == 100 and len(second["items"]) == 100, (len(page["items"]), len(second["items"]))
@@ -381,28 +452,60 @@ async def bench_attention(args: argparse.Namespace, logs: Path) -> dict[str, Any
         hello = subprocess.Popen([sys.executable, "-m", "bench.hello_app", "--port", str(hello_port), "--server", args.server],
                                  cwd=ROOT, stdout=subprocess.DEVNULL)
         await wait_port(hello_port)
-        redis = aioredis.Redis.from_url(server.url, decode_responses=True)
         busy = machine_busy()
+        load_before = os.getloadavg()
         # The workers' and the API's own scripts (heartbeats, sweeps) go on meanwhile: counted
         # over as long a quiet spell first, and taken off.
         quiet0 = await command_calls(redis)
         await asyncio.sleep(5)
         quiet = (await command_calls(redis)).get("evalsha", 0) - quiet0.get("evalsha", 0)
         before = await command_calls(redis)
-        ours = run_wrk(f"{base}/attention?size=100")
+        ours = await asyncio.to_thread(run_wrk, f"{base}/attention?size=100")
         after = await command_calls(redis)
         scripts = (after.get("evalsha", 0) - before.get("evalsha", 0) - max(quiet, 0)) / max(ours["requests"], 1)
-        rows.append({"figure": f"GET /attention?size=100, {total} live sessions, {count} waiting", **ours,
+        rows.append({"figure": f"GET /attention?size=100, {live} live sessions, {count} waiting", **ours,
                      "redis_scripts_per_request": round(scripts, 2)})
         log(f"attention page: {ours['rps']} req/s")
         cursor_url = f"{base}/attention?size=100&cursor={page['nextCursor']}"
-        rows.append({"figure": "GET /attention?size=100&cursor= (second page)", **run_wrk(cursor_url)})
-        rows.append({"figure": "baseline: GET /health, same API process", **run_wrk(f"{base}/health")})
-        rows.append({"figure": "baseline: Starlette JSON hello", **run_wrk(f"http://127.0.0.1:{hello_port}/")})
+        rows.append({"figure": "GET /attention?size=100&cursor= (second page)", **(await asyncio.to_thread(run_wrk, cursor_url))})
+        # Every read a miss: a change announced every 2 ms in one workspace (an idle session's
+        # updatedAt moves) drops the kept pages, so most reads go to Redis.
+        churned = (workspace_id(str(cwds[0])), (await redis.srandmember(f"acp:{{{workspace_id(str(cwds[0]))}}}:live")))
+
+        churn_stop = asyncio.Event()
+
+        async def churn() -> int:
+            n = 0
+            while not churn_stop.is_set():
+                await store.apply(churned[0], churned[1], BENCH_OWNER, Transition(active=n % 2 == 0))
+                n += 1
+                await asyncio.sleep(0.002)
+            return n
+
+        churning = asyncio.ensure_future(churn())
+        hits0 = await page_counts(base)
+        under_churn = await asyncio.to_thread(run_wrk, f"{base}/attention?size=100")
+        hits1 = await page_counts(base)
+        churn_stop.set()
+        changes = await churning
+        read = hits1["misses"] - hits0["misses"]
+        rows.append({"figure": "GET /attention?size=100 under a change every 2 ms", **under_churn,
+                     "read_from_redis": round(read / max(hits1["hits"] + read - hits0["hits"], 1), 3),
+                     "changes": changes})
+        rows.append({"figure": "baseline: GET /health, same API process", **(await asyncio.to_thread(run_wrk, f"{base}/health"))})
+        rows.append({"figure": "baseline: Starlette JSON hello", **(await asyncio.to_thread(run_wrk, f"http://127.0.0.1:{hello_port}/"))})
+        cost = await read_cost(store, [workspace_id(str(cwd)) for cwd in cwds], 200)
+        load_after = os.getloadavg()
         if args.profile:
             profile = await asyncio.to_thread(profile_attention, api_process.pid, f"{base}/attention?size=100")
+        stop.set()
+        await lease
+        lease = None
         await redis.aclose()
     finally:
+        stop.set()
+        if lease is not None:
+            lease.cancel()
         if hello is not None:
             hello.terminate()
             hello.wait(10)
@@ -410,12 +513,27 @@ async def bench_attention(args: argparse.Namespace, logs: Path) -> dict[str, Any
             await process.stop()
         server.stop()
     first = rows[0]["rps"]
-    for row in rows[2:]:
+    for row in rows[3:]:
         row["attention_vs_this"] = round(first / row["rps"], 3)
-    return {"sessions": total, "waiting": count, "workspaces": n_workspaces, "workers": n_workers,
-            "create_s": round(create_s, 1), "setup_s": round(setup_s, 1),
-            "create_rate_per_s": round(total / create_s), "machine_busy_before": busy,
+    return {"sessions": live, "waiting": count, "workspaces": n_workspaces, "workers": n_workers,
+            "real_sessions": waiting, "idle_sessions_written_by_store": total - waiting,
+            "create_s": round(create_s, 1), "idle_write_s": round(idle_s, 1), "setup_s": round(setup_s, 1),
+            "create_rate_per_s": round(waiting / create_s), "machine_busy_before": busy,
+            "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in load_after],
+            "redis_read_of_a_page": cost,
             "load": "wrk -t2 -c32 -d5s", "rows": rows, **({"profile": profile} if profile else {})}
+
+
+async def page_counts(base: str) -> dict[str, float]:
+    """The API's kept-page hits and misses (its /metrics)."""
+    async with httpx.AsyncClient(base_url=base) as client:
+        text = (await client.get("/metrics")).text
+    found = {}
+    for line in text.splitlines():
+        for name in ("hits", "misses"):
+            if line.startswith(f"acp_state_attention_page_{name}_total "):
+                found[name] = float(line.split()[-1])
+    return found
 
 
 def profile_attention(pid: int, url: str) -> str | None:
@@ -464,6 +582,10 @@ def table(result: dict[str, Any]) -> str:
         for row in r["rows"]:
             figures = ", ".join(f"{k} {v}" for k, v in row.items() if k != "figure")
             lines.append(f"  {row['figure']:58} {figures}")
+        if "redis_read_of_a_page" in r:
+            c = r["redis_read_of_a_page"]
+            lines.append(f"  Redis read of a page: per-workspace indexes {c['per_workspace_indexes']}, "
+                         f"deployment index {c['deployment_index']} ({c['speedup']}x)")
     return "\n".join(lines)
 
 
