@@ -6,11 +6,15 @@ token sees its own feed and inbox but not the workers.
 
 from __future__ import annotations
 
+import asyncio
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
-from tests.harness import Harness, SseClient
-from tests.helpers import create, prompt
+from bench.redis_server import free_port
+from tests.harness import ApiProcess, Harness, SseClient
+from tests.helpers import create, eventually, prompt
 from tests.web_shell_helpers import (  # noqa: F401  (browser, open_page: fixtures, each module's own)
     TEXT, OpenPage, Page, agent_says, browser, expect, open_page, shoot,
 )
@@ -94,13 +98,15 @@ async def test_workspace_view_polls_only_while_the_feed_is_down(
     assert polls(urls) == [], urls
 
     # The API process restarts: the view polls (and says so) until the feed is back, and asks
-    # it for what it missed since the last revision it saw, in the same generation.
-    async with page.expect_request(lambda request: "/live-state/events" in request.url) as reopened:
-        assert await api.terminate() in (0, None)
-        await expect(live).to_have_attribute("data-feed", "down")
-    resumed = (await reopened.value).url
-    assert re.search(r"[?&]lastEventId=\d+", resumed) and re.search(r"[?&]generation=[^&]+", resumed), resumed
-    await api.start()  # the same port
+    # it for what it missed since the last frame it saw: the browser's own reconnect, with
+    # that frame's id alone (it names the generation with the revision).
+    assert await api.terminate() in (0, None)
+    await expect(live).to_have_attribute("data-feed", "down")
+    async with page.expect_response(lambda response: "/live-state/events" in response.url) as reopened:
+        await api.start()  # the same port
+    resumed = (await reopened.value).request
+    assert re.fullmatch(r"\d+-\d+", (await resumed.all_headers()).get("last-event-id", "")), resumed.url
+    assert "lastEventId=" not in resumed.url and "generation=" not in resumed.url, resumed.url
     await expect(live).to_have_attribute("data-feed", "live")
     await prompt(api, sid, "#question")
     await expect(row).to_have_attribute("data-status", "needsAnswer")
@@ -318,3 +324,117 @@ async def test_the_inbox_reads_the_attention_route_while_its_stream_is_down(
     await expect(page.locator(".inbox-item")).to_have_count(2)
     assert not [u for u in urls if re.search(r"/attention(\?|$)", u)], urls
     assert page.errors == []  # type: ignore[attr-defined]
+
+
+@dataclass(eq=False)
+class Proxied:
+    """One connection through the `StreamCutter`: the feed request it carried (if any), and
+    what the API sent on it from then on."""
+
+    client: asyncio.StreamWriter
+    upstream: asyncio.StreamWriter
+    request: bytes = b""
+    received: bytearray = field(default_factory=bytearray)
+
+    def events(self) -> list[str]:
+        return re.findall(r"^event: (\S+)", self.received.decode(errors="replace"), re.M)
+
+
+class StreamCutter:
+    """A TCP proxy between the page and the API that cuts the live feed's connection under
+    the page (as a network or a load balancer may) and holds the page's reconnect until let
+    through, keeping what the API sends on each feed connection."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port, self.port = upstream_port, free_port()
+        self.feeds: list[Proxied] = []  # the connections that carried a feed request, in order
+        self.passing = asyncio.Event()  # feed requests go through (else they wait)
+        self.passing.set()
+        self._connections: list[Proxied] = []
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> StreamCutter:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        return self
+
+    def cut(self) -> None:
+        """Reset every feed connection, and hold the reconnects."""
+        self.passing.clear()
+        for conn in self.feeds:
+            conn.client.transport.abort()
+            conn.upstream.transport.abort()
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for conn in self._connections:
+            conn.client.transport.abort()
+            conn.upstream.transport.abort()
+
+    async def _serve(self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter) -> None:
+        upstream_in, upstream_out = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        conn = Proxied(client_out, upstream_out)
+        self._connections.append(conn)
+        await asyncio.gather(self._pipe(client_in, upstream_out, conn, up=True), self._pipe(upstream_in, client_out, conn, up=False),
+                             return_exceptions=True)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: Proxied, up: bool) -> None:
+        try:
+            while chunk := await reader.read(65536):
+                if up and chunk.startswith(b"GET ") and b"/live-state/events" in chunk.split(b"\r\n", 1)[0]:
+                    conn.request = chunk
+                    self.feeds.append(conn)
+                    await self.passing.wait()
+                elif not up and conn.request:
+                    conn.received += chunk
+                writer.write(chunk)
+                await writer.drain()
+        finally:
+            writer.transport.abort()
+
+
+async def test_a_feed_cut_under_the_page_resumes_with_what_it_missed_not_a_snapshot(
+    harness: Harness, workspace: str, open_page: OpenPage
+) -> None:
+    """(issue 27) The workspace view's feed connection is cut under the page. The browser's
+    EventSource reconnects by itself, sending only `Last-Event-ID` (the last frame's id,
+    which names the generation with the revision), and gets what changed meanwhile as a
+    `live_state_changed`, not a whole snapshot."""
+    await harness.worker()
+    api = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+    witness = await SseClient(api, path=_feed_path(api, workspace)).start()  # the API's feed of the workspace
+    cutter = await StreamCutter(api.port).start()
+    try:
+        page = await open_page(SimpleNamespace(port=cutter.port), "en-US")  # type: ignore[arg-type]
+        live = page.locator(".ws-live")
+        row = page.locator(f'.session-row[data-session-id="{sid}"]')
+        await expect(live).to_have_attribute("data-feed", "live")
+        await expect(row).to_have_attribute("data-status", "idle")
+        assert cutter.feeds[0].events() == ["live_state_snapshot"]
+
+        cutter.cut()
+        await expect(live).to_have_attribute("data-feed", "down")
+        await prompt(api, sid, "#permission")  # what the page misses while its feed is cut
+        await witness.wait_for(lambda f: f["event"] == "live_state_changed" and any(
+            r["sessionId"] == sid and r["isWaitingForPermission"] for r in f["data"]["sessions"]))
+        reconnect = await eventually(lambda: cutter.feeds[-1] if len(cutter.feeds) > 1 else None, "the page's reconnect")
+        head = reconnect.request.decode()
+        assert re.search(r"^last-event-id: \d+-\d+\r$", head, re.M | re.I), head  # its last frame's id
+        assert "generation=" not in head.split("\r\n", 1)[0], head  # and nothing beside it
+
+        cutter.passing.set()
+        await expect(live).to_have_attribute("data-feed", "live")
+        await expect(row).to_have_attribute("data-status", "needsApproval")
+        got = await eventually(lambda: reconnect.events(), "a frame on the reconnected feed")
+        assert got == ["live_state_changed"], got
+        assert page.errors == []  # type: ignore[attr-defined]
+    finally:
+        await cutter.stop()
+        await witness.close()
+
+
+def _feed_path(api: ApiProcess, workspace: str) -> str:
+    from acp_state.ids import workspace_id
+
+    return f"/workspaces/{workspace_id(workspace)}/sessions/live-state/events"

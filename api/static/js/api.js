@@ -105,12 +105,10 @@ export const api = {
     request("POST", `session/${seg(sid)}/permission/${seg(requestId)}`, body, false, { asClient: false }),
   /** The SSE URL; `eventEpoch` lets the server say when a resumed id is from an older epoch. */
   eventsUrl: (sid, eventEpoch) => streamUrl(`session/${seg(sid)}/events`, { eventEpoch }),
-  /** The workspace's live feed; `resume` ({lastEventId, generation}) asks for what was missed. */
-  liveFeedUrl: (workspaceId, resume) =>
-    streamUrl(`workspaces/${seg(workspaceId)}/sessions/live-state/events`, {
-      lastEventId: resume?.lastEventId,
-      generation: resume?.generation,
-    }),
+  /** The workspace's live feed; `lastEventId` (the last frame's id, which names its
+   * generation) asks for what was missed since. */
+  liveFeedUrl: (workspaceId, lastEventId) =>
+    streamUrl(`workspaces/${seg(workspaceId)}/sessions/live-state/events`, { lastEventId }),
   attention: (size = 200) => request("GET", `attention?size=${size}`),
   attentionEventsUrl: () => streamUrl("attention/events"),
   workers: () => request("GET", "workers"),

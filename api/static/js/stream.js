@@ -1,9 +1,11 @@
 // A followed event stream (EventSource) that says when it is up and when it is down, so a
 // view can fall back to polling exactly while it is down.
 //
-// The browser's own reconnect is not used: it would reopen the same URL, while a resume
-// needs query parameters learnt from the stream itself (the live feed's generation). On an
-// error the stream is closed and reopened after a growing delay, with a fresh `url()`.
+// The browser reconnects by itself (after the stream's `retry:`), sending the last id it saw
+// as `Last-Event-ID`: the push streams' ids carry all a resume needs (the live feed's
+// `<revision>-<generation>`), so that reconnect resumes with what was missed. Only when the
+// browser gives up (an HTTP error, or an answer that is not an event stream) is the stream
+// reopened here, after a growing delay, with a fresh `url()`.
 
 const REOPEN_DELAYS_MS = [1000, 2000, 5000, 10000];
 
@@ -61,9 +63,13 @@ export class FollowedStream {
     });
     es.addEventListener("error", () => {
       if (es !== this.es) return;
-      this.close();
       if (this.up || this.attempt === 0) this.onDown(); // once per outage
       this.up = false;
+      if (es.readyState !== EventSource.CLOSED) {
+        this.attempt += 1; // the browser reconnects by itself, with Last-Event-ID
+        return;
+      }
+      this.close();
       const delay = REOPEN_DELAYS_MS[Math.min(this.attempt, REOPEN_DELAYS_MS.length - 1)];
       this.attempt += 1;
       clearTimeout(this.timer);

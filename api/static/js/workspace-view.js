@@ -5,7 +5,7 @@
 // names a session it lacks or a session gets its title (at its first prompt); the feed's
 // rows are laid over it (live-rows.js). While the feed is down the listing is polled every
 // POLL_INTERVAL_MS, as before there was a feed; once it reopens the polling stops and the
-// feed resumes from the last revision seen (lastEventId + generation).
+// feed resumes from the last frame seen (its id names the revision and the generation).
 //
 // A session that is not live (its worker died or left) stays listed, "ended", with a Resume
 // action when its agent can load sessions: it POSTs the load (which resumes it on a live
@@ -43,7 +43,7 @@ class WorkspaceView {
     this.listError = null;
     this.feed = "connecting"; // "connecting" | "live" | "down"
     this.stream = null;
-    this.resume = null; // {lastEventId, generation} of the last feed frame
+    this.lastEventId = null; // the id of the last feed frame: where a reopened feed resumes
     this.listing = null; // the listing read in flight (a promise)
     this.listingAgain = false;
     this.asked = new Set(); // "reason:sessionId": the listing is re-read once per reason
@@ -119,7 +119,7 @@ class WorkspaceView {
     const ws = this.workspaceId;
     this.readListing();
     this.stream = new FollowedStream({
-      url: () => api.liveFeedUrl(ws, this.resume),
+      url: () => api.liveFeedUrl(ws, this.lastEventId),
       events: {
         live_state_snapshot: (data, event) => this.onFeed(data, event, { snapshot: true }),
         live_state_changed: (data, event) => this.onFeed(data, event, { snapshot: false }),
@@ -153,8 +153,7 @@ class WorkspaceView {
       applyChange(next, data);
     }
     this.live = next;
-    const version = data.catalogVersion ?? {};
-    this.resume = { lastEventId: event.lastEventId || version.revision, generation: version.generation };
+    if (event.lastEventId) this.lastEventId = event.lastEventId;
     const changed = snapshot ? [...next.values()] : data.sessions ?? [];
     for (const row of changed) this.noticed(previous.get(row.sessionId), row);
     this.refresh();
@@ -339,7 +338,7 @@ class WorkspaceView {
       /* not remembered */
     }
     this.unfollow();
-    Object.assign(this, { listed: null, live: null, rows: null, resume: null, feed: "connecting", listError: null });
+    Object.assign(this, { listed: null, live: null, rows: null, lastEventId: null, feed: "connecting", listError: null });
     this.asked.clear();
     this.resuming.clear();
     this.listEl.replaceChildren();
