@@ -14,7 +14,10 @@ from the deployment's index too.
 
 The stream starts with `attention_snapshot` (`{items}`, every visible item, oldest first),
 then sends `attention_added` (an item) and `attention_removed` (`{sessionId, workspaceId,
-kind, requestId?}`). It has no ids: a client that reconnects gets a fresh snapshot.
+kind, requestId?}`). Each frame's `id:` is `<position>-<epoch>` (`stream_ids`): the count of
+changes the process's hub pushed, and the hub's own epoch. A reconnect with `Last-Event-ID`
+alone, on the process whose hub it came from while that hub runs, gets what changed since;
+any other resume gets a fresh snapshot.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import secrets
+from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Container, NamedTuple, Sequence
 
 import orjson
@@ -31,6 +36,7 @@ from starlette.responses import Response
 from acp_state.interactions import USER_QUESTION
 from acp_state.store import AttentionCursor, AttentionEntry, Fanout, ReaderStore, WorkerRegistry
 
+from . import stream_ids
 from .attention_cache import AttentionPages
 from .auth import principal_of
 from .event_stream import frame
@@ -216,6 +222,11 @@ class AttentionFeed(Hub):
         self._store, self._registry, self._fanout, self._forget = store, registry, fanout, forget
         self._workspaces = workspaces
         self.items: dict[Key, tuple[dict[str, Any], str]] = {}  # -> (wire item, owner)
+        # Every change pushed moves `position`; an id names it with this hub's own epoch, so a
+        # resume is told from memory only here, while this hub runs.
+        self.epoch, self.position = secrets.token_hex(8), 0
+        self.memory = stream_ids.ChangeMemory[Key]()
+        self._left: OrderedDict[Key, str] = OrderedDict()  # items removed, while remembered -> kind
 
     name = "attention feed"
 
@@ -254,12 +265,12 @@ class AttentionFeed(Hub):
         for key, value in current.items():
             if self.items.get(key, (None,))[0] != value[0]:
                 self.items[key] = value
-                added = frame("attention_added", orjson.dumps(value[0]).decode())
+                added = frame("attention_added", orjson.dumps(value[0]).decode(), self._note(key))
                 self.broadcast(lambda listener, ws=key[0], f=added: f if listener.accepts(ws) else None)
 
     def _remove(self, key: Key) -> None:
         wire, _ = self.items.pop(key)
-        removed = frame("attention_removed", orjson.dumps(_removed(key, wire["kind"])).decode())
+        removed = frame("attention_removed", orjson.dumps(_removed(key, wire["kind"])).decode(), self._note(key, wire["kind"]))
         self.broadcast(lambda listener: removed if listener.accepts(key[0]) else None)
 
     async def _reload(self) -> None:
@@ -281,7 +292,35 @@ class AttentionFeed(Hub):
 
     def snapshot(self, accepts: Callable[[str], bool]) -> bytes:
         visible = sorted((wire for (ws, _, _), (wire, _) in self.items.items() if accepts(ws)), key=_order)
-        return frame("attention_snapshot", orjson.dumps({"items": visible}).decode())
+        return frame("attention_snapshot", orjson.dumps({"items": visible}).decode(), stream_ids.compose(self.position, self.epoch))
+
+    def _note(self, key: Key, left: str | None = None) -> str:
+        """An item was added, replaced or removed (`left`: its kind): the id of that change."""
+        self.position += 1
+        self.memory.note(key, self.position, len(self.items))
+        if left is None:
+            self._left.pop(key, None)
+        else:
+            self._left[key] = left
+            while len(self._left) > stream_ids.REMEMBERED_CHANGES:
+                self._left.popitem(last=False)
+        return stream_ids.compose(self.position, self.epoch)
+
+    def resume(self, position: int, epoch: str | None, accepts: Callable[[str], bool]) -> bytes:
+        """What a stream that saw `position` of `epoch` missed, as the frames of each item's
+        last change (b"" if nothing), or a snapshot when that cannot be told from memory."""
+        if epoch != self.epoch or not self.memory.covers(position, self.position):
+            return self.snapshot(accepts)
+        missed = []
+        for key in self.memory.after(position):
+            event_id = stream_ids.compose(int(self.memory.at[key]), self.epoch)
+            if not accepts(key[0]):
+                continue
+            if key in self.items:
+                missed.append(frame("attention_added", orjson.dumps(self.items[key][0]).decode(), event_id))
+            elif key in self._left:
+                missed.append(frame("attention_removed", orjson.dumps(_removed(key, self._left[key])).decode(), event_id))
+        return b"".join(missed)
 
 
 def _order(wire: dict[str, Any]) -> tuple[int, str, str, str]:
@@ -343,7 +382,8 @@ async def attention_events(request: Request) -> Response:
     feed = await state.attention.feed()
     principal = principal_of(request)
     listener = Listener(accepts=principal.may)
-    feed.add(listener)  # nothing is awaited from here to the snapshot: no change falls between
-    first = feed.snapshot(principal.may)
+    feed.add(listener)  # nothing is awaited from here to the first frame: no change falls between
+    point = stream_ids.parse(request.headers.get("last-event-id") or request.query_params.get("lastEventId"))
+    first = feed.snapshot(principal.may) if point is None else feed.resume(*point, principal.may)
     body = frames(listener, first, lambda: feed.snapshot(principal.may), lambda: feed.remove(listener))
     return stream_response(body, state.settings.sse_send_timeout_s)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from typing import Any
 
 import orjson
@@ -44,8 +43,6 @@ from .summaries import live_state_row
 log = logging.getLogger("api.live_feed")
 
 GENERATION_HEADER = "X-Acp-Catalog-Generation"
-# Changes remembered for resumes beyond the live rows' own (removals, mostly).
-REMEMBERED_CHANGES = 10_000
 
 
 class WorkspaceFeed(Hub):
@@ -59,10 +56,9 @@ class WorkspaceFeed(Hub):
         self.revision = 0
         self.rows: dict[str, dict[str, Any]] = {}
         self.owners: dict[str, str] = {}
-        # sid -> the revision of its row's last change, oldest first; a removal for a lapsed
-        # lease counts half a revision later than the revision it was seen at.
-        self.changed_at: OrderedDict[str, float] = OrderedDict()
-        self.since = 0  # the oldest revision a resume can be answered from
+        # sid -> the revision of its row's last change; a removal for a lapsed lease counts
+        # half a revision later than the revision it was seen at.
+        self.memory = stream_ids.ChangeMemory[str]()
         self._fresh = True  # announcements that queued during the last whole read are in it
 
     name = "live feed"
@@ -124,11 +120,7 @@ class WorkspaceFeed(Hub):
             self.rows[sid] = row
         if not (changed or announced):
             return False
-        self.changed_at[sid] = at
-        self.changed_at.move_to_end(sid)
-        while len(self.changed_at) > len(self.rows) + REMEMBERED_CHANGES:
-            _, oldest = self.changed_at.popitem(last=False)
-            self.since = max(self.since, int(oldest))  # resumes from before it: a snapshot
+        self.memory.note(sid, at, len(self.rows))
         return changed
 
     async def _resync(self) -> None:
@@ -137,10 +129,10 @@ class WorkspaceFeed(Hub):
         current = {view.meta["sessionId"]: await self._row(view) for view in views}
         self._fresh = True
         if version.generation != self.generation:
-            self.generation, self.revision, self.since = version.generation, version.revision, version.revision
+            self.generation, self.revision = version.generation, version.revision
+            self.memory = stream_ids.ChangeMemory(since=version.revision)
             self.rows = {sid: found[0] for sid, found in current.items() if found is not None}
             self.owners = {sid: found[1] for sid, found in current.items() if found is not None}
-            self.changed_at.clear()
             snapshot = self.snapshot()
             self.broadcast(lambda _: snapshot)
             return
@@ -181,9 +173,9 @@ class WorkspaceFeed(Hub):
     def resume(self, last_id: int, generation: str | None) -> bytes:
         """What a client that saw revision `last_id` of `generation` missed (b"" if nothing),
         or a snapshot when that cannot be told from memory."""
-        if generation != self.generation or not self.since <= last_id <= self.revision:
+        if generation != self.generation or not self.memory.covers(last_id, self.revision):
             return self.snapshot()
-        missed = [sid for sid, at in self.changed_at.items() if at > last_id]
+        missed = self.memory.after(last_id)
         if not missed:
             return b""
         return self._changed([self.rows[s] for s in missed if s in self.rows], [s for s in missed if s not in self.rows])

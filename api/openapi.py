@@ -681,10 +681,18 @@ def paths() -> Schema:
                     "200": {
                         "description": "An endless `text/event-stream`: `retry:`, then `attention_snapshot` `{items}`, "
                         "then `attention_added` (an item) and `attention_removed` `{sessionId, workspaceId, kind, "
-                        "requestId?}`. No ids: a reconnect gets a fresh snapshot.",
+                        "requestId?}`, `id:` `<position>-<epoch>` (the changes the API process's hub pushed, and its "
+                        "epoch): a reconnect with `Last-Event-ID` alone, on that process while its hub runs, gets "
+                        "what changed since; any other resume a fresh snapshot.",
                         "content": {"text/event-stream": {"schema": string()}},
                     },
                 },
+                parameters=[
+                    {**LAST_EVENT_ID, "description": "Resume after this frame: its `id:` as sent. Any other "
+                     "value opens a fresh stream (a snapshot)."},
+                    query_param("lastEventId", "As `Last-Event-ID`, for clients that cannot send it (the header "
+                                "wins).", string(pattern="^[0-9]+(-[0-9A-Za-z]+)?$")),
+                ],
             )
         },
         "/workers": {

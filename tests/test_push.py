@@ -4,6 +4,7 @@ API processes on a real Redis."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -361,6 +362,44 @@ async def test_a_kept_inbox_page_misses_no_vote_taken_elsewhere_and_no_lapsed_le
     assert [i["sessionId"] for i in (await inbox(reader))["items"]] == [later]
     await victim.kill9()
     await wait_inbox(reader, lambda items: items == [])
+
+
+async def test_the_inbox_stream_resumes_from_its_last_event_id_alone(harness: Harness, workspace: str) -> None:
+    """Each frame of the inbox stream carries an id that names its hub: a reconnect with
+    `Last-Event-ID` alone, on the process it left, gets the additions and removals it
+    missed, not a snapshot (issue 27); an id of another process's hub gets a snapshot."""
+    await harness.worker()
+    api1, api2 = await harness.api(), await harness.api()
+    answered, asking = (await create(api1, workspace))["sessionId"], (await create(api1, workspace))["sessionId"]
+    await prompt(api1, answered, "#permission")
+    await wait_inbox(api1, lambda items: len(items) == 1)
+    stream = await SseClient(api1, path="/attention/events").start()
+    witness = await SseClient(api1, path="/attention/events").start()  # keeps the hub: a reconnect finds it
+    snapshot = await stream.wait_for(lambda f: f["event"] == "attention_snapshot")
+    assert [i["sessionId"] for i in snapshot["data"]["items"]] == [answered]
+    assert re.fullmatch(r"\d+-[0-9a-f]+", snapshot["id"]), snapshot
+    await stream.close()
+
+    rid = snapshot["data"]["items"][0]["requestId"]
+    assert (await api1.client.post(f"/session/{answered}/permission/{rid}", json=PROCEED_ONCE)).status_code == 200
+    await prompt(api1, asking, "#question")
+    await witness.wait_for(lambda f: f["event"] == "attention_removed" and f["data"]["sessionId"] == answered)
+    await witness.wait_for(lambda f: f["event"] == "attention_added" and f["data"]["sessionId"] == asking)
+
+    resumed = await SseClient(api1, path="/attention/events", last_event_id=snapshot["id"]).start()
+    await resumed.wait_for(lambda f: f["event"] == "attention_added")
+    await resumed.wait_for(lambda f: f["event"] == "attention_removed")
+    missed = [(f["event"], f["data"]["sessionId"]) for f in resumed.frames]
+    assert sorted(missed) == [("attention_added", asking), ("attention_removed", answered)], missed
+    ids = [int(f["id"].split("-")[0]) for f in resumed.frames]
+    assert ids == sorted(ids) and all(f["id"].endswith(snapshot["id"].split("-")[1]) for f in resumed.frames)
+    await resumed.close()
+
+    elsewhere = await SseClient(api2, path="/attention/events", last_event_id=snapshot["id"]).start()
+    fresh = await elsewhere.wait_for(lambda f: f["event"] is not None)
+    assert fresh["event"] == "attention_snapshot" and [i["sessionId"] for i in fresh["data"]["items"]] == [asking]
+    await elsewhere.close()
+    await witness.close()
 
 
 async def test_a_dead_workers_waits_leave_the_inbox_with_its_lease(harness: Harness, workspace: str) -> None:

@@ -57,7 +57,9 @@ export class AttentionInbox {
 
   start() {
     this.stream = new FollowedStream({
-      url: () => api.attentionEventsUrl(), // no ids to resume from: a reconnect gets a snapshot
+      // The browser's own reconnect resumes (Last-Event-ID) on the process it left; a reopen
+      // here gets a snapshot.
+      url: () => api.attentionEventsUrl(),
       events: {
         attention_snapshot: (data) => this.replace(data.items),
         attention_added: (item) => {
