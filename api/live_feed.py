@@ -172,8 +172,10 @@ class WorkspaceFeed(Hub):
 
     def resume(self, last_id: int, generation: str | None) -> bytes:
         """What a client that saw revision `last_id` of `generation` missed (b"" if nothing),
-        or a snapshot when that cannot be told from memory."""
-        if generation != self.generation or not self.memory.covers(last_id, self.revision):
+        or a snapshot when that cannot be told from memory. A revision this feed has not
+        reached yet was seen on a process that heard it first: nothing is missed, and what
+        this feed pushes as it catches up is the rows as they are now."""
+        if generation != self.generation or not self.memory.covers(min(last_id, self.revision), self.revision):
             return self.snapshot()
         missed = self.memory.after(last_id)
         if not missed:
