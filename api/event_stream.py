@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from typing import Any, AsyncIterator, Callable, Generator, Iterator, Mapping, Protocol
@@ -48,7 +49,7 @@ def parse_last_event_id(value: str | None) -> int | None:
     return parse_decimal(value, MAX_SAFE_INTEGER)
 
 
-def frame(event_type: str, data: str, event_id: int | None = None) -> bytes:
+def frame(event_type: str, data: str, event_id: int | str | None = None) -> bytes:
     head = f"id: {event_id}\n" if event_id is not None else ""
     return f"{head}event: {event_type}\ndata: {data}\n\n".encode()
 
@@ -111,7 +112,7 @@ async def open_stream(
     sent = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no", "X-Qwen-SSE-Stream-Id": str(uuid.uuid4())}
     if view is not None:
         sent["X-Qwen-Event-Epoch"] = view.epoch
-    return EventStreamResponse(body, state.settings.sse_send_timeout_s, sent, lambda: _keepalive(subscription))
+    return EventStreamResponse(body, state.settings.sse_send_timeout_s, sent, functools.partial(_keepalive, subscription))
 
 
 def _keepalive(subscription: Subscription) -> None:
@@ -172,6 +173,10 @@ class EventStreamResponse:
     socket stays full for `send_timeout`, so a stopped reader costs a bounded buffer (the
     transport's) and never slows others."""
 
+    # Ten thousand are held for hours: no instance dict.
+    __slots__ = ("body", "raw_headers", "send_timeout", "sending_since", "ending", "task", "_receiving", "_receive",
+                 "keepalive", "keepalive_due", "writes", "_send", "_writing")
+
     def __init__(
         self, body: AsyncIterator[bytes], send_timeout: float, headers: dict[str, str],
         keepalive: Callable[[], None] | None = None, writes: DirectWrites | None = None,
@@ -187,6 +192,7 @@ class EventStreamResponse:
         self.ending: str | None = None  # why this stream ends itself (it cancels its task)
         self.task: asyncio.Task[Any] | None = None
         self._receiving: asyncio.Future[Any] | None = None
+        self._receive: Receive | None = None
         # Called every KEEPALIVE_S by the send watch: it wakes the body for a keepalive (the
         # push hubs send their own).
         self.keepalive = keepalive
@@ -235,6 +241,7 @@ class EventStreamResponse:
             if self._writing is not None:
                 self._writing.cancel()
             _SEND_WATCH.discard(self)
+            self._receive = None
             if self._receiving is not None:
                 self._receiving.cancel()
             await self.body.aclose()  # type: ignore[attr-defined]
@@ -259,11 +266,11 @@ class EventStreamResponse:
             return False
         try:
             step = self._send({"type": "http.response.body", "body": chunk, "more_body": True}).__await__()
-            waits_on = next(step)  # an iterator, not always a generator (granian's)
-        except StopIteration:
-            return True
+            waits_on = next(step, _DONE)  # an iterator, not always a generator (granian's)
         except Exception as error:  # the connection is gone: the stream ends as its own send would
             self.end(f"a write failed ({error!r})")
+            return True
+        if waits_on is _DONE:
             return True
         self.sending_since = asyncio.get_running_loop().time()  # the send watch drops a client that never reads
         self._writing = asyncio.ensure_future(_rest_of(step, waits_on))
@@ -288,19 +295,22 @@ class EventStreamResponse:
     def _listen(self, receive: Receive) -> None:
         """Hear the client leave: each `receive()` gets a callback, and the next is asked
         for only when one came back (a request's body, then its disconnect)."""
-
-        def heard(message: asyncio.Future[Any]) -> None:
-            self._receiving = None
-            if self.task is None or message.cancelled():
-                return
-            if message.exception() is not None or message.result()["type"] == "http.disconnect":
-                self.end("the client left")
-                return
-            self._receiving = asyncio.ensure_future(receive())
-            self._receiving.add_done_callback(heard)
-
+        self._receive = receive
         self._receiving = asyncio.ensure_future(receive())
-        self._receiving.add_done_callback(heard)
+        self._receiving.add_done_callback(self._heard)
+
+    def _heard(self, message: asyncio.Future[Any]) -> None:
+        self._receiving = None
+        if self.task is None or message.cancelled() or self._receive is None:
+            return
+        if message.exception() is not None or message.result()["type"] == "http.disconnect":
+            self.end("the client left")
+            return
+        self._receiving = asyncio.ensure_future(self._receive())
+        self._receiving.add_done_callback(self._heard)
+
+
+_DONE = object()  # what `next` gives for a send that completed at once
 
 
 async def _rest_of(step: Iterator[Any], waits_on: Any) -> None:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from acp_state.api import event_stream
+from acp_state.api.push import Listener, frames, stream_response
 from acp_state.cli.serving import SERVERS, serve_http
-from api import event_stream
-from api.push import Listener, frames, stream_response
 from tests.helpers import eventually
 
 FRAME_BYTES = 32 * 1024
