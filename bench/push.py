@@ -27,7 +27,8 @@ Real redis-server on a free port, real worker and API processes (the API's defau
 
     python -m bench.push [--quick] [--only fanout,views,attention] [--profile]
 
-`--quick`: 200 subscribers, 10 s windows, 10,000 sessions (1,000 waiting). `--profile` records
+`--quick`: 200 subscribers, 10 s windows, 10,000 sessions (1,000 waiting). `--subscribers 10000`:
+the fan-out to 10,000 (figure `fanout_10000`; 50 changes, one every 0.5 s). `--profile` records
 the API with py-spy (`pip install py-spy`) during an extra, unmeasured round of fan-out
 changes and of attention-page load (bench/results/push_fanout_profile.txt,
 push_attention_profile.txt: py-spy's raw folded stacks). Results: bench/results/push.json (push_quick.json).
@@ -142,7 +143,11 @@ def latencies(starts: dict[int, int], load: dict[str, Any]) -> dict[str, Any]:
 
 
 async def bench_fanout(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
-    clients, changes, gap_s = (200, 40, 0.2) if args.quick else (1000, 100, 0.2)
+    clients = args.subscribers or (200 if args.quick else 1000)
+    # Past 1,000 subscribers a change costs the API and the load process more than 200 ms of
+    # CPU together on 2 cores: changes come further apart, so each is measured on its own.
+    changes = 40 if args.quick else 100 if clients <= 1000 else 50
+    gap_s = max(0.2, clients / 20_000)
     server = RedisServer()
     workspace = logs / "fanout"
     workspace.mkdir()
@@ -153,6 +158,7 @@ async def bench_fanout(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         processes.append(api_process)
         ws = workspace_id(str(workspace))
         redis = aioredis.Redis.from_url(server.url, decode_responses=True)
+        await redis.config_set("maxclients", clients + 1000)  # the baseline's subscribers are Redis clients
         store = RedisStore(redis)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
             sid = (await create_sessions(client, str(workspace), 1))[0]
@@ -198,7 +204,7 @@ async def bench_fanout(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
                 api_cpu = cpu_s(api_process.pid) - api_cpu0
                 profile = None
                 if args.profile:
-                    profile = await profile_fanout(api_process.pid, store, ws, sid, owner, gap_s, 5 + changes)
+                    profile = await profile_fanout(api_process.pid, store, ws, sid, owner, gap_s, 5 + changes, clients)
                 feed_load = await load.finish()
             finally:
                 load.kill()
@@ -231,10 +237,12 @@ async def bench_fanout(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     return out
 
 
-async def profile_fanout(pid: int, store: RedisStore, ws: str, sid: str, owner: str, gap_s: float, first_seq: int) -> str | None:
+async def profile_fanout(
+    pid: int, store: RedisStore, ws: str, sid: str, owner: str, gap_s: float, first_seq: int, clients: int,
+) -> str | None:
     """py-spy on the API during 8 s of the same changes (not measured: py-spy stops the
     process to sample it)."""
-    target = RESULTS / "push_fanout_profile.txt"
+    target = RESULTS / ("push_fanout_profile.txt" if clients == 1000 else f"push_fanout_{clients}_profile.txt")
     spy = [str(Path(sys.executable).parent / "py-spy")]
     if not Path(spy[0]).exists():
         log("py-spy not installed; no profile")
@@ -559,8 +567,8 @@ FIGURES = {"fanout": bench_fanout, "views": bench_views, "attention": bench_atte
 def table(result: dict[str, Any]) -> str:
     lines = [f"acp-state push bench, {result['date']}, {result['machine']}, API on {result['server']}"]
     f = result["figures"]
-    if "fanout" in f:
-        r = f["fanout"]
+    for name in [name for name in f if name.startswith("fanout")]:
+        r = f[name]
         e, b = r["feed"]["every_delivery"], r["baseline_bare_spublish"]["every_delivery"]
         last, blast = r["feed"]["last_subscriber"], r["baseline_bare_spublish"]["last_subscriber"]
         lines += [f"## fanout: {r['subscribers']} subscribers, {r['changes']} changes",
@@ -592,9 +600,11 @@ def table(result: dict[str, Any]) -> str:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     logs = Path(tempfile.mkdtemp(prefix="acp-bench-push-"))
     figures: dict[str, Any] = {}
-    for name in args.only:
+    for figure in args.only:
         started, at = time.monotonic(), datetime.now(timezone.utc).strftime("%H:%M:%S UTC")
-        figures[name] = await FIGURES[name](args, logs)
+        # A fan-out to other than the usual 1,000 subscribers is a figure of its own (fanout_10000).
+        name = f"fanout_{args.subscribers}" if figure == "fanout" and args.subscribers not in (None, 1000) else figure
+        figures[name] = await FIGURES[figure](args, logs)
         figures[name]["started"] = at
         figures[name]["run_s"] = round(time.monotonic() - started, 1)
         log(f"{name} took {figures[name]['run_s']} s")
@@ -611,6 +621,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument("--only", default=",".join(FIGURES), help="comma-separated: fanout,views,attention")
     parser.add_argument("--profile", action="store_true", help="py-spy the API during extra fan-out changes")
+    parser.add_argument("--subscribers", type=int, help="fan-out subscribers (default 1,000; 200 with --quick); "
+                        "past 1,000 the figure is fanout_N, its changes 0.5 s apart at 10,000 (raise ulimit -n)")
     parser.add_argument("--server", choices=SERVERS, default=DEFAULT_SERVER)
     parser.add_argument("--out", type=Path, help="the JSON file to merge into (default: bench/results/push.json, push_quick.json)")
     args = parser.parse_args()
