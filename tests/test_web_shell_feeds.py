@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from acp_state.ids import workspace_id
 from bench.redis_server import free_port
-from tests.harness import ApiProcess, Harness, SseClient
+from tests.harness import Harness, SseClient
 from tests.helpers import create, eventually, prompt
 from tests.web_shell_helpers import (  # noqa: F401  (browser, open_page: fixtures, each module's own)
     TEXT, OpenPage, Page, agent_says, browser, expect, open_page, shoot,
@@ -403,7 +404,8 @@ async def test_a_feed_cut_under_the_page_resumes_with_what_it_missed_not_a_snaps
     await harness.worker()
     api = await harness.api()
     sid = (await create(api, workspace))["sessionId"]
-    witness = await SseClient(api, path=_feed_path(api, workspace)).start()  # the API's feed of the workspace
+    feed_path = f"/workspaces/{workspace_id(workspace)}/sessions/live-state/events"
+    witness = await SseClient(api, path=feed_path).start()  # the API's feed of the workspace
     cutter = await StreamCutter(api.port).start()
     try:
         page = await open_page(SimpleNamespace(port=cutter.port), "en-US")  # type: ignore[arg-type]
@@ -432,9 +434,3 @@ async def test_a_feed_cut_under_the_page_resumes_with_what_it_missed_not_a_snaps
     finally:
         await cutter.stop()
         await witness.close()
-
-
-def _feed_path(api: ApiProcess, workspace: str) -> str:
-    from acp_state.ids import workspace_id
-
-    return f"/workspaces/{workspace_id(workspace)}/sessions/live-state/events"
