@@ -78,6 +78,8 @@ async def _offering(state: AppState, agent: str | None, state_store: str | None 
     or left), or a store no live worker reads, is 503 with Retry-After."""
     if state_store is not None:
         stored = [r for r in await _live_reports(state) if accepts(r, None, state_store)]
+        if not stored:  # before refusing, not the kept answer: a reader may have just started
+            stored = [r for r in await state.reports.get(fresh=True) if accepts(r, None, state_store)]
         if not stored:
             raise unavailable(
                 "no live worker reads the agent-state store this session's history is in",

@@ -8,13 +8,13 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import IO, Sequence
 
 from acp_state.cli.serving import DEFAULT_SERVER
 
+from . import forkserver
 from .redis_server import RedisServer as _RedisServer
 from .redis_server import free_port
 
@@ -54,7 +54,7 @@ class AcpProcess:
         self.prefix = list(prefix)
         self.log_level = log_level
         self.ready_timeout_s = ready_timeout_s
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: asyncio.subprocess.Process | forkserver.Child | None = None
         self.banner = ""
         self.ready = False
         self._log_file: IO[bytes] | None = None
@@ -64,10 +64,9 @@ class AcpProcess:
     async def start(self) -> AcpProcess:
         env = {**os.environ, **self.env, "PYTHONPATH": str(ROOT), "ACP_STATE_LOG": self.log_level}
         self._log_file = open(self.log, "ab")  # noqa: SIM115 - closed once the process is gone
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.prefix, sys.executable, "-m", "acp_state.cli", *self.argv,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE if self.watches_stderr else self._log_file,
-            cwd=str(ROOT), env=env,
+        self.proc = await forkserver.start(
+            list(self.argv), prefix=self.prefix, stdout=forkserver.PIPE,
+            stderr=forkserver.PIPE if self.watches_stderr else self._log_file, cwd=str(ROOT), env=env,
         )
         if self.watches_stderr:
             self._tasks.append(asyncio.ensure_future(self._pump_stderr()))

@@ -14,10 +14,16 @@ import redis.asyncio as aioredis
 
 from acp_state.store.connection import connect
 
+from bench import forkserver
 from bench.redis_server import RedisServer, free_port
 from tests.harness import Harness
 
 __all__ = ["RedisServer", "free_port"]
+
+# The suite forks its workers and APIs from a pre-imported Python (bench/forkserver.py), as
+# do the benches it runs (they inherit this): a fresh interpreter's imports were a fifth of
+# the suite's CPU. ACP_STATE_FORK_SERVER=0 exec's every process instead.
+os.environ.setdefault(forkserver.ENABLED_BY, "1")
 
 # The suite runs its tests in parallel (pytest-xdist, `-n` in scripts/test), longest first so
 # the parallel runners end together: these modules, by their share of a run's time (seen

@@ -7,7 +7,6 @@ import asyncio
 import os
 import shutil
 import signal
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,6 +17,7 @@ from acp_state.store import is_transient, keys
 from acp_state.store.connection import connect
 from acp_state.store.fanout import Fanout
 from acp_state.ids import workspace_id
+from bench import forkserver
 from bench.redis_server import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,15 +47,14 @@ class Process:
         self.prefix = prefix or []  # e.g. `ip netns exec <host>` (bench/hosts.py)
         self.log_path = log_path
         self.env = env  # extra variables, laid over os.environ
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: asyncio.subprocess.Process | forkserver.Child | None = None
         self.ready_line = ""
 
     async def start(self) -> None:
         env = {**os.environ, **(self.env or {}), "PYTHONPATH": str(ROOT), "ACP_STATE_LOG": "INFO"}
         self._log = open(self.log_path, "ab")
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.prefix, sys.executable, "-m", "acp_state.cli", *self.argv,
-            stdout=asyncio.subprocess.PIPE, stderr=self._log, cwd=str(ROOT), env=env,
+        self.proc = await forkserver.start(
+            self.argv, prefix=self.prefix, stdout=forkserver.PIPE, stderr=self._log, cwd=str(ROOT), env=env,
             preexec_fn=die_with_parent,  # a test process that dies leaves no worker behind
         )
         assert self.proc.stdout is not None

@@ -115,9 +115,10 @@ async def test_kill9_of_a_worker_hosting_1000_sessions(harness: Harness, redis_c
     hidden_at = now_ms()
 
     for client in watched:
-        died = await client.wait_for(lambda f: f["event"] == "session_died", timeout=30)
+        died = await client.wait_for(lambda f: f["event"] == "session_died", timeout=120)  # a safety stop
         assert died["data"]["data"]["reason"] == "worker_lost"
-    await events.wait_for(lambda e: sum(1 for x in events.events if x["type"] == "session_died") >= 1000, timeout=60)
+    # The time limit is a safety stop: a sweep of 1,000 sessions on a loaded machine is slow, not wrong.
+    await events.wait_for(lambda e: sum(1 for x in events.events if x["type"] == "session_died") >= 1000, timeout=300)
     swept_at = now_ms()
     assert sorted({e["data"]["sessionId"] for e in events.events if e["type"] == "session_died"}) == sorted(sids)
     assert [k async for k in redis_client.scan_iter(match=f"*{victim.incarnation}*")] == []
