@@ -153,6 +153,16 @@ class WorkspaceFeed(Hub):
             update = self._changed([], gone)
             self.broadcast(lambda _: update)
 
+    async def _keepalive(self) -> None:
+        """The keepalive names the feed's revision (an `id:` with no event moves a client's
+        resume point all the same): most changes move no row a client sees (a turn's every
+        update, a create's answer taken), so its last frame falls behind, and a reconnect to a
+        feed that started since (a restarted process, another one) would be a snapshot. Each
+        listener has been sent every frame before it: frames go out in order."""
+        ping = f"id: {self.event_id()}\n: keepalive\n\n".encode()
+        for listener in list(self.listeners):
+            listener.push(ping)
+
     # ---- frames -------------------------------------------------------------------------
 
     def _version(self) -> dict[str, Any]:
