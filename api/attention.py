@@ -127,7 +127,7 @@ async def attention_page(request: Request) -> Response:
         })
         return body, frozenset(entry.owner for entry in found.taken), found.complete
 
-    body, etag = await feeds.pages.answer(key, state.registry.holds_lease, read)
+    body, etag = await feeds.pages.answer(key, state.registry, read)
     return Response(body, media_type=JSON_TYPE, headers={"ETag": etag})
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from acp_state.metrics import Tally
-from acp_state.store import Fanout
+from acp_state.store import Fanout, WorkerRegistry
 
 from .etag import weak_etag
 
@@ -57,6 +57,15 @@ class Flight:
 PageReader = Callable[[], Awaitable[tuple[bytes, frozenset[str], bool]]]
 
 
+async def _all_live(registry: WorkerRegistry, owners: frozenset[str]) -> bool:
+    """Every owner holds its lease: by the deadlines last read, else read again (at most
+    every 200 ms, shared: `WorkerRegistry.is_live`)."""
+    for owner in owners:
+        if not registry.holds_lease(owner) and not await registry.is_live(owner):
+            return False
+    return True
+
+
 def _retrieved(answer: asyncio.Future[tuple[bytes, str]]) -> None:
     if not answer.cancelled():
         answer.exception()  # said by the request that read it; no "never retrieved" warning
@@ -74,7 +83,7 @@ class AttentionPages:
         self._changes += 1
         self._pages.clear()
 
-    async def answer(self, key: PageKey, holds_lease: Callable[[str], bool], read: PageReader) -> tuple[bytes, str]:
+    async def answer(self, key: PageKey, registry: WorkerRegistry, read: PageReader) -> tuple[bytes, str]:
         """The answer of `key` and its ETag: kept, else read (`read`), and kept if no change
         came meanwhile. Concurrent misses of one key share one read: a request joins a read under way only
         if, once every change announced before it has arrived (`sync_all`), none has
@@ -82,7 +91,7 @@ class AttentionPages:
         page, flight = self._pages.get(key), self._flights.get(key)
         if (page is not None or flight is not None) and await self._fanout.sync_all(list(key[0])):
             page = self._pages.get(key)  # a change heard during the sync dropped it
-            if page is not None and all(holds_lease(owner) for owner in page.owners):
+            if page is not None and await _all_live(registry, page.owners):
                 PAGE_HITS.inc()
                 return page.body, page.etag
             flight = self._flights.get(key)

@@ -27,6 +27,10 @@ from tests.test_events import (  # noqa: F401  (collected here, on the cluster)
     test_sse_frames_and_replay_through_any_api,
 )
 from tests.test_faults import test_kill9_of_a_worker_hosting_1000_sessions  # noqa: F401
+from tests.test_push import (  # noqa: F401
+    test_a_kept_inbox_page_misses_no_vote_taken_elsewhere_and_no_lapsed_lease,
+    test_the_inbox_lists_every_wait_oldest_first_and_pages,
+)
 from tests.test_lease import test_kill9_worker_leaves_live_status_within_its_lease  # noqa: F401
 from tests.test_loop_detection import (  # noqa: F401
     test_agent_loop_error_reaches_sse_on_another_api_once,
