@@ -108,6 +108,9 @@ async def test_takeover_passes_the_session_to_the_named_target_only(r: aioredis.
     assert await r.hget(SESSION, F.TURN_ERROR) == '{"message":"boom"}'  # its runtime state stays
     assert await r.hget(ATTENTION_DETAILS, SID + "/!") == OTHER + '\n{"message":"boom"}'
     assert await r.zscore(ATTENTION, SID + "/!") == 5  # still waiting since it began
+    # Only the workspace's index held it (written before the deployment's existed): now both do.
+    assert (await attention(r))[SID + "/!"] == (5, OTHER + '\n{"message":"boom"}')
+    assert 0 < await r.pttl(DEPLOYMENT) <= TTL
     # The new owner's running number starts again; a retry of the takeover applies once.
     assert (await apply(r, OTHER, mode="takeover", **{"from": INC}, events=[moved], op=1))[:2] == [1, 2]
     assert (await apply(r, INC, mode="update", events=[update("late")], op=8))[0] == -1  # the old owner is fenced

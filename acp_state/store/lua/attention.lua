@@ -51,14 +51,18 @@ local function attention_unset(ix, sid, field)
   redis.call('HDEL', KEYS[ix[4]], whole)
 end
 -- The session changed owners (a move): what it waits for now counts under the new owner's
--- lease, still since when it began.
-local function attention_reown(ix, sid, field, owner, value)
+-- lease, still since when it began. A wait only the workspace's index holds (written before
+-- the deployment's index existed) enters the deployment's here: a rolling deploy's moves
+-- bring every wait in.
+local function attention_reown(ix, sid, field, owner, value, ttl_ms)
   local member = attention_member(sid, field)
-  if member and redis.call('ZSCORE', KEYS[ix[1]], member) then
-    redis.call('HSET', KEYS[ix[2]], member, owner .. '\n' .. value)
+  local since = member and redis.call('ZSCORE', KEYS[ix[1]], member)
+  if since then
     local whole = attention_whole(ix, member)
-    if redis.call('ZSCORE', KEYS[ix[3]], whole) then
-      redis.call('HSET', KEYS[ix[4]], whole, owner .. '\n' .. value)
-    end
+    redis.call('HSET', KEYS[ix[2]], member, owner .. '\n' .. value)
+    redis.call('ZADD', KEYS[ix[3]], since, whole)
+    redis.call('HSET', KEYS[ix[4]], whole, owner .. '\n' .. value)
+    redis.call('PEXPIRE', KEYS[ix[3]], ttl_ms)
+    redis.call('PEXPIRE', KEYS[ix[4]], ttl_ms)
   end
 end

@@ -72,7 +72,7 @@ local function transition(at, inc, ops, ttl_ms, batch)
     redis.call('HSET', hash, {{F.OWNER}}, inc)
     redis.call('HDEL', hash, {{F.MOVING}}, {{F.OP}})
     local flat = redis.call('HGETALL', hash)
-    for i = 1, #flat, 2 do attention_reown(ix, ops.sid, flat[i], inc, flat[i + 1]) end
+    for i = 1, #flat, 2 do attention_reown(ix, ops.sid, flat[i], inc, flat[i + 1], ops.verttl) end
     owner = inc
   elseif not owner then
     return {0, 0, ''}
