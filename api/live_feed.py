@@ -43,6 +43,11 @@ from .summaries import live_state_row
 log = logging.getLogger("api.live_feed")
 
 GENERATION_HEADER = "X-Acp-Catalog-Generation"
+# Most changes move no row a listener sees (a turn's every update, a create's answer taken
+# after the session was read), so its last frame's id falls behind the revision, and a
+# reconnect to a feed that started since (a restarted API process, another one) would get a
+# snapshot though it missed nothing. The revision is told this long after such changes.
+ID_FOLLOWS_S = 1.0
 
 
 class WorkspaceFeed(Hub):
@@ -60,6 +65,8 @@ class WorkspaceFeed(Hub):
         # half a revision later than the revision it was seen at.
         self.memory = stream_ids.ChangeMemory[str]()
         self._fresh = True  # announcements that queued during the last whole read are in it
+        self._told = 0  # the revision whose id the listeners were last sent
+        self._telling: asyncio.TimerHandle | None = None
 
     name = "live feed"
 
@@ -67,6 +74,8 @@ class WorkspaceFeed(Hub):
         await self._fanout.watch(self.ws)
 
     def _forgotten(self) -> None:
+        if self._telling is not None:
+            self._telling.cancel()
         self._forget(self)
 
     def changed(self, change: Change) -> None:
@@ -93,7 +102,8 @@ class WorkspaceFeed(Hub):
             self.revision = revision
             if self._set(sid, found[sid], revision, announced=True):
                 row = self.rows.get(sid)
-                self.broadcast(lambda _, f=self._changed([row] if row else [], [] if row else [sid]): f)
+                self._push(self._changed([row] if row else [], [] if row else [sid]))
+        self._revision_moved()
 
     async def _visible(self, sid: str) -> tuple[dict[str, Any], str] | None:
         view = await self._store.session(self.ws, sid)
@@ -133,15 +143,14 @@ class WorkspaceFeed(Hub):
             self.memory = stream_ids.ChangeMemory(since=version.revision)
             self.rows = {sid: found[0] for sid, found in current.items() if found is not None}
             self.owners = {sid: found[1] for sid, found in current.items() if found is not None}
-            snapshot = self.snapshot()
-            self.broadcast(lambda _: snapshot)
+            self._push(self.snapshot())
             return
         self.revision = max(self.revision, version.revision)
         changed = [sid for sid in sorted({*self.rows, *current}) if self._set(sid, current.get(sid), self.revision)]
         if changed:
             sessions = [self.rows[sid] for sid in changed if sid in self.rows]
-            update = self._changed(sessions, [sid for sid in changed if sid not in self.rows])
-            self.broadcast(lambda _: update)
+            self._push(self._changed(sessions, [sid for sid in changed if sid not in self.rows]))
+        self._revision_moved()
 
     async def _check_owners(self) -> None:
         """Remove, at once, the sessions of owners whose lease lapsed."""
@@ -150,15 +159,27 @@ class WorkspaceFeed(Hub):
         if gone:
             for sid in gone:
                 self._set(sid, None, self.revision + 0.5)
-            update = self._changed([], gone)
-            self.broadcast(lambda _: update)
+            self._push(self._changed([], gone))
+
+    def _push(self, frame: bytes) -> None:
+        """One frame to every listener (at the feed's revision)."""
+        self.broadcast(lambda _: frame)
+        self._told = self.revision
+
+    def _revision_moved(self) -> None:
+        if self.revision != self._told and self._telling is None:
+            self._telling = asyncio.get_running_loop().call_later(ID_FOLLOWS_S, self._tell_revision)
+
+    def _tell_revision(self) -> None:
+        """Changes that moved no row left the listeners' last id behind the revision: an
+        `id:` with no event moves their resume point (once a second at most, and only then)."""
+        self._telling = None
+        if self.revision != self._told and self.generation:
+            self._push(f"id: {self.event_id()}\n\n".encode())
 
     async def _keepalive(self) -> None:
-        """The keepalive names the feed's revision (an `id:` with no event moves a client's
-        resume point all the same): most changes move no row a client sees (a turn's every
-        update, a create's answer taken), so its last frame falls behind, and a reconnect to a
-        feed that started since (a restarted process, another one) would be a snapshot. Each
-        listener has been sent every frame before it: frames go out in order."""
+        """The keepalive names the feed's revision too (see `_tell_revision`). Each listener
+        has been sent every frame before it: frames go out in order."""
         ping = f"id: {self.event_id()}\n: keepalive\n\n".encode()
         for listener in list(self.listeners):
             listener.push(ping)

@@ -128,3 +128,35 @@ async def test_a_change_a_whole_read_took_in_before_its_announcement_is_still_re
     assert [row["sessionId"] for row in orjson.loads(fields["data"])["sessions"]] == [sid]
     feed.stop()
     await store.close()
+
+
+async def test_changes_that_move_no_row_still_move_the_listeners_resume_point() -> None:
+    """A change that moves no row pushes no frame, so a listener's last id falls behind the
+    revision; a feed that starts afterwards (a restarted process, another one) cannot answer
+    a resume from before it but with a snapshot. The feed tells the revision soon after (an
+    `id:` with no event), and a resume from it is answered there with nothing missed."""
+    store = RedisStore.from_url(f"memory://feed-{secrets.token_hex(4)}")
+    ws, inc, sid = secrets.token_hex(8), f"w-{secrets.token_hex(4)}", new_id()
+    await store.heartbeat(inc, {}, 60_000)
+    meta = {"sessionId": sid, "workspaceCwd": "/w", "createdAt": "2020-01-01T00:00:00Z"}
+    await store.apply(ws, sid, inc, Transition(mode=Mode.CREATE, meta=meta, epoch="e", catalog=CatalogRow(meta["createdAt"], meta["createdAt"], 1)))
+    feed = WorkspaceFeed(store, WorkerRegistry(store), Channel(), ws, forget=lambda feed: None)  # type: ignore[arg-type]
+    await feed.start()
+    listener = Listener()
+    feed.add(listener)
+    seen = feed.revision  # the listener's last id: the snapshot's
+
+    await store.apply(ws, sid, inc, Transition(mode=Mode.UPDATE))  # announced; its row stays as it was
+    now = await store.catalog_version(ws)
+    assert now.revision == seen + 1
+    feed.changed(Change(ws, sid, now.revision, now.generation))
+    await asyncio.wait_for(listener.wait(), 10)
+    assert listener.drain() == f"id: {now.revision}-{now.generation}\n\n".encode()
+
+    later = WorkspaceFeed(store, WorkerRegistry(store), Channel(), ws, forget=lambda feed: None)  # type: ignore[arg-type]
+    await later.start()  # knows nothing from before its start
+    assert b"event: live_state_snapshot" in later.resume(seen, now.generation)  # from the last frame
+    assert later.resume(now.revision, now.generation) == b""  # from the id told: nothing missed
+    feed.stop()
+    later.stop()
+    await store.close()
