@@ -212,36 +212,36 @@ async def test_a_reconnect_with_its_last_event_id_alone_gets_the_changes_it_miss
     await witness.close()
 
 
-async def test_the_feed_keepalive_moves_the_resume_point_to_its_revision(harness: Harness, workspace: str) -> None:
+async def test_a_reconnect_to_a_restarted_api_process_gets_the_changes_not_a_snapshot(harness: Harness, workspace: str) -> None:
     """Most changes move no row (a turn's every update, a create's answer taken), so a
-    client's last frame falls behind the workspace's revision, and a reconnect to a feed
-    that started since (a restarted API process, another one) got a snapshot though it
-    missed nothing (issue 27). The feed's keepalive names the revision (`id:` with no
-    event): resumed from it, such a feed answers with the changes that follow, not a
-    snapshot. Waits for one keepalive (15 s)."""
+    client's last frame fell behind the workspace's revision, and a reconnect to a feed that
+    started since, here the API process restarted on its port, got a snapshot though the
+    client missed nothing (issue 27). The feed tells its revision soon after such changes
+    (`id:` with no event); resumed from it, the restarted process sends the next change."""
+    events = await harness.events()
     await harness.worker()
-    api1 = await harness.api()
-    path = feed_path(workspace)
-    sid = (await create(api1, workspace))["sessionId"]
-    await prompt(api1, sid, "#burst 5")  # updates that move the revision, and few rows
+    api = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+    last_id: list[str] = []
 
-    async def keepalive_id() -> str:
-        async with api1.client.stream("GET", path, timeout=None) as response:
-            last = None
+    async def read_ids() -> None:
+        async with api.client.stream("GET", feed_path(workspace), timeout=None) as response:
             async for line in response.aiter_lines():
                 if line.startswith("id: "):
-                    last = line[4:]
-                elif line == ": keepalive" and last is not None:
-                    return last
-        raise AssertionError("the feed ended")
+                    last_id.append(line[4:])
 
-    kept = await asyncio.wait_for(keepalive_id(), 60)
-    polled = (await api1.client.get(f"/workspaces/{workspace_id(workspace)}/sessions/live-state")).json()
-    assert kept == id_of(polled["catalogVersion"])
+    reader = asyncio.ensure_future(read_ids())
+    await eventually(lambda: last_id, "the feed's snapshot")
+    turn = await prompt(api, sid, "#burst 5")  # updates that move the revision, and few rows
+    await events.wait_type(sid, "turn_complete", promptId=turn["promptId"])
+    polled = (await api.client.get(f"/workspaces/{workspace_id(workspace)}/sessions/live-state")).json()
+    await eventually(lambda: last_id[-1] == id_of(polled["catalogVersion"]), "the feed telling its revision")
 
-    api2 = await harness.api()  # its feed of the workspace starts now, with no memory of before
-    resumed = await feed(api2, workspace, last_event_id=kept)
-    other = (await create(api1, workspace))["sessionId"]
+    assert await api.terminate() in (0, None)  # its streams end; the client reconnects to its successor
+    await asyncio.gather(reader, return_exceptions=True)
+    await api.start()
+    resumed = await feed(api, workspace, last_event_id=last_id[-1])
+    other = (await create(api, workspace))["sessionId"]
     first = await resumed.wait_for(lambda f: f["event"] is not None)
     assert first["event"] == "live_state_changed" and [r["sessionId"] for r in first["data"]["sessions"]] == [other], first
     await resumed.close()
