@@ -27,7 +27,7 @@ import base64
 import binascii
 import secrets
 from collections import OrderedDict
-from typing import Any, Awaitable, Callable, Container, NamedTuple, Sequence
+from typing import Any, Awaitable, Callable, Container, Mapping, NamedTuple, Sequence
 
 import orjson
 from starlette.requests import Request
@@ -37,12 +37,12 @@ from acp_state.interactions import USER_QUESTION
 from acp_state.store import AttentionCursor, AttentionEntry, Fanout, ReaderStore, WorkerRegistry
 
 from . import stream_ids
-from .attention_cache import AttentionPages
-from .auth import principal_of
+from .attention_cache import AttentionPages, KeptPage
+from .auth import Principal, principal_of
 from .event_stream import frame
 from .push import Hub, Listener, frames, stream_response
 from .responses import JSON_TYPE, ApiError, OrjsonResponse, parse_decimal
-from .state import app_state
+from .state import AppState, app_state
 
 DEFAULT_SIZE = 50
 MAX_SIZE = 500
@@ -101,21 +101,37 @@ def _decode_cursor(text: str) -> AttentionCursor:
     return AttentionCursor(since, ws, sid, rid)
 
 
-async def attention_page(request: Request) -> Response:
-    """`GET /attention?size=&cursor=` -> `{items, nextCursor}`."""
-    state = app_state(request)
-    size_text = request.query_params.get("size")
+def asked(params: Mapping[str, str]) -> tuple[int, str, AttentionCursor | None]:
+    """A page's size, its cursor as sent ('' for the first page) and as read; a 400 if bad."""
+    size_text = params.get("size")
     size = DEFAULT_SIZE if size_text is None else parse_decimal(size_text, MAX_SIZE)
     if size is None or size < 1:
         raise ApiError(400, f"size must be an integer from 1 to {MAX_SIZE}", "invalid_size")
-    cursor_text = request.query_params.get("cursor")
-    after = _decode_cursor(cursor_text) if cursor_text else None
-    principal = principal_of(request)
+    cursor_text = params.get("cursor") or ""
+    return size, cursor_text, _decode_cursor(cursor_text) if cursor_text else None
+
+
+def visible(feeds: AttentionFeeds, principal: Principal) -> tuple[str, ...]:
+    """The process's workspaces the principal may see, in order (all: `feeds.every` itself)."""
+    return feeds.every if principal.workspaces is None else tuple(ws for ws in feeds.every if principal.may(ws))
+
+
+async def kept_page(state: AppState, principal: Principal, size: int, cursor_text: str) -> KeptPage | None:
+    """The page this process keeps for the request, current (`AttentionPages.kept`): what
+    the hot reads send without the route."""
+    workspaces = visible(state.attention, principal)
+    return await state.attention.pages.kept((workspaces, cursor_text, size), state.registry) if workspaces else None
+
+
+async def attention_page(request: Request) -> Response:
+    """`GET /attention?size=&cursor=` -> `{items, nextCursor}`."""
+    state = app_state(request)
+    size, cursor_text, after = asked(request.query_params)
     feeds = state.attention
-    workspaces = feeds.every if principal.workspaces is None else tuple(sorted(ws for ws in feeds.every if principal.may(ws)))
+    workspaces = visible(feeds, principal_of(request))
     if not workspaces:
         return OrjsonResponse({"items": [], "nextCursor": None})
-    key = (workspaces, cursor_text or "", size)
+    key = (workspaces, cursor_text, size)
 
     async def read() -> tuple[bytes, frozenset[str], bool]:
         # Every workspace of the process: the deployment's index; one (a scoped token): its own.

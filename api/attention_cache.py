@@ -24,6 +24,7 @@ from typing import Awaitable, Callable
 from acp_state.metrics import Tally
 from acp_state.store import Fanout, WorkerRegistry
 
+from .cache import Heads
 from .etag import weak_etag
 
 log = logging.getLogger("acp_state.api.attention_cache")
@@ -37,11 +38,12 @@ MAX_PAGES = 1000
 PageKey = tuple[tuple[str, ...], str, int]
 
 
-@dataclass(frozen=True)
+@dataclass
 class KeptPage:
     body: bytes
     etag: str  # made once, with the body: the ETag middleware keeps a route's own
     owners: frozenset[str]
+    heads: Heads | None = None  # its 200's and 304's headers, made by its first hot read
 
 
 @dataclass(frozen=True)
@@ -83,28 +85,36 @@ class AttentionPages:
         self._changes += 1
         self._pages.clear()
 
+    async def kept(self, key: PageKey, registry: WorkerRegistry) -> KeptPage | None:
+        """The kept page of `key`, once every change of its workspaces announced before the
+        call has arrived (`sync_all`), while every owner it counts holds its lease."""
+        if key not in self._pages or not await self._fanout.sync_all(list(key[0])):
+            return None
+        page = self._pages.get(key)  # a change heard during the sync dropped it
+        if page is None or not await _all_live(registry, page.owners):
+            return None
+        PAGE_HITS.inc()
+        return page
+
     async def answer(self, key: PageKey, registry: WorkerRegistry, read: PageReader) -> tuple[bytes, str]:
         """The answer of `key` and its ETag: kept, else read (`read`), and kept if no change
-        came meanwhile. Concurrent misses of one key share one read: a request joins a read under way only
-        if, once every change announced before it has arrived (`sync_all`), none has
-        arrived since that read began, as it could then keep its answer too."""
-        page, flight = self._pages.get(key), self._flights.get(key)
-        if (page is not None or flight is not None) and await self._fanout.sync_all(list(key[0])):
-            page = self._pages.get(key)  # a change heard during the sync dropped it
-            if page is not None and await _all_live(registry, page.owners):
+        came meanwhile. Concurrent misses of one key share one read: a request joins a read
+        under way only if, once every change announced before it has arrived (`sync_all`),
+        none has arrived since that read began, as it could then keep its answer too."""
+        page = await self.kept(key, registry)
+        if page is not None:
+            return page.body, page.etag
+        flight = self._flights.get(key)
+        if flight is not None and await self._fanout.sync_all(list(key[0])) and flight.started == self._changes:
+            try:
+                answer = await asyncio.shield(flight.answer)
                 PAGE_HITS.inc()
-                return page.body, page.etag
-            flight = self._flights.get(key)
-            if flight is not None and flight.started == self._changes:
-                try:
-                    answer = await asyncio.shield(flight.answer)
-                    PAGE_HITS.inc()
-                    return answer
-                except asyncio.CancelledError:
-                    current = asyncio.current_task()
-                    if not flight.answer.cancelled() or (current is not None and current.cancelling()):
-                        raise
-                    # the request that was reading it went away: read it ourselves
+                return answer
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if not flight.answer.cancelled() or (current is not None and current.cancelling()):
+                    raise
+                # the request that was reading it went away: read it ourselves
         PAGE_MISSES.inc()
         started = await self._begin(key[0])
         flight = Flight(started, asyncio.get_running_loop().create_future())

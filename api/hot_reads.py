@@ -1,9 +1,9 @@
 """The reads dashboards poll all day, answered straight from this process's cache.
 
-`GET /session/:id/status` and `GET /workspace/:id/sessions` are most of an API process's
-traffic, and a kept answer is a few dict lookups and one shared sync ping; Starlette's
-stack around it (error middleware, routing, request and response objects, our four
-middlewares) cost twice that again in a profile. So a read whose answer is current in the
+`GET /session/:id/status`, `GET /workspace/:id/sessions` and `GET /attention` are most of
+an API process's traffic, and a kept answer is a few dict lookups and one shared sync ping;
+Starlette's stack around it (error middleware, routing, request and response objects, our
+four middlewares) cost twice that again in a profile. So a read whose answer is current in the
 cache is sent from here, with the very status, headers and body the routes would give it,
 and counted under the route's name. Everything else, including every miss, every error
 and every check that needs Redis, goes through the app as before: this is a shortcut for
@@ -13,11 +13,15 @@ the one case the routes answer from memory, never a second implementation of the
 from __future__ import annotations
 
 import logging
+from typing import Callable, TypeVar
+
 from starlette.datastructures import QueryParams
 from starlette.types import Scope, Send
 
 from acp_state.store import STORE_ERRORS
 
+from .attention import asked, attention_page, kept_page
+from .attention_cache import KeptPage
 from .auth import Authenticator
 from .cache import CachedPage, CachedSession, Heads
 from .etag import names
@@ -30,9 +34,11 @@ from .workspaces import current_page, list_sessions, page_asked
 
 log = logging.getLogger("api.hot_reads")
 
+T = TypeVar("T")
+
 _JSON_TYPE = JSON_TYPE.encode()
 # Counted under the routes' own names, as `RequestMetrics` counts what the routes answer.
-STATUS_ROUTE, LISTING_ROUTE = status.__name__, list_sessions.__name__
+STATUS_ROUTE, LISTING_ROUTE, ATTENTION_ROUTE = status.__name__, list_sessions.__name__, attention_page.__name__
 
 
 async def answer(state: AppState | None, auth: Authenticator, counts: RequestCounts, scope: Scope, send: Send) -> bool:
@@ -50,15 +56,21 @@ async def answer(state: AppState | None, auth: Authenticator, counts: RequestCou
             if not sid or "/" in sid or principal is None:
                 return False
             route, found = STATUS_ROUTE, _status(await state.locator.cached(sid, principal))
+        elif path == "/attention":
+            principal = auth.principal(scope)
+            if principal is None:
+                return False
+            size, cursor_text, _ = _remembered(scope["query_string"], asked)
+            route, found = ATTENTION_ROUTE, _attention(await kept_page(state, principal, size, cursor_text))
         elif path.startswith("/workspace/") and path.endswith("/sessions"):
             ws, principal = path[11:-9], auth.principal(scope)
             # Only the id form: a path selector is canonicalized (and may be refused) by the route.
             if ws not in state.workspaces or principal is None or not principal.may(ws):
                 return False
-            asked = _page_asked(scope["query_string"])
-            if asked is None:
+            listed = _remembered(scope["query_string"], page_asked)
+            if listed is None:
                 return False
-            route, found = LISTING_ROUTE, _listing(await current_page(state, ws, *asked))
+            route, found = LISTING_ROUTE, _listing(await current_page(state, ws, *listed))
         else:
             return False
     except (ApiError, *STORE_ERRORS):  # the app meets it again and answers it its way
@@ -89,6 +101,14 @@ def _listing(page: CachedPage | None) -> tuple[bytes, str, Heads] | None:
     return page.body, page.etag, page.heads
 
 
+def _attention(page: KeptPage | None) -> tuple[bytes, str, Heads] | None:
+    if page is None:
+        return None
+    if page.heads is None:
+        page.heads = _heads(page.body, page.etag)
+    return page.body, page.etag, page.heads
+
+
 def _heads(body: bytes, etag: str) -> Heads:
     """The headers of a kept answer's 200 and 304, as the route and the ETag middleware
     would send them."""
@@ -96,19 +116,21 @@ def _heads(body: bytes, etag: str) -> Heads:
     return [tag, (b"content-length", str(len(body)).encode()), (b"content-type", _JSON_TYPE)], [tag]
 
 
-def _page_asked(query: bytes) -> tuple[int, int] | None:
-    """`page_asked` of a raw query string, remembered: pollers send the same few queries
-    again and again, and parsing one cost as much as the rest of a kept read."""
-    asked = _ASKED.get(query, _UNKNOWN)
-    if asked is _UNKNOWN:
-        asked = page_asked(QueryParams(query))  # a 400 is raised, never kept: the route answers it
+def _remembered(query: bytes, parse: Callable[[QueryParams], T]) -> T:
+    """`parse` of a raw query string (`page_asked`, `attention.asked`), remembered: pollers
+    send the same few queries again and again, and parsing one cost as much as the rest of
+    a kept read. A 400 is raised, never kept: the route answers it."""
+    key = (parse, query)
+    parsed = _ASKED.get(key, _UNKNOWN)
+    if parsed is _UNKNOWN:
+        parsed = parse(QueryParams(query))
         if len(_ASKED) >= _ASKED_KEPT:
             _ASKED.clear()
-        _ASKED[query] = asked
-    return asked  # type: ignore[return-value]
+        _ASKED[key] = parsed
+    return parsed  # type: ignore[return-value]
 
 
-_ASKED: dict[bytes, object] = {}
+_ASKED: dict[tuple[object, bytes], object] = {}
 _ASKED_KEPT = 1024
 _UNKNOWN = object()
 

@@ -1,4 +1,4 @@
-"""The hot reads (`api/hot_reads.py`): a status or listing answer kept current in an API
+"""The hot reads (`api/hot_reads.py`): a status, listing or inbox answer kept current in an API
 process's cache is sent past Starlette's stack. A client must not be able to tell: the same
 status, headers and body as the read that went to Redis, the same 304s, the same counts in
 `/metrics`, and never an answer the stack would have refused (another workspace's token, no
@@ -55,7 +55,7 @@ async def test_a_kept_answer_is_the_answer_read_from_redis(harness: Harness, wor
     status_path = f"/session/{sid}/status"
     listing_path = f"/workspace/{workspace_id(workspace)}/sessions?size=5"
 
-    for path, route in ((status_path, "status"), (listing_path, "list_sessions")):
+    for path, route in ((status_path, "status"), (listing_path, "list_sessions"), ("/attention?size=5", "attention_page")):
         hits = await cache_hits(api)
         from_redis = await client.get(path, headers=auth)  # read, then kept
         kept = await client.get(path, headers=auth)
@@ -97,7 +97,7 @@ async def test_a_kept_answer_is_never_given_to_a_caller_the_stack_would_refuse(
     sid = (await client.post("/session", json={"cwd": workspace}, headers=bearer(ADMIN))).json()["sessionId"]
     status_path = f"/session/{sid}/status"
     listing_path = f"/workspace/{workspace_id(workspace)}/sessions"
-    for path in (status_path, listing_path):
+    for path in (status_path, listing_path, "/attention"):
         for _ in range(2):  # read and kept
             assert (await client.get(path, headers=bearer(ADMIN))).status_code == 200
         anonymous = await client.get(path)

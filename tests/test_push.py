@@ -362,6 +362,8 @@ async def test_the_inbox_stream_follows_votes_and_a_token_sees_its_workspaces(ha
     await everything.wait_for(lambda f: f["event"] == "attention_added" and f["data"]["sessionId"] == theirs)
     rid = added["data"]["requestId"]
     await limited.wait_for(lambda f: f["event"] == "attention_added" and f["data"]["sessionId"] == ours)
+    for _ in range(2):  # read and kept: never the answer of a token that sees more
+        assert len((await api.client.get("/attention")).json()["items"]) == 2
     scoped_page = (await api.client.get("/attention", headers=mine)).json()["items"]
     assert [i["sessionId"] for i in scoped_page] == [ours]
 
