@@ -209,6 +209,8 @@ async def _frames(listener: Listener, first: bytes, snapshot: Callable[[], bytes
         yield f"retry: {RETRY_MS}\n\n".encode()
         if first:
             yield first
+        # The stream is held for hours: not the first frame with it (a snapshot of every row).
+        first = b""
         while True:
             await listener.wait()  # no timer per frame: the hub pushes the keepalives
             batch = listener.drain()
