@@ -104,8 +104,11 @@ class AttentionPages:
         page = await self.kept(key, registry)
         if page is not None:
             return page.body, page.etag
-        flight = self._flights.get(key)
-        if flight is not None and await self._fanout.sync_all(list(key[0])) and flight.started == self._changes:
+        if key in self._flights and await self._fanout.sync_all(list(key[0])):
+            flight = self._flights.get(key)  # perhaps one begun during the sync, after a change
+        else:
+            flight = None
+        if flight is not None and flight.started == self._changes:
             try:
                 answer = await asyncio.shield(flight.answer)
                 PAGE_HITS.inc()
