@@ -1,14 +1,22 @@
-"""What one open event stream holds in the API process's Python heap: the stream served
-below Starlette's stack (as `acp-state api` serves it) against the same stream through the
-stack (the route), in the same process, on a redis-server and a worker of its own.
+"""What one open event stream costs the API process, in two figures of one run.
 
-Streams are opened one after another (so the Redis pool does not grow with them), then
-held idle: per stream, the bytes `tracemalloc` sees allocated and the objects the garbage
-collector tracks (a full collection walks every one of them). What the ASGI server itself
-keeps per connection is not in here: `python -m bench --scale` measures a process's RSS
-beside a raw ASGI stream on the same server.
+1. **RSS per stream, against the server's bare ASGI stream** (`rss`), on each server
+   (granian, uvicorn): an `acp-state api --server S` process on a redis-server and a worker
+   of its own, `--rss-streams` streams of `GET /session/:id/events` (and of the live feed,
+   `GET /workspaces/:ws/sessions/live-state/events`) held open by a load process of their own
+   (bench/scale_load.py), the process's RSS before and after; beside it a fresh bare app on
+   the same server holding as many of its `/raw-sse` streams (bench/hello_app.py: the
+   server's ASGI interface alone, no Starlette). acp-state's own share of a stream is the
+   difference. Each is taken `--rounds` times, the rounds alternating.
+2. **Python heap per stream** (`heap`): the stream served below Starlette's stack (as
+   `acp-state api` serves it) against the same stream through the stack (the route), in
+   this process: per stream, the bytes `tracemalloc` sees allocated and the objects the
+   garbage collector tracks (a full collection walks every one of them).
 
-    python -m bench.stream_memory [--streams 400]
+Streams are opened one after another (so the Redis pool does not grow with them), then held
+idle.
+
+    python -m bench.stream_memory [--only rss,heap] [--servers granian,uvicorn] [--rss-streams 2000] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -17,9 +25,13 @@ import argparse
 import asyncio
 import gc
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import tracemalloc
 from collections import Counter
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +40,12 @@ import httpx
 from acp_state.api import event_stream
 from acp_state.api.app import create_app
 from acp_state.api.settings import Settings
+from acp_state.cli.serving import SERVERS
+from acp_state.ids import workspace_id
 
-from .procs import RedisServer, worker
+from .__main__ import create_sessions, log, wait_port
+from .procs import ROOT, RedisServer, api, free_port, rss_bytes, worker
+from .scale_streams import Streams
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SESSIONS = 20
@@ -86,7 +102,7 @@ async def held_per_stream(app: Any, sids: list[str], streams: int, below_stack: 
     }
 
 
-async def run(streams: int) -> dict[str, Any]:
+async def heap(streams: int) -> dict[str, Any]:
     server = RedisServer()
     logs = Path(tempfile.mkdtemp(prefix="acp-stream-memory-"))
     workspace = tempfile.mkdtemp(prefix="acp-stream-memory-ws-")
@@ -107,15 +123,123 @@ async def run(streams: int) -> dict[str, Any]:
     return result
 
 
+async def rss_per_stream(port: int, pid: int, paths: list[str], logs: Path, name: str) -> dict[str, Any]:
+    """Process `pid`'s RSS growth per stream while `paths` are held open by a load process,
+    over 200 streams of the same paths held open from before (the process's one-time costs:
+    pools, caches, hubs, the allocator's first arenas). Each figure is taken in a fresh
+    process: memory that earlier streams left to the allocator would be reused unseen."""
+    loads = [Streams(port, paths[:200], logs, name=f"{name}-warm")]
+    try:
+        await loads[0].ready()
+        await asyncio.sleep(1)
+        before = rss_bytes(pid)
+        loads.append(Streams(port, paths, logs, name=name))
+        await loads[1].ready()
+        await asyncio.sleep(2)
+        grown = rss_bytes(pid) - before
+        held = await loads[1].finish()
+        await loads[0].finish()
+    finally:
+        for load in loads:
+            if load.proc.poll() is None:
+                load.proc.kill()
+    return {"bytes_per_stream": round(grown / max(held["streams"], 1)), "open": held["streams"], "refused": len(held["refused"])}
+
+
+async def one_round(name: str, count: int, logs: Path) -> dict[str, int]:
+    """On server `name`, in fresh processes: RSS per stream of the session stream and the
+    live feed (one API process each) and of the bare ASGI stream."""
+    figures: dict[str, int] = {}
+    redis = RedisServer()
+    workspace = tempfile.mkdtemp(prefix="acp-stream-memory-ws-")
+    processes = [await worker(redis.url, logs)]
+    try:
+        async def api_with_sessions() -> tuple[Any, int, list[str]]:
+            process, port = await api(redis.url, workspace, logs, server=name)
+            processes.append(process)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+                return process, port, await create_sessions(client, workspace, SESSIONS)
+
+        process, port, sids = await api_with_sessions()
+        held = await rss_per_stream(port, process.pid, [f"/session/{sids[n % SESSIONS]}/events" for n in range(count)],
+                                    logs, f"session-{name}")
+        figures["session_stream"] = held["bytes_per_stream"]
+        process, port, _ = await api_with_sessions()
+        feed = f"/workspaces/{workspace_id(workspace)}/sessions/live-state/events"
+        figures["live_feed"] = (await rss_per_stream(port, process.pid, [feed] * count, logs, f"feed-{name}"))["bytes_per_stream"]
+    finally:
+        for process in reversed(processes):
+            await process.stop()
+        redis.stop()
+    bare_port = free_port()
+    bare = subprocess.Popen([sys.executable, "-m", "bench.hello_app", "--server", name, "--port", str(bare_port)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL)
+    try:
+        await wait_port(bare_port)
+        figures["bare_raw_asgi_stream"] = (await rss_per_stream(bare_port, bare.pid, ["/raw-sse"] * count, logs,
+                                                                f"bare-{name}"))["bytes_per_stream"]
+    finally:
+        bare.terminate()
+        bare.wait(30)
+    return figures
+
+
+async def rss(servers: list[str], count: int, rounds: int) -> dict[str, Any]:
+    """Per server, `rounds` times, the servers alternating: RSS per open stream of the
+    session stream, the live feed and the bare ASGI stream on that server."""
+    result: dict[str, Any] = {"streams": count, "rounds": rounds}
+    logs = Path(tempfile.mkdtemp(prefix="acp-stream-memory-"))
+    taken: dict[str, dict[str, list[int]]] = {name: {} for name in servers}
+    for round_ in range(rounds):
+        for name in servers:
+            log(f"stream memory on {name}, round {round_ + 1}: {count} streams each")
+            for figure, value in (await one_round(name, count, logs)).items():
+                taken[name].setdefault(figure, []).append(value)
+    for name, figures in taken.items():
+        bare = sorted(figures["bare_raw_asgi_stream"])[len(figures["bare_raw_asgi_stream"]) // 2]
+        result[name] = {
+            **{f"{k}_bytes": v for k, v in figures.items()},
+            # acp-state's own share: the API's stream over the bare one, medians of the rounds.
+            "session_stream_share_bytes": sorted(figures["session_stream"])[rounds // 2] - bare,
+            "live_feed_share_bytes": sorted(figures["live_feed"])[rounds // 2] - bare,
+        }
+    return result
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                              "load_average_before": os.getloadavg()}
+    if "rss" in args.only:
+        result["rss"] = await rss(args.servers, args.rss_streams, args.rounds)
+    if "heap" in args.only:
+        result["heap"] = await heap(args.streams)
+    result["load_average_after"] = os.getloadavg()
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--streams", type=int, default=400)
+    parser.add_argument("--only", default="rss,heap", help="comma-separated: rss,heap")
+    parser.add_argument("--servers", default=",".join(SERVERS), help="comma-separated: granian,uvicorn")
+    parser.add_argument("--rss-streams", type=int, default=2000, help="streams held open per RSS figure")
+    parser.add_argument("--rounds", type=int, default=2, help="RSS figures per server, alternating")
+    parser.add_argument("--streams", type=int, default=400, help="streams opened for the heap figure")
+    parser.add_argument("--out", type=Path, default=RESULTS / "stream_memory.json")
     args = parser.parse_args()
-    result = asyncio.run(run(args.streams))
-    for name in ("through_the_stack", "below_the_stack"):
-        r = result[name]
-        print(f"{name:>18}: {r['bytes_per_stream']:,} B and {r['tracked_objects_per_stream']} tracked objects per stream")
-    (RESULTS / "stream_memory.json").write_text(json.dumps(result, indent=1) + "\n")
+    args.only, args.servers = args.only.split(","), args.servers.split(",")
+    result = asyncio.run(run(args))
+    for name in args.servers if "rss" in result else []:
+        r = result["rss"][name]
+        print(f"{name}: RSS per open stream, {result['rss']['streams']} streams, rounds {result['rss']['rounds']}: "
+              f"session stream {r['session_stream_bytes']} B, live feed {r['live_feed_bytes']} B, "
+              f"the server's bare ASGI stream {r['bare_raw_asgi_stream_bytes']} B; acp-state's own share "
+              f"{r['session_stream_share_bytes']:,} B (session), {r['live_feed_share_bytes']:,} B (live feed)")
+    if "heap" in result:
+        for name in ("through_the_stack", "below_the_stack"):
+            r = result["heap"][name]
+            print(f"heap {name:>18}: {r['bytes_per_stream']:,} B and {r['tracked_objects_per_stream']} tracked objects per stream")
+    print(f"load average before {result['load_average_before']}, after {result['load_average_after']}")
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
