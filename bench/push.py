@@ -472,7 +472,7 @@ async def bench_attention(args: argparse.Namespace, logs: Path) -> dict[str, Any
         after = await command_calls(redis)
         scripts = (after.get("evalsha", 0) - before.get("evalsha", 0) - max(quiet, 0)) / max(ours["requests"], 1)
         rows.append({"figure": f"GET /attention?size=100, {live} live sessions, {count} waiting", **ours,
-                     "redis_scripts_per_request": round(scripts, 2)})
+                     "redis_scripts_per_request": round(max(scripts, 0.0), 2)})
         log(f"attention page: {ours['rps']} req/s")
         cursor_url = f"{base}/attention?size=100&cursor={page['nextCursor']}"
         rows.append({"figure": "GET /attention?size=100&cursor= (second page)", **(await asyncio.to_thread(run_wrk, cursor_url))})
