@@ -1,0 +1,67 @@
+"""The live feed is served below Starlette's stack (`ApiApp._live_feed`), as the session
+stream is: what the route would refuse is still the app's answer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from prometheus_client import REGISTRY
+
+from acp_state.api.app import create_app
+from acp_state.api.settings import Settings
+from acp_state.ids import workspace_id
+from tests.harness import Harness
+from tests.helpers import eventually
+
+
+async def test_the_feed_is_served_below_the_stack_and_anything_it_would_refuse_is_left_to_the_app(
+    harness: Harness, redis_server, workspace: str
+) -> None:
+    """The shortcut called itself: a workspace's feed is sent by it (its snapshot first),
+    counted under the route's name, and lets go of its listener as its client leaves; an
+    unknown workspace, another method and another route are left to the app, with nothing
+    sent."""
+    await harness.worker()
+    app = create_app(Settings(redis_url=redis_server.url, workspaces=[workspace]))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            sid = (await client.post("/session", json={"cwd": workspace}, timeout=60)).json()["sessionId"]
+        sent: list[dict] = []
+        snapshot_sent, left = asyncio.Event(), asyncio.Event()
+        messages = [{"type": "http.request", "body": b"", "more_body": False}]
+
+        async def receive() -> dict:
+            if messages:
+                return messages.pop()
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+            if b"live_state_snapshot" in message.get("body", b""):
+                snapshot_sent.set()
+
+        def served(path: str, method: str = "GET") -> asyncio.Task[bool]:
+            scope = {"type": "http", "method": method, "path": path, "headers": [], "query_string": b""}
+            return asyncio.ensure_future(app._live_feed(app.acp, scope, receive, send))
+
+        def counted() -> float:
+            return REGISTRY.get_sample_value("acp_state_http_requests_total", {"route": "live_state_events", "status": "200"}) or 0
+
+        before = counted()
+        feed = f"/workspaces/{workspace_id(workspace)}/sessions/live-state/events"
+        stream = served(feed)
+        await asyncio.wait_for(snapshot_sent.wait(), 10)
+        assert sent[0]["status"] == 200 and dict(sent[0]["headers"])[b"content-type"] == b"text/event-stream"
+        assert sid.encode() in b"".join(m.get("body", b"") for m in sent)
+        assert counted() == before + 1
+        assert app.acp.feeds.listeners == 1
+        left.set()
+        assert await asyncio.wait_for(stream, 10) is True
+        await eventually(lambda: app.acp.feeds.listeners == 0, "the feed let go of its listener")
+        sent.clear()
+        for path, method in ((feed, "HEAD"), ("/workspaces/no-such-workspace/sessions/live-state/events", "GET"),
+                             (f"/workspaces/{workspace_id(workspace)}/sessions/live-state", "GET")):
+            assert await served(path, method) is False and sent == [], (method, path)
