@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.types import Receive, Scope, Send
 
@@ -116,9 +117,12 @@ class ApiApp(Starlette):
         state = self.acp
         if await hot_reads.answer(state, self.authenticator, self.counts, scope, send):
             return
-        if await event_stream.answer(state, self.authenticator, self.counts, scope, receive, send):
-            return
-        if await self._live_feed(state, scope, receive, send):
+        # An open stream is awaited from this frame, none between (each would be held for hours).
+        stream = await event_stream.opened(state, self.authenticator, self.counts, scope)
+        if stream is None:
+            stream = await self._opened_live_feed(state, scope, receive)
+        if stream is not None:
+            await stream(scope, receive, send)
             return
         # An event stream whose start and first frame have passed every middleware (they look
         # at the start only, and let streams through) writes its later frames straight to the
@@ -129,29 +133,37 @@ class ApiApp(Starlette):
 
     async def _live_feed(self, state: AppState | None, scope: Scope, receive: Receive, send: Send) -> bool:
         """Serve `GET /workspaces/:workspace/sessions/live-state/events` below Starlette's
-        stack, as the session stream is (`event_stream.answer`), and for the same reason: an
+        stack (`_opened_live_feed`, then the feed); False: not served, nothing sent."""
+        response = await self._opened_live_feed(state, scope, receive)
+        if response is None:
+            return False
+        await response(scope, receive, send)
+        return True
+
+    async def _opened_live_feed(self, state: AppState | None, scope: Scope, receive: Receive) -> Response | None:
+        """`GET /workspaces/:workspace/sessions/live-state/events` opened below Starlette's
+        stack, as the session stream is (`event_stream.opened`), and for the same reason: an
         open feed held every frame of the stack for its whole life (RSS per feed 31 KB through
         it on granian, `python -m bench.stream_memory`). Same token check, same count, the
         route's own code; anything it refuses (or a store error) is left to the app, which
-        answers it its way. False: not served, nothing sent."""
+        answers it its way. None: not served, nothing sent."""
         if state is None or scope["type"] != "http" or scope["method"] != "GET":
-            return False
+            return None
         match = LIVE_FEED_PATH.fullmatch(scope["path"])
         principal = self.authenticator.principal(scope) if match is not None else None
         if match is None or principal is None:
-            return False
+            return None
         scope["app"], scope["path_params"] = self, {"workspace": match[1]}
         scope.setdefault("state", {})["principal"] = principal
         try:
             response = await live_feed.live_state_events(Request(scope, receive))
         except (ApiError, *STORE_ERRORS):  # the app meets it again and answers it its way
-            return False
+            return None
         except Exception:  # a bug of this shortcut: said, and the feed served by the app all the same
             log.exception("opening a live feed below the stack failed; the app serves it")
-            return False
+            return None
         self.counts.add(live_feed.live_state_events.__name__, 200)  # as RequestMetrics counts the route
-        await response(scope, receive, send)
-        return True
+        return response
 
 
 def create_app(settings: Settings, store: RedisStore | None = None) -> ApiApp:

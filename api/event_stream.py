@@ -14,7 +14,7 @@ import contextlib
 import functools
 import logging
 import uuid
-from typing import Any, AsyncIterator, Callable, Generator, Iterator, Mapping, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping, Protocol
 
 import orjson
 from starlette.datastructures import Headers, QueryParams
@@ -99,7 +99,7 @@ async def open_stream(
     subscription = await state.fanout.subscribe_session(ws, sid, buffer)
     try:
         # Read state only after the subscription is confirmed: nothing can fall in between.
-        view = await state.store.session(ws, sid)
+        view = await state.stream_opens.session(state.store, ws, sid)
         live = view is not None and await state.registry.is_live(view.owner)
         if not live and last_id is None:
             raise not_found(sid)
@@ -123,32 +123,45 @@ def _keepalive(subscription: Subscription) -> None:
 
 async def answer(state: AppState | None, auth: Authenticator, counts: RequestCounts, scope: Scope, receive: Receive,
                  send: Send) -> bool:
-    """Serve `GET /session/:id/events` below Starlette's stack; False: not served, nothing
-    sent, the app must serve it. An open stream holds every frame of the stack it was
-    called through for its whole life: Starlette's error middleware, routing, our four
-    middlewares and their send wrappers held more than the stream itself (13.3 KB of
-    Python heap a stream through the stack, 5.5 KB below it: `python -m
-    bench.stream_memory`). The stream gets the same token check and the same count as the route;
-    anything the route would refuse (no token, no such session, a store error) is left to
-    the app, which answers it its way."""
-    if state is None or scope["type"] != "http" or scope["method"] != "GET":
+    """Serve `GET /session/:id/events` below Starlette's stack (`opened`, then the stream);
+    False: not served, nothing sent, the app must serve it."""
+    response = await opened(state, auth, counts, scope)
+    if response is None:
         return False
-    path: str = scope["path"]
-    if not (path.startswith("/session/") and path.endswith("/events")):
-        return False
-    sid, principal = path[9:-7], auth.principal(scope)
-    if not sid or "/" in sid or principal is None:
-        return False
-    try:
-        response = await open_stream(state, sid, principal, Headers(scope=scope), QueryParams(scope["query_string"]))
-    except (ApiError, *STORE_ERRORS):  # the app meets it again and answers it its way
-        return False
-    except Exception:  # a bug of this shortcut: said, and the stream served by the app all the same
-        log.exception("opening the event stream of %s below the stack failed; the app serves it", sid)
-        return False
-    counts.add(stream_events.__name__, 200)  # under the route's name, as its answer starts (RequestMetrics)
     await response(scope, receive, send)
     return True
+
+
+async def opened(state: AppState | None, auth: Authenticator, counts: RequestCounts, scope: Scope) -> EventStreamResponse | None:
+    """`GET /session/:id/events` opened below Starlette's stack, ready to be called as an
+    ASGI app; None: not this route, or refused (nothing sent: the app must serve it). An
+    open stream holds every frame of the stack it was called through for its whole life:
+    Starlette's error middleware, routing, our four middlewares and their send wrappers held
+    more than the stream itself (13.3 KB of Python heap a stream through the stack, 5.5 KB
+    below it: `python -m bench.stream_memory`); the caller awaits the stream itself, so not
+    even this frame is held. The stream gets the same token check and the same count as the
+    route; anything the route would refuse (no token, no such session, a store error) is
+    left to the app, which answers it its way."""
+    if state is None or scope["type"] != "http" or scope["method"] != "GET":
+        return None
+    path: str = scope["path"]
+    if not (path.startswith("/session/") and path.endswith("/events")):
+        return None
+    sid, principal = path[9:-7], auth.principal(scope)
+    if not sid or "/" in sid or principal is None:
+        return None
+    try:
+        # Headers of the scope's list, not `Headers(scope=)`: that copies the list into the
+        # scope, which the server keeps for the stream's whole life.
+        headers = Headers(raw=scope["headers"])
+        response = await open_stream(state, sid, principal, headers, QueryParams(scope["query_string"]))
+    except (ApiError, *STORE_ERRORS):  # the app meets it again and answers it its way
+        return None
+    except Exception:  # a bug of this shortcut: said, and the stream served by the app all the same
+        log.exception("opening the event stream of %s below the stack failed; the app serves it", sid)
+        return None
+    counts.add(stream_events.__name__, 200)  # under the route's name, as its answer starts (RequestMetrics)
+    return response
 
 
 DIRECT_SEND = "acp.direct_send"  # the server's own send, kept in the scope by the app (`ApiApp`)
@@ -191,7 +204,7 @@ class EventStreamResponse:
         self.sending_since: float | None = None  # loop time a send began, while it waits
         self.ending: str | None = None  # why this stream ends itself (it cancels its task)
         self.task: asyncio.Task[Any] | None = None
-        self._receiving: asyncio.Future[Any] | None = None
+        self._receiving: asyncio.Future[Any] | _Stepped | None = None
         self._receive: Receive | None = None
         # Called every KEEPALIVE_S by the send watch: it wakes the body for a keepalive (the
         # push hubs send their own).
@@ -296,18 +309,76 @@ class EventStreamResponse:
         """Hear the client leave: each `receive()` gets a callback, and the next is asked
         for only when one came back (a request's body, then its disconnect)."""
         self._receive = receive
-        self._receiving = asyncio.ensure_future(receive())
-        self._receiving.add_done_callback(self._heard)
+        self._ask()
 
-    def _heard(self, message: asyncio.Future[Any]) -> None:
-        self._receiving = None
-        if self.task is None or message.cancelled() or self._receive is None:
+    def _ask(self) -> None:
+        assert self._receive is not None
+        asked = self._receive()
+        if asyncio.isfuture(asked):  # granian's: a future already
+            self._receiving = asked
+            asked.add_done_callback(self._heard_future)
+        else:  # a coroutine (uvicorn's): stepped by hand, not wrapped in a Task (400 B a stream)
+            stepped = self._receiving = _Stepped(asked, self._heard)
+            stepped.start()  # after it is kept: it may be done at once, and the next asked for
+
+    def _heard_future(self, message: asyncio.Future[Any]) -> None:
+        if message.cancelled():
+            self._receiving = None
             return
-        if message.exception() is not None or message.result()["type"] == "http.disconnect":
+        error = message.exception()
+        self._heard(None if error is not None else message.result(), error)
+
+    def _heard(self, message: Any, error: BaseException | None) -> None:
+        self._receiving = None
+        if self.task is None or self._receive is None:
+            return
+        if error is not None or message["type"] == "http.disconnect":
             self.end("the client left")
             return
-        self._receiving = asyncio.ensure_future(self._receive())
-        self._receiving.add_done_callback(self._heard)
+        self._ask()
+
+
+class _Stepped:
+    """An awaitable run to its end on the futures it waits on, as a Task would run it, but
+    with no Task (a Task, its weak reference in `asyncio.all_tasks` and its callbacks are
+    400 B, and an open stream on uvicorn holds a `receive()` for its whole life). Once
+    `start`ed, `done` is called with its result or its error; `cancel` closes it, and `done`
+    is not called."""
+
+    __slots__ = ("_step", "_done", "_waits_on")
+
+    def __init__(self, awaitable: Awaitable[Any], done: Callable[[Any, BaseException | None], None]) -> None:
+        self._step: Any = awaitable.__await__()
+        self._done = done
+        self._waits_on: asyncio.Future[Any] | None = None
+
+    def start(self) -> None:
+        self._resume(None)
+
+    def _resume(self, _: Any) -> None:
+        self._waits_on = None
+        try:
+            waits_on = self._step.send(None)
+        except StopIteration as stop:
+            self._done(stop.value, None)
+            return
+        except BaseException as error:  # noqa: BLE001 - given to `done`, as a Task's result would be
+            self._done(None, error)
+            return
+        if getattr(waits_on, "_asyncio_future_blocking", None) is None:  # a bare yield: go on at the next turn
+            asyncio.get_running_loop().call_soon(self._resume, None)
+            return
+        waits_on._asyncio_future_blocking = False  # taken, as a Task takes it
+        self._waits_on = waits_on
+        waits_on.add_done_callback(self._resume)
+
+    def cancel(self) -> None:
+        if self._waits_on is not None:
+            self._waits_on.remove_done_callback(self._resume)
+            self._waits_on = None
+        close = getattr(self._step, "close", None)
+        if close is not None:
+            close()
 
 
 _DONE = object()  # what `next` gives for a send that completed at once
@@ -441,7 +512,9 @@ async def _generate(
         while True:
             delivery = frames = chunk = None
             # No timer per wait: the send watch wakes an idle stream for its keepalive.
-            delivery = await subscription.queue.get()
+            while subscription.queue.empty():
+                await subscription.queue.wait()  # a future: no coroutine frame held through the wait
+            delivery = subscription.queue.get_nowait()
             if delivery is KEEPALIVE:
                 yield KEEPALIVE_FRAME
                 continue

@@ -25,6 +25,7 @@ snapshot.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any
 
@@ -279,7 +280,7 @@ async def live_state_events(request: Request) -> Response:
     listener = Listener()
     feed.add(listener)  # nothing is awaited from here to the first frame: no change falls between
     first = feed.snapshot() if point is None else feed.resume(*point)
-    body = frames(listener, first, feed.snapshot, lambda: feed.remove(listener))
+    body = frames(listener, first, feed.snapshot, functools.partial(feed.remove, listener))
     return stream_response(body, state.settings.sse_send_timeout_s, {GENERATION_HEADER: feed.generation})
 
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, Awaitable, Callable
+from typing import Any, AsyncGenerator, Awaitable, Callable, Generator
 
 from acp_state.tasks import survive
 
@@ -34,19 +32,30 @@ RETRY_AFTER_FAILURE_S = 0.5
 STREAM_HEADERS = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"}
 
 
-@dataclass(eq=False)
+def _anyone(ws: str) -> bool:
+    return True
+
+
 class Listener:
     """One stream's bounded buffer of frames, and what it should do next: send them, end
-    (`closed`), or send a fresh snapshot instead (`behind`: it fell behind)."""
+    (`closed`), or send a fresh snapshot instead (`behind`: it fell behind).
 
-    accepts: Callable[[str], bool] = lambda ws: True  # which workspaces its token may see
-    frames: deque[bytes] = field(default_factory=deque)
-    behind: bool = False
-    closed: bool = False
-    # While its stream's task waits with nothing queued: the stream's own write (`DirectWrites`),
-    # so a frame goes out in the hub's step, without waking the task.
-    write: Callable[[bytes], bool] | None = None
-    _ready: asyncio.Event = field(default_factory=asyncio.Event)
+    Ten thousand are held for hours: no instance dict, a list for the frames (a deque is
+    600 B empty) and one future while its stream waits (an `asyncio.Event` holds a deque of
+    waiters and a dict)."""
+
+    __slots__ = ("accepts", "frames", "behind", "closed", "write", "_due", "_waiter")
+
+    def __init__(self, accepts: Callable[[str], bool] = _anyone) -> None:
+        self.accepts = accepts  # which workspaces its token may see
+        self.frames: list[bytes] = []
+        self.behind = False
+        self.closed = False
+        # While its stream's task waits with nothing queued: the stream's own write (`DirectWrites`),
+        # so a frame goes out in the hub's step, without waking the task.
+        self.write: Callable[[bytes], bool] | None = None
+        self._due = False  # something to do since the last drain
+        self._waiter: asyncio.Future[None] | None = None
 
     def push(self, frame: bytes) -> None:
         if self.behind or self.closed:
@@ -58,22 +67,44 @@ class Listener:
             self.frames.clear()
         else:
             self.frames.append(frame)
-        self._ready.set()
+        self._wake()
 
     def close(self) -> None:
         self.closed = True
-        self._ready.set()
+        self._wake()
 
-    async def wait(self) -> None:
-        """Until there is something to do."""
-        await self._ready.wait()
+    def _wake(self) -> None:
+        self._due = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def wait(self) -> Awaitable[None]:
+        """Until there is something to do (a future while there is not: no coroutine frame)."""
+        if self._due:
+            return _NOW
+        self._waiter = asyncio.get_running_loop().create_future()
+        return self._waiter
 
     def drain(self) -> bytes:
         """Every frame queued, in order, as one chunk: a burst costs one write, not one each."""
         chunk = b"".join(self.frames)
         self.frames.clear()
-        self._ready.clear()
+        self._due = False
+        self._waiter = None
         return chunk
+
+
+class _Now:
+    """An awaitable that is done at once."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield
+
+
+_NOW = _Now()
 
 
 class Hub:
@@ -187,6 +218,8 @@ async def run_every(name: str, interval_s: float, round_: Callable[[], Awaitable
 class PushBody:
     """A push stream's body (`frames`), and the listener it sends, which its response lets
     the hub write to directly."""
+
+    __slots__ = ("listener", "_chunks")
 
     def __init__(self, listener: Listener, chunks: AsyncGenerator[bytes, None]) -> None:
         self.listener, self._chunks = listener, chunks

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
@@ -12,6 +12,7 @@ from acp_state.store import Fanout, Store, WorkerRegistry
 from .locator import SessionLocator
 from .placement import LiveReports
 from .settings import Settings
+from .stream_opens import StreamOpens
 
 if TYPE_CHECKING:  # they read the app state themselves
     from .attention import AttentionFeeds
@@ -29,6 +30,7 @@ class AppState:
     feeds: LiveFeeds  # the live workspace feeds (push)
     attention: AttentionFeeds  # the attention inbox's stream (push)
     reports: LiveReports  # the live workers' load reports, for placing creates
+    stream_opens: StreamOpens = field(default_factory=StreamOpens)  # the session reads of opening streams
 
 
 def app_state(request: Request) -> AppState:

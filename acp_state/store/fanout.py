@@ -103,6 +103,15 @@ class Buffer:
             raise asyncio.QueueEmpty
         return self._items.pop(0)
 
+    def wait(self) -> asyncio.Future[None]:
+        """A future done once an item is put: what an open stream awaits while its buffer is
+        empty (a future, not a coroutine frame as `get` holds)."""
+        if self._waiter is None or self._waiter.done():
+            self._waiter = asyncio.get_running_loop().create_future()
+            if self._items:
+                self._waiter.set_result(None)
+        return self._waiter
+
     async def get(self) -> Any:
         while not self._items:
             self._waiter = asyncio.get_running_loop().create_future()
@@ -113,7 +122,7 @@ class Buffer:
         return self._items.pop(0)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # one per open stream: no instance dict
 class Subscription:
     """One listener's bounded buffer. A burst that overflows it is never waited for: the
     buffer is emptied and the listener told to catch up from the replay log instead."""
