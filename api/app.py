@@ -153,10 +153,13 @@ class ApiApp(Starlette):
         principal = self.authenticator.principal(scope) if match is not None else None
         if match is None or principal is None:
             return None
-        scope["app"], scope["path_params"] = self, {"workspace": match[1]}
-        scope.setdefault("state", {})["principal"] = principal
+        # The route's request gets a scope of its own: what it adds (the path's parameters,
+        # the principal, a copy of the headers list) would stay in the server's scope, which
+        # the server keeps for the feed's whole life.
+        route_scope = {**scope, "app": self, "path_params": {"workspace": match[1]},
+                       "state": {**scope.get("state", {}), "principal": principal}}
         try:
-            response = await live_feed.live_state_events(Request(scope, receive))
+            response = await live_feed.live_state_events(Request(route_scope, receive))
         except (ApiError, *STORE_ERRORS):  # the app meets it again and answers it its way
             return None
         except Exception:  # a bug of this shortcut: said, and the feed served by the app all the same

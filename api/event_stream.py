@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping, Protocol
@@ -112,7 +111,7 @@ async def open_stream(
     sent = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no", "X-Qwen-SSE-Stream-Id": str(uuid.uuid4())}
     if view is not None:
         sent["X-Qwen-Event-Epoch"] = view.epoch
-    return EventStreamResponse(body, state.settings.sse_send_timeout_s, sent, functools.partial(_keepalive, subscription))
+    return EventStreamResponse(body, state.settings.sse_send_timeout_s, sent, subscription)
 
 
 def _keepalive(subscription: Subscription) -> None:
@@ -188,11 +187,11 @@ class EventStreamResponse:
 
     # Ten thousand are held for hours: no instance dict.
     __slots__ = ("body", "raw_headers", "send_timeout", "sending_since", "ending", "task", "_receiving", "_receive",
-                 "keepalive", "keepalive_due", "writes", "_send", "_writing")
+                 "wakes", "keepalive_due", "writes", "_send", "_writing")
 
     def __init__(
         self, body: AsyncIterator[bytes], send_timeout: float, headers: dict[str, str],
-        keepalive: Callable[[], None] | None = None, writes: DirectWrites | None = None,
+        wakes: Subscription | None = None, writes: DirectWrites | None = None,
     ) -> None:
         self.body = body
         # `content-type` as is, last (Starlette adds `; charset=utf-8`, the reference does not).
@@ -206,9 +205,9 @@ class EventStreamResponse:
         self.task: asyncio.Task[Any] | None = None
         self._receiving: asyncio.Future[Any] | _Stepped | None = None
         self._receive: Receive | None = None
-        # Called every KEEPALIVE_S by the send watch: it wakes the body for a keepalive (the
-        # push hubs send their own).
-        self.keepalive = keepalive
+        # The subscription the send watch wakes every KEEPALIVE_S for a keepalive (the push
+        # hubs send their own): the subscription itself, not a callable made for each stream.
+        self.wakes = wakes
         self.keepalive_due = 0.0
         self.writes = writes
         self._send: Send | None = None  # the send later frames take, once the start passed the middlewares
@@ -455,9 +454,9 @@ class _SendWatch:
             elif since is not None and now - since > stream.send_timeout:
                 log.info("dropping an SSE client that stopped reading")
                 stream.end("the client stopped reading")
-            elif stream.keepalive is not None and now >= stream.keepalive_due:
+            elif stream.wakes is not None and now >= stream.keepalive_due:
                 stream.keepalive_due = now + KEEPALIVE_S
-                stream.keepalive()
+                _keepalive(stream.wakes)
 
 
 _SEND_WATCH = _SendWatch()
