@@ -2,7 +2,7 @@
 --server` picks, served by the very code that serves the API: `acp_state.cli.serving.serve_http`,
 on uvloop): `hello` answers a JSON constant; `hgetall` does one Redis HGETALL per request;
 `/sse` is a bare event stream that sends one frame and then waits (`/raw-sse` the same,
-below Starlette); `/body/<name>` answers
+below Starlette; `/raw-sse?first=N` then sends a frame of N bytes, as a stream's snapshot); `/body/<name>` answers
 the bytes of a file given as `--body name=path` (an API answer of the same size, taken
 from the API in the same run: the stack's own cost of sending it). With `--ping-url`,
 `/raw-ping/<name>` answers the same bytes below Starlette once one Redis PING, written
@@ -123,6 +123,11 @@ class RawStreams:
             return
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         await send({"type": "http.response.body", "body": b"retry: 3000\n\n", "more_body": True})
+        size = int(scope["query_string"].partition(b"first=")[2] or 0)  # `?first=N`: then a frame of N bytes
+        if size > 0:
+            first = b"event: first\ndata: " + b"x" * max(0, size - 21) + b"\n\n"
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+            del first
         try:
             while (await receive())["type"] != "http.disconnect":
                 pass

@@ -7,7 +7,11 @@
    (bench/scale_load.py), the process's RSS before and after; beside it a fresh bare app on
    the same server holding as many of its `/raw-sse` streams (bench/hello_app.py: the
    server's ASGI interface alone, no Starlette). acp-state's own share of a stream is the
-   difference. Each is taken `--rounds` times, the rounds alternating.
+   difference. Beside it, the same bare stream sending also a first frame of the size of
+   the session stream's and the feed's first frame (`/raw-sse?first=N`): what the server
+   itself keeps for having sent those bytes, so the share over it is what acp-state's own
+   objects cost. Each is taken
+   `--rounds` times, the rounds alternating.
 2. **Python heap per stream** (`heap`): the stream served below Starlette's stack (as
    `acp-state api` serves it) against the same stream through the stack (the route), in
    this process: per stream, the bytes `tracemalloc` sees allocated and the objects the
@@ -37,7 +41,6 @@ from typing import Any
 
 import httpx
 
-from acp_state.api import event_stream
 from acp_state.api.app import create_app
 from acp_state.api.settings import Settings
 from acp_state.cli.serving import SERVERS
@@ -74,7 +77,7 @@ async def held_per_stream(app: Any, sids: list[str], streams: int, below_stack: 
     async def open_one(sid: str) -> asyncio.Task[Any]:
         snapshot_sent.clear()
         if below_stack:
-            call = event_stream.answer(app.state.acp, app.authenticator, app.counts, scope(sid), receive, send)
+            call = app(scope(sid), receive, send)  # as the server calls it: the stream is served below the stack
         else:
             call = super(type(app), app).__call__(scope(sid), receive, send)  # Starlette's stack, the route
         task = asyncio.ensure_future(call)
@@ -146,9 +149,22 @@ async def rss_per_stream(port: int, pid: int, paths: list[str], logs: Path, name
     return {"bytes_per_stream": round(grown / max(held["streams"], 1)), "open": held["streams"], "refused": len(held["refused"])}
 
 
+async def first_frame_bytes(port: int, path: str) -> int:
+    """The size of a stream's first frame after its `retry:` (its snapshot)."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        async with client.stream("GET", path) as response:
+            body = b""
+            async for chunk in response.aiter_raw():
+                body += chunk
+                if body.count(b"\n\n") >= 2:
+                    return len(body.split(b"\n\n")[1]) + 2
+    raise RuntimeError(f"{path} ended before its first frame")
+
+
 async def one_round(name: str, count: int, logs: Path) -> dict[str, int]:
     """On server `name`, in fresh processes: RSS per stream of the session stream and the
-    live feed (one API process each) and of the bare ASGI stream."""
+    live feed (one API process each) and of the bare ASGI stream, also sending a first frame
+    of the size of the session stream's and the feed's (the server's own cost of those bytes)."""
     figures: dict[str, int] = {}
     redis = RedisServer()
     workspace = tempfile.mkdtemp(prefix="acp-stream-memory-ws-")
@@ -161,27 +177,36 @@ async def one_round(name: str, count: int, logs: Path) -> dict[str, int]:
                 return process, port, await create_sessions(client, workspace, SESSIONS)
 
         process, port, sids = await api_with_sessions()
+        figures["session_stream_first_frame"] = await first_frame_bytes(port, f"/session/{sids[0]}/events")
         held = await rss_per_stream(port, process.pid, [f"/session/{sids[n % SESSIONS]}/events" for n in range(count)],
                                     logs, f"session-{name}")
         figures["session_stream"] = held["bytes_per_stream"]
         process, port, _ = await api_with_sessions()
         feed = f"/workspaces/{workspace_id(workspace)}/sessions/live-state/events"
+        figures["live_feed_first_frame"] = await first_frame_bytes(port, feed)
         figures["live_feed"] = (await rss_per_stream(port, process.pid, [feed] * count, logs, f"feed-{name}"))["bytes_per_stream"]
     finally:
         for process in reversed(processes):
             await process.stop()
         redis.stop()
-    bare_port = free_port()
-    bare = subprocess.Popen([sys.executable, "-m", "bench.hello_app", "--server", name, "--port", str(bare_port)],
+    figures["bare_raw_asgi_stream"] = await bare_rss(name, "/raw-sse", count, logs, f"bare-{name}")
+    for stream in ("session_stream", "live_feed"):
+        figures[f"bare_with_{stream}_first_frame"] = await bare_rss(
+            name, f"/raw-sse?first={figures[f'{stream}_first_frame']}", count, logs, f"bare-{stream}-{name}")
+    return figures
+
+
+async def bare_rss(name: str, path: str, count: int, logs: Path, label: str) -> int:
+    """RSS per stream of `path` held open on a fresh bare app (bench/hello_app.py) on `name`."""
+    port = free_port()
+    bare = subprocess.Popen([sys.executable, "-m", "bench.hello_app", "--server", name, "--port", str(port)],
                             cwd=ROOT, stdout=subprocess.DEVNULL)
     try:
-        await wait_port(bare_port)
-        figures["bare_raw_asgi_stream"] = (await rss_per_stream(bare_port, bare.pid, ["/raw-sse"] * count, logs,
-                                                                f"bare-{name}"))["bytes_per_stream"]
+        await wait_port(port)
+        return (await rss_per_stream(port, bare.pid, [path] * count, logs, label))["bytes_per_stream"]
     finally:
         bare.terminate()
         bare.wait(30)
-    return figures
 
 
 async def rss(servers: list[str], count: int, rounds: int) -> dict[str, Any]:
@@ -202,6 +227,10 @@ async def rss(servers: list[str], count: int, rounds: int) -> dict[str, Any]:
             # acp-state's own share: the API's stream over the bare one, medians of the rounds.
             "session_stream_share_bytes": sorted(figures["session_stream"])[rounds // 2] - bare,
             "live_feed_share_bytes": sorted(figures["live_feed"])[rounds // 2] - bare,
+            # ... and over the bare stream that also sends a first frame of the same size.
+            **{f"{stream}_share_over_same_first_frame_bytes": sorted(figures[stream])[rounds // 2]
+               - sorted(figures[f"bare_with_{stream}_first_frame"])[rounds // 2]
+               for stream in ("session_stream", "live_feed")},
         }
     return result
 
@@ -233,7 +262,10 @@ def main() -> None:
         print(f"{name}: RSS per open stream, {result['rss']['streams']} streams, rounds {result['rss']['rounds']}: "
               f"session stream {r['session_stream_bytes']} B, live feed {r['live_feed_bytes']} B, "
               f"the server's bare ASGI stream {r['bare_raw_asgi_stream_bytes']} B; acp-state's own share "
-              f"{r['session_stream_share_bytes']:,} B (session), {r['live_feed_share_bytes']:,} B (live feed)")
+              f"{r['session_stream_share_bytes']:,} B (session), {r['live_feed_share_bytes']:,} B (live feed); over the bare "
+              f"stream that also sends a first frame of the same size ({r['session_stream_first_frame_bytes']}, "
+              f"{r['live_feed_first_frame_bytes']} B): {r['session_stream_share_over_same_first_frame_bytes']:,} B (session), "
+              f"{r['live_feed_share_over_same_first_frame_bytes']:,} B (live feed)")
     if "heap" in result:
         for name in ("through_the_stack", "below_the_stack"):
             r = result["heap"][name]
