@@ -230,6 +230,48 @@ async def test_the_stream_is_served_below_the_stack_and_anything_it_would_refuse
             assert await served(path, method) is False and sent == [], (method, path)
 
 
+async def test_a_burst_of_stream_opens_shares_its_state_reads_and_never_grows_the_redis_pool_with_it(
+    harness: Harness, redis_server, redis_client, workspace: str
+) -> None:
+    """Two hundred streams of one session opened at once (a reconnect storm) each get the
+    session's snapshot, while the API reads the session's state at most
+    `stream_opens.CONCURRENT` at a time: the process's Redis connections do not grow with
+    the burst (they grew to one per stream opening, and the pool keeps them)."""
+    import httpx
+
+    from acp_state.api import stream_opens
+    from acp_state.api.app import create_app
+    from acp_state.api.settings import Settings
+
+    await harness.worker()
+    app = create_app(Settings(redis_url=redis_server.url, workspaces=[workspace]))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            sid = (await client.post("/session", json={"cwd": workspace}, timeout=60)).json()["sessionId"]
+        clients_before = len(await redis_client.client_list())
+        snapshots: list[dict] = []
+        left = asyncio.Event()
+
+        async def receive() -> dict:
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            if b"session_snapshot" in message.get("body", b""):
+                snapshots.append(orjson.loads(message["body"].split(b"data: ", 1)[1]))
+
+        path = f"/session/{sid}/events"
+        scope = {"type": "http", "method": "GET", "path": path, "headers": [], "query_string": b""}
+        streams = [asyncio.ensure_future(app(dict(scope), receive, send)) for _ in range(200)]
+        await eventually(lambda: len(snapshots) == 200, "every stream sent its snapshot")
+        assert {s["data"]["lastEventId"] for s in snapshots} == {snapshots[0]["data"]["lastEventId"]}
+        assert len(await redis_client.client_list()) <= clients_before + stream_opens.CONCURRENT
+        left.set()
+        await asyncio.gather(*streams)
+        await eventually(lambda: app.state.acp.fanout.listeners == 0, "every stream unsubscribed")
+
+
 async def wait_for_log(path, text: str) -> None:
     """The API process says what it did in its log; wait until it said `text`."""
     await eventually(lambda: text in path.read_text(), f"{text!r} logged")
