@@ -306,6 +306,9 @@ class AttentionFeed(Hub):
         for key in sorted(key for key, (_, owner) in self.items.items() if owner in lapsed):
             self._remove(key)
 
+    def snapshot_for(self, listener: Listener) -> bytes:
+        return self.snapshot(listener.accepts)
+
     def snapshot(self, accepts: Callable[[str], bool]) -> bytes:
         visible = sorted((wire for (ws, _, _), (wire, _) in self.items.items() if accepts(ws)), key=_order)
         return frame("attention_snapshot", orjson.dumps({"items": visible}).decode(), stream_ids.compose(self.position, self.epoch))
@@ -401,5 +404,5 @@ async def attention_events(request: Request) -> Response:
     feed.add(listener)  # nothing is awaited from here to the first frame: no change falls between
     point = stream_ids.parse(request.headers.get("last-event-id") or request.query_params.get("lastEventId"))
     first = feed.snapshot(principal.may) if point is None else feed.resume(*point, principal.may)
-    body = frames(listener, first, lambda: feed.snapshot(principal.may), lambda: feed.remove(listener))
+    body = frames(listener, first, feed)
     return stream_response(body, state.settings.sse_send_timeout_s)

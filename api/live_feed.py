@@ -25,7 +25,6 @@ snapshot.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from typing import Any
 
@@ -194,6 +193,9 @@ class WorkspaceFeed(Hub):
         body = {"v": 1, "catalogVersion": self._version(), "sessions": [self.rows[sid] for sid in sorted(self.rows)]}
         return frame("live_state_snapshot", orjson.dumps(body).decode(), self.event_id())
 
+    def snapshot_for(self, listener: Listener) -> bytes:
+        return self.snapshot()
+
     def _changed(self, sessions: list[dict[str, Any]], removed: list[str]) -> bytes:
         body = {"catalogVersion": self._version(), "sessions": sessions, "removed": removed}
         return frame("live_state_changed", orjson.dumps(body).decode(), self.event_id())
@@ -280,7 +282,7 @@ async def live_state_events(request: Request) -> Response:
     listener = Listener()
     feed.add(listener)  # nothing is awaited from here to the first frame: no change falls between
     first = feed.snapshot() if point is None else feed.resume(*point)
-    body = frames(listener, first, feed.snapshot, functools.partial(feed.remove, listener))
+    body = frames(listener, first, feed)
     return stream_response(body, state.settings.sse_send_timeout_s, {GENERATION_HEADER: feed.generation})
 
 

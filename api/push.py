@@ -174,6 +174,10 @@ class Hub:
     def _forgotten(self) -> None:
         """The hub stopped: whoever holds it lets it go."""
 
+    def snapshot_for(self, listener: Listener) -> bytes:
+        """A fresh snapshot frame as `listener` may see it (sent to one that fell behind)."""
+        raise NotImplementedError
+
     # ---- listeners ----------------------------------------------------------------------
 
     def add(self, listener: Listener) -> None:
@@ -231,13 +235,14 @@ class PushBody:
         await self._chunks.aclose()
 
 
-def frames(listener: Listener, first: bytes, snapshot: Callable[[], bytes], leave: Callable[[], None]) -> PushBody:
+def frames(listener: Listener, first: bytes, hub: Hub) -> PushBody:
     """A push stream's body: `retry:`, its first frame, then what the hub pushes (its
-    keepalives too), with a fresh snapshot whenever the listener fell behind."""
-    return PushBody(listener, _frames(listener, first, snapshot, leave))
+    keepalives too), with a fresh snapshot whenever the listener fell behind; the listener
+    leaves the hub as the stream ends. The hub itself, not callables made for each stream."""
+    return PushBody(listener, _frames(listener, first, hub))
 
 
-async def _frames(listener: Listener, first: bytes, snapshot: Callable[[], bytes], leave: Callable[[], None]) -> AsyncGenerator[bytes, None]:
+async def _frames(listener: Listener, first: bytes, hub: Hub) -> AsyncGenerator[bytes, None]:
     try:
         yield f"retry: {RETRY_MS}\n\n".encode()
         if first:
@@ -253,9 +258,9 @@ async def _frames(listener: Listener, first: bytes, snapshot: Callable[[], bytes
                 return
             if listener.behind:
                 listener.behind = False
-                yield snapshot()
+                yield hub.snapshot_for(listener)
     finally:
-        leave()
+        hub.remove(listener)
 
 
 def stream_response(body: PushBody, send_timeout_s: float, headers: dict[str, str] | None = None) -> EventStreamResponse:

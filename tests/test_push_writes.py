@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from acp_state.api import event_stream
-from acp_state.api.push import Listener, frames, stream_response
+from acp_state.api.push import Hub, Listener, frames, stream_response
 from acp_state.cli.serving import SERVERS, serve_http
 from tests.helpers import eventually
 
@@ -22,6 +22,16 @@ FRAMES = 200  # 6.4 MB: more than the sockets and the servers hold for a client 
 
 def numbered(n: int) -> bytes:
     return b"data: n%06d " % n + b"x" * (FRAME_BYTES - 17) + b"\n\n"
+
+
+class OneStream(Hub):
+    """The hub of the test's one stream: its snapshot, and nothing to do as it leaves."""
+
+    def snapshot_for(self, listener: Listener) -> bytes:
+        return b"event: snapshot\ndata: {}\n\n"
+
+    def remove(self, listener: Listener) -> None:
+        pass
 
 
 async def serve_one_stream(server: str) -> tuple[Any, asyncio.Future[None], list[Listener]]:
@@ -36,7 +46,7 @@ async def serve_one_stream(server: str) -> tuple[Any, asyncio.Future[None], list
         scope[event_stream.DIRECT_SEND] = send  # as the API's app keeps it
         listener = Listener()
         listeners.append(listener)
-        body = frames(listener, b"event: first\ndata: {}\n\n", lambda: b"event: snapshot\ndata: {}\n\n", lambda: None)
+        body = frames(listener, b"event: first\ndata: {}\n\n", OneStream())
         await stream_response(body, 60.0)(scope, receive, send)
 
     http = serve_http(app, "127.0.0.1", 0, server)
