@@ -25,7 +25,7 @@ START_TIMEOUT_S = 30
 HOST_TOKEN = "test-bed-host-token-0123456789"  # the APIs on test-bed hosts require one
 
 
-async def _python_stacks(pid: int) -> str:
+async def python_stacks(pid: int) -> str:
     """The Python stacks of a live process, by py-spy when it is installed (else a note)."""
     if shutil.which("py-spy") is None:
         return "(install py-spy for its stacks)"
@@ -79,7 +79,7 @@ class Process:
         try:
             return await asyncio.wait_for(self.proc.wait(), timeout)
         except asyncio.TimeoutError:
-            stacks = await _python_stacks(self.proc.pid)  # where it hangs, before it is gone
+            stacks = await python_stacks(self.proc.pid)  # where it hangs, before it is gone
             self.proc.kill()
             await self.proc.wait()
             raise AssertionError(f"{self.argv[0]} ignored SIGTERM for {timeout}s; its threads:\n{stacks}")

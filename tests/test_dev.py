@@ -5,18 +5,20 @@ from __future__ import annotations
 import asyncio
 import signal
 import urllib.parse
+from pathlib import Path
 
 import httpx
 
 from tests.conftest import free_port
-from tests.harness import ROOT
+from tests.harness import ROOT, python_stacks
 
 
-async def test_dev_command_serves_a_session(workspace: str) -> None:
+async def test_dev_command_serves_a_session(workspace: str, tmp_path: Path) -> None:
     port = free_port()
+    log = tmp_path / "dev.log"  # what it said, for a failure to show
     process = await asyncio.create_subprocess_exec(
         "acp-state", "dev", "--port", str(port), "--workspace", workspace,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, cwd=str(ROOT),
+        stdout=asyncio.subprocess.PIPE, stderr=log.open("wb"), cwd=str(ROOT),
     )
     try:
         assert process.stdout is not None
@@ -40,4 +42,10 @@ async def test_dev_command_serves_a_session(workspace: str) -> None:
             assert [(s["sessionId"], s["displayName"]) for s in listed["sessions"]] == [(sid, "hi")]
     finally:
         process.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(process.wait(), 20) == 0
+        try:
+            code = await asyncio.wait_for(process.wait(), 60)  # a safety stop
+        except asyncio.TimeoutError:
+            stacks = await python_stacks(process.pid)
+            process.kill()
+            raise AssertionError(f"acp-state dev ignored SIGTERM; its threads:\n{stacks}\nits log:\n{log.read_text()[-3000:]}")
+        assert code == 0, log.read_text()[-3000:]
