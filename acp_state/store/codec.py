@@ -175,30 +175,17 @@ def unpack_create_record(value: str) -> CreateRecord:
     return CreateRecord(sid, client_id, attached == "1", request if request not in ("+", "-") else None, request == "+")
 
 
-def attention_entries(ws: str, flat: list[Any]) -> list[AttentionEntry]:
-    """ATTENTION_PAGE / ATTENTION_OF replies -> entries (`<sid>/<requestId>` members, `!`
-    for a turn error; one without details is skipped, never fails a page)."""
+def attention_entries(ws: str | None, flat: list[Any]) -> list[AttentionEntry]:
+    """ATTENTION_PAGE / ATTENTION_OF replies -> entries: members `<sid>/<requestId>` of
+    workspace `ws`, or `<ws>/<sid>/<requestId>` of the deployment's index (`ws` None); `!`
+    for a turn error. One without details is skipped, never fails a page."""
     found = []
     for i in range(0, len(flat), 3):
         member, since, details = flat[i], flat[i + 1], flat[i + 2]
         if not details:
             continue
+        of, _, member = member.partition("/") if ws is None else (ws, "", member)
         sid, _, rid = member.partition("/")
         owner, _, value = details.partition("\n")
-        found.append(AttentionEntry(ws, sid, None if rid == "!" else rid, int(since), owner, value))
-    return found
-
-
-def deployment_attention_entries(flat: list[Any]) -> list[AttentionEntry]:
-    """An ATTENTION_PAGE reply of the deployment's index (members `<ws>/<sid>/<requestId>`)
-    -> entries."""
-    found = []
-    for i in range(0, len(flat), 3):
-        member, since, details = flat[i], flat[i + 1], flat[i + 2]
-        if not details:
-            continue
-        ws, _, rest = member.partition("/")
-        sid, _, rid = rest.partition("/")
-        owner, _, value = details.partition("\n")
-        found.append(AttentionEntry(ws, sid, None if rid == "!" else rid, int(since), owner, value))
+        found.append(AttentionEntry(of, sid, None if rid == "!" else rid, int(since), owner, value))
     return found

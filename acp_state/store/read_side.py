@@ -18,7 +18,7 @@ from ..metrics import REDIS_ROUNDTRIP
 from ..turns import TurnRecord
 from . import keys, scripts
 from .batching import Script, pipelined
-from .codec import attention_entries, deployment_attention_entries, view_of
+from .codec import attention_entries, view_of
 from .connection import is_cluster
 from .fanout import Fanout
 from .keys import VersionField
@@ -221,7 +221,7 @@ class ReadSide(RedisSide):
         entries: list[AttentionEntry] = []
         horizon: AttentionCursor | None = None
         for flat in replies:
-            found = deployment_attention_entries(flat)
+            found = attention_entries(None, flat)
             entries += found
             if len(flat) >= limit * 3 and found and (horizon is None or found[-1].order < horizon.order):
                 horizon = found[-1].cursor
