@@ -24,7 +24,7 @@ from typing import Awaitable, Callable
 from acp_state.metrics import Tally
 from acp_state.store import Fanout, WorkerRegistry
 
-from .cache import Heads
+from .cache import Heads, follow
 from .etag import weak_etag
 
 log = logging.getLogger("acp_state.api.attention_cache")
@@ -144,11 +144,7 @@ class AttentionPages:
         """Call before reading a page from Redis: follows its workspaces' changes; the
         answer may be kept (`_keep`) only if no change arrives after this point."""
         for ws in workspaces:
-            if not self._fanout.watching(ws):
-                try:
-                    await self._fanout.watch(ws)
-                except Exception:  # Redis away: the read that follows says so; nothing is kept
-                    log.debug("cannot follow the changes of %s", ws, exc_info=True)
+            await follow(self._fanout, ws)
         return self._changes
 
     def _keep(self, key: PageKey, started: int, page: KeptPage) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable, Protocol
 
 from acp_state.metrics import Tally
-from acp_state.store import SessionView
+from acp_state.store import Fanout, SessionView
 
 log = logging.getLogger("acp_state.api.cache")
 
@@ -37,7 +37,18 @@ MAX_PAGES = 10_000
 Heads = tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]
 
 
+async def follow(fanout: Fanout, ws: str) -> None:
+    """Follow `ws`'s changes if not yet followed. Best effort: with Redis away the read that
+    follows says so, and `fanout.watching(ws)` stays False, so nothing read is kept."""
+    if not fanout.watching(ws):
+        try:
+            await fanout.watch(ws)
+        except Exception:
+            log.debug("cannot follow the changes of %s", ws, exc_info=True)
+
+
 @dataclass
+
 class CachedSession:
     ws: str
     owner: str
@@ -116,11 +127,7 @@ class StateCache:
     async def begin_read(self, ws: str, key: str) -> int:
         """Call before reading `key` of workspace `ws` from Redis; the result may be kept
         (keep_*) only if no change to it was announced after this point."""
-        if not self._feed.watching(ws):
-            try:
-                await self._feed.watch(ws)
-            except Exception:  # Redis away: the read that follows says so; nothing is kept
-                log.debug("cannot follow the changes of %s", ws, exc_info=True)
+        await follow(self._feed, ws)
         return self._clock
 
     def _current(self, ws: str, key: str, started: int) -> bool:
