@@ -5,9 +5,10 @@ watched from its first completed turn, and a wait for a state no event announces
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -92,3 +93,19 @@ def samples(text: str, name: str) -> dict[tuple, float]:
             if sample.name == name:
                 found[tuple(sorted(sample.labels.items()))] = sample.value
     return found
+
+
+@contextlib.asynccontextmanager
+async def app_in_process(redis_url: str, workspace: str) -> AsyncIterator[tuple[Any, str]]:
+    """The API's ASGI app in this process (its lifespan running), and a session created
+    through it: for tests that drive the app's `__call__` by hand."""
+    import httpx
+
+    from acp_state.api.app import create_app
+    from acp_state.api.settings import Settings
+
+    app = create_app(Settings(redis_url=redis_url, workspaces=[workspace]))
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+            sid = (await client.post("/session", json={"cwd": workspace}, timeout=60)).json()["sessionId"]
+        yield app, sid

@@ -11,7 +11,7 @@ import pytest
 from acp_state.store import keys
 from acp_state.ids import workspace_id
 from tests.harness import Harness, SseClient
-from tests.helpers import create, eventually, is_type, prompt, samples
+from tests.helpers import app_in_process, create, eventually, is_type, prompt, samples
 
 
 async def test_sse_frames_and_replay_through_any_api(harness: Harness, workspace: str) -> None:
@@ -172,19 +172,12 @@ async def test_the_stream_is_served_below_the_stack_and_anything_it_would_refuse
     called itself. A session's stream is sent by it, counted under the route's name, kept
     alive while idle, and ends as its client leaves; an unknown session, another method and
     another route are left to the app, with nothing sent."""
-    import httpx
     from prometheus_client import REGISTRY
 
     from acp_state.api import event_stream
-    from acp_state.api.app import create_app
-    from acp_state.api.settings import Settings
 
     await harness.worker()
-    app = create_app(Settings(redis_url=redis_server.url, workspaces=[workspace]))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-            sid = (await client.post("/session", json={"cwd": workspace}, timeout=60)).json()["sessionId"]
+    async with app_in_process(redis_server.url, workspace) as (app, sid):
         sent: list[dict] = []
         snapshot_sent, kept_alive, left = asyncio.Event(), asyncio.Event(), asyncio.Event()
         messages = [{"type": "http.request", "body": b"", "more_body": False}]
@@ -237,18 +230,11 @@ async def test_a_burst_of_stream_opens_shares_its_state_reads_and_never_grows_th
     session's snapshot, while the API reads the session's state at most
     `stream_opens.CONCURRENT` at a time: the process's Redis connections do not grow with
     the burst (they grew to one per stream opening, and the pool keeps them)."""
-    import httpx
 
     from acp_state.api import stream_opens
-    from acp_state.api.app import create_app
-    from acp_state.api.settings import Settings
 
     await harness.worker()
-    app = create_app(Settings(redis_url=redis_server.url, workspaces=[workspace]))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-            sid = (await client.post("/session", json={"cwd": workspace}, timeout=60)).json()["sessionId"]
+    async with app_in_process(redis_server.url, workspace) as (app, sid):
         clients_before = len(await redis_client.client_list())
         snapshots: list[dict] = []
         left = asyncio.Event()

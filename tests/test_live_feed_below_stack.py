@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 from prometheus_client import REGISTRY
 
-from acp_state.api.app import create_app
-from acp_state.api.settings import Settings
 from acp_state.ids import workspace_id
 from tests.harness import Harness
-from tests.helpers import eventually
+from tests.helpers import app_in_process, eventually
 
 
 async def test_the_feed_is_served_below_the_stack_and_anything_it_would_refuse_is_left_to_the_app(
@@ -23,11 +20,7 @@ async def test_the_feed_is_served_below_the_stack_and_anything_it_would_refuse_i
     unknown workspace, another method and another route are left to the app, with nothing
     sent."""
     await harness.worker()
-    app = create_app(Settings(redis_url=redis_server.url, workspaces=[workspace]))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-            sid = (await client.post("/session", json={"cwd": workspace}, timeout=60)).json()["sessionId"]
+    async with app_in_process(redis_server.url, workspace) as (app, sid):
         sent: list[dict] = []
         snapshot_sent, left = asyncio.Event(), asyncio.Event()
         messages = [{"type": "http.request", "body": b"", "more_body": False}]
