@@ -27,6 +27,7 @@ TTL = 60_000
 CHANNEL = keys.invalidations(WS)
 SESSION = keys.session(WS, SID)
 VERSION = keys.catalog_version(WS)
+CHANGES = keys.change_log(WS)
 TURNS, ENDED = keys.turns(WS, SID), keys.turns_ended(WS, SID)
 ATTENTION, ATTENTION_DETAILS = keys.attention(WS), keys.attention_details(WS)
 # The deployment's attention index as one Redis holds it (a cluster's slot has its own tag).
@@ -35,7 +36,7 @@ DEPLOYMENT_DETAILS = keys.attention_all_details(keys.attention_tag(WS, per_slot=
 APPLY_KEYS = [
     SESSION, keys.events(WS, SID), keys.live(WS), keys.catalog(WS), keys.catalog_order(WS),
     keys.single(WS), keys.transcript(WS, SID), CHANNEL, VERSION, TURNS, ENDED, ATTENTION, ATTENTION_DETAILS,
-    DEPLOYMENT, DEPLOYMENT_DETAILS,
+    DEPLOYMENT, DEPLOYMENT_DETAILS, CHANGES,
 ]
 
 

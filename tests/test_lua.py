@@ -24,8 +24,8 @@ from acp_state.store.keys import F
 from acp_state.store.keys import VersionField as VER
 from acp_state.turns import TurnRecord, TurnState
 from tests.lua_helpers import (  # noqa: F401  (server, r: fixtures, each module's own)
-    APPLY_KEYS, ATTENTION, ATTENTION_DETAILS, CHANNEL, DEPLOYMENT, DEPLOYMENT_DETAILS, ENDED, INC, OTHER, SESSION, SID, TTL, TURNS,
-    VERSION, WS, apply, apply_ops, attention, created, r, run, server, update,
+    APPLY_KEYS, ATTENTION, ATTENTION_DETAILS, CHANGES, CHANNEL, DEPLOYMENT, DEPLOYMENT_DETAILS, ENDED, INC, OTHER, SESSION, SID, TTL,
+    TURNS, VERSION, WS, apply, apply_ops, attention, created, r, run, server, update,
 )
 
 
@@ -161,7 +161,7 @@ async def test_apply_tells_caches_before_it_publishes_the_event(r: aioredis.Redi
 def sweep_keys(sids: list[str]) -> list[str]:
     shared = [
         keys.live(WS), keys.catalog(WS), keys.catalog_order(WS), keys.single(WS), CHANNEL, VERSION,
-        ATTENTION, ATTENTION_DETAILS, DEPLOYMENT, DEPLOYMENT_DETAILS,
+        ATTENTION, ATTENTION_DETAILS, DEPLOYMENT, DEPLOYMENT_DETAILS, CHANGES,
     ]
     for sid in sids:
         shared += [keys.session(WS, sid), keys.events(WS, sid), keys.transcript(WS, sid), keys.turns(WS, sid),
@@ -234,17 +234,86 @@ async def test_sweep_tells_caches_of_its_whole_batch_in_one_message_before_any_e
 
 
 async def test_every_change_moves_the_revision_and_a_lost_version_starts_a_new_generation(r: aioredis.Redis) -> None:
-    generation, revision = await run(r, "VERSION", [VERSION], [TTL])
+    generation, revision = await run(r, "VERSION", [VERSION, CHANGES], [TTL])
     assert revision == "0" and 0 < await r.pttl(VERSION) <= TTL
-    assert await run(r, "VERSION", [VERSION], [TTL]) == [generation, "0"]  # a read changes nothing
+    assert await run(r, "VERSION", [VERSION, CHANGES], [TTL]) == [generation, "0"]  # a read changes nothing
     await created(r)
     await apply(r, events=[update("x")])
-    assert await run(r, "VERSION", [VERSION], [TTL]) == [generation, "2"]
+    assert await run(r, "VERSION", [VERSION, CHANGES], [TTL]) == [generation, "2"]
     assert await apply(r, incarnation=OTHER, events=[update("y")]) == [-1, 0, ""]
-    assert (await run(r, "VERSION", [VERSION], [TTL]))[1] == "2"  # a fenced write moved nothing
+    assert (await run(r, "VERSION", [VERSION, CHANGES], [TTL]))[1] == "2"  # a fenced write moved nothing
     await r.delete(VERSION)  # Redis lost it
     await apply(r, events=[update("z")])
     assert (await r.hget(VERSION, VER.GENERATION)) != generation and await r.hget(VERSION, VER.REVISION) == "1"
+
+
+FLOOR = keys.CHANGE_LOG_FLOOR
+# changes.lua's CHANGE_LOG_MAX: the sessions the change log keeps.
+CHANGE_LOG_MAX = 10_000
+
+
+async def change_log(r: aioredis.Redis) -> dict[str, int]:
+    return {member: int(score) for member, score in await r.zrange(CHANGES, 0, -1, withscores=True)}
+
+
+async def test_the_change_log_keeps_each_sessions_last_change_revision_from_a_floor(r: aioredis.Redis) -> None:
+    """Whatever moves the revision logs the session at the revision it moved to (a sweep each
+    of its batch), so a process that did not follow the workspace can tell what changed since
+    a revision; a new generation's log answers from 0, with the catalog version's TTL."""
+    await created(r)  # revision 1
+    await apply(r, events=[update("x")])  # 2
+    assert await change_log(r) == {FLOOR: 0, SID: 2}
+    assert 0 < await r.pttl(CHANGES) <= TTL
+    assert await run(r, "TOLD", [SESSION, CHANNEL, VERSION, CHANGES], [SID, TTL]) == 0  # no news: not logged
+    others = [f"{n}1111111-1111-4111-8111-111111111111" for n in "23"]
+    for sid in others:
+        key_list = [keys.session(WS, sid), *APPLY_KEYS[1:]]
+        key_list[1], key_list[6] = keys.events(WS, sid), keys.transcript(WS, sid)
+        key_list[9], key_list[10] = keys.turns(WS, sid), keys.turns_ended(WS, sid)
+        assert (await run(r, "APPLY", key_list, [INC, apply_ops(sid=sid, mode="create", set={F.EPOCH: "e1"}), TTL]))[0] == 1
+    assert await change_log(r) == {FLOOR: 0, SID: 2, others[0]: 3, others[1]: 4}
+    died = events.body("session_died", {"sessionId": "@SID@", "reason": "worker_lost"})
+    ops = apply_ops(sid="@SID@", mode="delete", events=[died])
+    assert await run(r, "SWEEP", sweep_keys([SID, *others]), [INC, ops, TTL, SID, *others]) == [1, 1, 1]
+    # The batch's message names revisions 5, 6, 7 in this order; a removed session stays logged.
+    assert await change_log(r) == {FLOOR: 0, SID: 5, others[0]: 6, others[1]: 7}
+    assert int(await r.hget(VERSION, VER.REVISION)) == 7
+
+
+async def test_a_change_log_made_anew_answers_only_from_its_first_change(r: aioredis.Redis) -> None:
+    """A log that is missing while the version stays (lost, or written before it existed) knows
+    nothing of the changes before: its floor is the revision before its first change. A new
+    generation (VERSION or a change finding the version gone) drops the old generation's log."""
+    await created(r)
+    await apply(r, events=[update("x")])
+    await r.delete(CHANGES)
+    await apply(r, events=[update("y")])  # revision 3
+    assert await change_log(r) == {FLOOR: 2, SID: 3}
+    await r.delete(VERSION)
+    await run(r, "VERSION", [VERSION, CHANGES], [TTL])
+    assert await r.exists(CHANGES) == 0
+    await r.zadd(CHANGES, {FLOOR: 0, "stale": 40})  # the old generation's, left where VERSION did not run
+    await r.delete(VERSION)
+    await apply(r, events=[update("z")])  # a new generation at revision 1
+    assert await change_log(r) == {FLOOR: 0, SID: 1}
+
+
+async def test_the_change_log_forgets_its_oldest_sessions_and_raises_its_floor(r: aioredis.Redis) -> None:
+    """Bounded: past CHANGE_LOG_MAX sessions the oldest changes are forgotten, and the floor
+    moves to the newest forgotten revision (a resume from before it gets a snapshot)."""
+    await created(r)  # revision 1
+    await r.zadd(CHANGES, {f"old-{i}": i for i in range(2, CHANGE_LOG_MAX + 1)})  # SID's entry plus these: full
+    await r.hset(VERSION, VER.REVISION, CHANGE_LOG_MAX)
+    await apply(r, events=[update("x")])  # SID again: nothing to forget
+    log = await change_log(r)
+    assert len(log) == CHANGE_LOG_MAX + 1 and log[FLOOR] == 0 and log[SID] == CHANGE_LOG_MAX + 1
+    second = "21111111-1111-4111-8111-111111111111"
+    key_list = [keys.session(WS, second), *APPLY_KEYS[1:]]
+    key_list[1], key_list[6] = keys.events(WS, second), keys.transcript(WS, second)
+    key_list[9], key_list[10] = keys.turns(WS, second), keys.turns_ended(WS, second)
+    assert (await run(r, "APPLY", key_list, [INC, apply_ops(sid=second, mode="create", set={F.EPOCH: "e1"}), TTL]))[0] == 1
+    log = await change_log(r)
+    assert len(log) == CHANGE_LOG_MAX + 1 and "old-2" not in log and log[FLOOR] == 2 and log[second] == CHANGE_LOG_MAX + 2
 
 
 def turn_ops(*records: TurnRecord) -> dict[str, Any]:
@@ -314,11 +383,11 @@ async def test_told_shows_an_untold_session_once_and_announces_it(r: aioredis.Re
     await pubsub.ssubscribe(CHANNEL)
     assert (await pubsub.get_message(timeout=5))["type"] == "ssubscribe"
     revision = int(await r.hget(VERSION, VER.REVISION))
-    assert await run(r, "TOLD", [SESSION, CHANNEL, VERSION], [SID, TTL]) == 1
+    assert await run(r, "TOLD", [SESSION, CHANNEL, VERSION, CHANGES], [SID, TTL]) == 1
     assert not await r.hexists(SESSION, F.REQUEST)
     message = await pubsub.get_message(timeout=5)
     assert message["data"] == f"{SID} {revision + 1} {await r.hget(VERSION, VER.GENERATION)}"  # now shown
-    assert await run(r, "TOLD", [SESSION, CHANNEL, VERSION], [SID, TTL]) == 0  # told already: no news
+    assert await run(r, "TOLD", [SESSION, CHANNEL, VERSION, CHANGES], [SID, TTL]) == 0  # told already: no news
     assert int(await r.hget(VERSION, VER.REVISION)) == revision + 1
     await pubsub.aclose()
 # ---- RELEASE_SINGLE --------------------------------------------------------------------

@@ -18,7 +18,7 @@ from acp_state.store.keys import F
 from acp_state.store.keys import VersionField as VER
 from acp_state.turns import TurnRecord, TurnState
 from tests.lua_helpers import (  # noqa: F401  (server, r: fixtures, each module's own)
-    ATTENTION, ATTENTION_DETAILS, CHANNEL, DEPLOYMENT, DEPLOYMENT_DETAILS, INC, OTHER, SESSION, SID, TTL, TURNS, VERSION, WS, apply,
+    ATTENTION, ATTENTION_DETAILS, CHANGES, CHANNEL, DEPLOYMENT, DEPLOYMENT_DETAILS, INC, OTHER, SESSION, SID, TTL, TURNS, VERSION, WS, apply,
     attention, created, r, run, server, update,
 )
 
@@ -60,7 +60,7 @@ async def test_send_is_fenced_and_keeps_its_first_outcome(r: aioredis.Redis) -> 
 # ---- MOVE and the takeover ---------------------------------------------------------------
 
 
-MOVE_KEYS = [SESSION, keys.inbox(WS, INC), PARKED, CHANNEL, VERSION]
+MOVE_KEYS = [SESSION, keys.inbox(WS, INC), PARKED, CHANNEL, VERSION, CHANGES]
 MARKER = '{"t":"moving","sid":"%s","target":"%s"}'
 
 
@@ -120,7 +120,7 @@ async def test_takeover_passes_the_session_to_the_named_target_only(r: aioredis.
 # ---- VOTE ------------------------------------------------------------------------------
 
 
-VOTE_KEYS = [SESSION, keys.inbox(WS, INC), CHANNEL, VERSION, ATTENTION, ATTENTION_DETAILS, DEPLOYMENT, DEPLOYMENT_DETAILS]
+VOTE_KEYS = [SESSION, keys.inbox(WS, INC), CHANNEL, VERSION, ATTENTION, ATTENTION_DETAILS, DEPLOYMENT, DEPLOYMENT_DETAILS, CHANGES]
 
 
 def vote_command(option: str = "allow", client: str = "", kind: str = "selected") -> commands.Vote:
@@ -182,7 +182,7 @@ async def test_a_won_vote_is_kept_for_its_retry_and_announced(r: aioredis.Redis)
 
 async def test_attach_registers_the_client_fenced_by_the_owner(r: aioredis.Redis) -> None:
     await created(r)
-    key_list = [SESSION, keys.inbox(WS, INC), CHANNEL, VERSION]
+    key_list = [SESSION, keys.inbox(WS, INC), CHANNEL, VERSION, CHANGES]
     attach = commands.Attach(sid=SID, client_id="c1")
     assert await run(r, "ATTACH", key_list, [OTHER, commands.encode(attach), TTL, 100, TTL]) == 0
     assert not await r.hexists(SESSION, F.CLIENT + "c1")
@@ -318,7 +318,7 @@ def apply_keys_of(ws: str, sid: str) -> list[str]:
         keys.session(ws, sid), keys.events(ws, sid), keys.live(ws), keys.catalog(ws), keys.catalog_order(ws),
         keys.single(ws), keys.transcript(ws, sid), keys.invalidations(ws), keys.catalog_version(ws),
         keys.turns(ws, sid), keys.turns_ended(ws, sid), keys.attention(ws), keys.attention_details(ws),
-        keys.attention_all(tag), keys.attention_all_details(tag),
+        keys.attention_all(tag), keys.attention_all_details(tag), keys.change_log(ws),
     ]
 
 

@@ -159,7 +159,7 @@ class ApiSide(RedisSide):
         the vote from the command it enqueues)."""
         key_list = [
             keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.invalidations(ws), keys.catalog_version(ws),
-            keys.attention(ws), keys.attention_details(ws), *self.attention_all_keys(ws),
+            keys.attention(ws), keys.attention_details(ws), *self.attention_all_keys(ws), keys.change_log(ws),
         ]
         if idempotency_key is not None:
             key_list.append(keys.idempotency(ws, command.sid, idempotency_key))
@@ -174,6 +174,7 @@ class ApiSide(RedisSide):
         (scripts.ATTACH reads the client and the session from the command it enqueues.)"""
         key_list = [
             keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.invalidations(ws), keys.catalog_version(ws),
+            keys.change_log(ws),
         ]
         args = [incarnation, commands.encode(command), INBOX_TTL_MS, INBOX_MAXLEN, self.retention.catalog_ms]
         return bool(await self._attach(key_list, args))
@@ -223,7 +224,10 @@ class ApiSide(RedisSide):
 
     async def _send_tellings(self, tellings: list[tuple[str, str]]) -> list[Any]:
         return await pipelined(self.redis, self._told, [
-            ([keys.session(ws, sid), keys.invalidations(ws), keys.catalog_version(ws)], [sid, self.retention.catalog_ms])
+            (
+                [keys.session(ws, sid), keys.invalidations(ws), keys.catalog_version(ws), keys.change_log(ws)],
+                [sid, self.retention.catalog_ms],
+            )
             for ws, sid in tellings
         ])
 

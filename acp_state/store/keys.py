@@ -107,6 +107,17 @@ def catalog_version(ws: str) -> str:
     return f"{PREFIX}:{{{ws}}}:ver"
 
 
+def change_log(ws: str) -> str:
+    """ZSET sessionId -> the revision of its last change (the newest 10,000 sessions), and
+    CHANGE_LOG_FLOOR -> the oldest revision it answers from: what changed since a revision,
+    for a resume on a process that did not follow the workspace then (changes.lua)."""
+    return f"{PREFIX}:{{{ws}}}:chg"
+
+
+# The change log's member that holds its floor (a session id never is "!").
+CHANGE_LOG_FLOOR = "!"
+
+
 def attention(ws: str) -> str:
     """ZSET `<sessionId>/<requestId>` (`<sessionId>/!` for a turn error) -> since (epoch ms):
     what the workspace's live sessions wait for a human for, kept by APPLY and VOTE."""

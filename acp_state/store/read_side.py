@@ -175,9 +175,24 @@ class ReadSide(RedisSide):
             result[ws] = (current, views)
         return result
 
+    async def changed_since(self, ws: str, generation: str, revision: int) -> list[str] | None:
+        """The sessions that changed (or left) after `revision` of `generation`, oldest change
+        first, from the workspace's change log (changes.lua); None when the log cannot tell:
+        another generation, or a revision older than the log's floor (it forgot the changes
+        after it, or did not exist then). Read in one transaction (one slot)."""
+        log = keys.change_log(ws)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hget(keys.catalog_version(ws), VersionField.GENERATION)
+        pipe.zscore(log, keys.CHANGE_LOG_FLOOR)
+        pipe.zrangebyscore(log, f"({revision}", "+inf")
+        current, floor, sids = await pipe.execute()
+        if current != generation or floor is None or revision < floor:
+            return None
+        return list(sids)
+
     async def catalog_version(self, ws: str) -> CatalogVersion:
         """The workspace's catalog version (a new generation at revision 0 if it had none)."""
-        generation, revision = await self._version([keys.catalog_version(ws)], [self.retention.catalog_ms])
+        generation, revision = await self._version([keys.catalog_version(ws), keys.change_log(ws)], [self.retention.catalog_ms])
         return CatalogVersion(generation, int(revision))
 
     async def attention_page(

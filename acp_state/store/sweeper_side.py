@@ -59,7 +59,7 @@ class SweeperSide(RedisSide):
         shared = [
             keys.live(ws), keys.catalog(ws), keys.catalog_order(ws), keys.single(ws), keys.invalidations(ws),
             keys.catalog_version(ws), keys.attention(ws), keys.attention_details(ws),
-            *self.attention_all_keys(ws),
+            *self.attention_all_keys(ws), keys.change_log(ws),
         ]
         ttl = str(self.retention.session_ttl_ms)
         calls = []

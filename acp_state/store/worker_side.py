@@ -84,6 +84,7 @@ class WorkerSide(RedisSide):
             keys.attention(ws),
             keys.attention_details(ws),
             *self.attention_all_keys(ws),
+            keys.change_log(ws),
         ]
         future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
         args = [incarnation, orjson.dumps(ops).decode(), str(self.retention.session_ttl_ms)]
@@ -223,7 +224,7 @@ class WorkerSide(RedisSide):
         result = await self._move(
             [
                 keys.session(ws, sid), keys.inbox(ws, incarnation), keys.parked(ws, sid),
-                keys.invalidations(ws), keys.catalog_version(ws),
+                keys.invalidations(ws), keys.catalog_version(ws), keys.change_log(ws),
             ],
             [incarnation, target, marker, INBOX_TTL_MS, INBOX_MAXLEN, sid, self.retention.catalog_ms],
         )

@@ -6,10 +6,10 @@
 -- delivers an event and then serves a cached status from before it.
 -- Every write is fenced by the owner's incarnation, so a worker that lost its lease (and
 -- was swept) can no longer resurrect or modify a session.
---   KEYS: the 15 roles of the transition prelude, in its order
+--   KEYS: the 16 roles of the transition prelude, in its order
 --   ARGV: 1 incarnation, 2 ops JSON (see RedisStore.apply), 3 the session hash's TTL ms
 --         (refreshed by every transition)
 --   -> {applied, last event id, epoch}; applied: 1, 0 the session is not in the store (data
 --      loss, or swept: the worker asks the registry which), -1 another incarnation owns it,
 --      2 a rewrite (`missing_only`) found the session already there
-return transition({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, ARGV[1], cjson.decode(ARGV[2]), ARGV[3])
+return transition({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, ARGV[1], cjson.decode(ARGV[2]), ARGV[3])

@@ -9,7 +9,7 @@
 --   KEYS: 1 live set, 2 catalog hash, 3 catalog order zset, 4 single-scope key,
 --         5 the workspace's change channel, 6 its catalog version, 7 its attention index,
 --         8 its attention details, 9 the deployment's attention index (its part in the
---         workspace's slot), 10 its details; then 5 per session, in ARGV's order: its hash, event
+--         workspace's slot), 10 its details, 11 the workspace's change log; then 5 per session, in ARGV's order: its hash, event
 --         stream, transcript stream, turn records, ended turn ids
 --   ARGV: 1 incarnation, 2 ops JSON, 3 the session hash's TTL ms, 4... the session ids
 --   -> each session's outcome (APPLY's `applied`), in ARGV's order
@@ -18,7 +18,7 @@ local inc, template, ttl_ms = ARGV[1], ARGV[2], ARGV[3]
 -- incarnation still owns the session.
 local flats, owned = {}, {}
 for i = 4, #ARGV do
-  local hash = KEYS[10 + (i - 4) * 5 + 1]
+  local hash = KEYS[11 + (i - 4) * 5 + 1]
   local flat = redis.call('HGETALL', hash)
   flats[i] = flat
   for j = 1, #flat, 2 do
@@ -29,7 +29,7 @@ for i = 4, #ARGV do
   end
 end
 local decoded = cjson.decode(template)
-changed_all(6, 5, owned, decoded.verttl)
+changed_all(6, 5, 11, owned, decoded.verttl)
 -- Each session's copy of the ops (decoded once) has its id in every string that names it.
 -- This runs for each of a dead worker's 25,000 sessions, so the strings are split at
 -- `@SID@` once, and a session's copy shares everything that names no session.
@@ -71,8 +71,8 @@ local outcomes = {}
 for i = 4, #ARGV do
   local sid = ARGV[i]
   local ops = with_sid(template, sid)
-  local base = 10 + (i - 4) * 5
-  local at = {base + 1, base + 2, 1, 2, 3, 4, base + 3, 5, 6, base + 4, base + 5, 7, 8, 9, 10}
+  local base = 11 + (i - 4) * 5
+  local at = {base + 1, base + 2, 1, 2, 3, 4, base + 3, 5, 6, base + 4, base + 5, 7, 8, 9, 10, 11}
   batch.flat = flats[i]
   outcomes[#outcomes + 1] = transition(at, inc, ops, ttl_ms, batch)[1]
 end

@@ -1,5 +1,5 @@
 -- The transition prelude, shared by APPLY (one session) and SWEEP (many): one state
--- transition of one session. `at` maps each of the 13 roles below to its index in KEYS, so
+-- transition of one session. `at` maps each of the 16 roles below to its index in KEYS, so
 -- the same step runs on the keys one call declares, however many sessions it carries.
 --   roles: 1 session hash, 2 event stream (also the pub/sub channel), 3 live set,
 --          4 catalog hash, 5 catalog order zset, 6 single-scope key, 7 transcript stream,
@@ -7,7 +7,7 @@
 --          10 the session's turn records, 11 the ids of its ended turns,
 --          12 the workspace's attention index, 13 its details, 14 the deployment's
 --          attention index (its part in the workspace's slot), 15 its details (the
---          attention prelude)
+--          attention prelude), 16 the workspace's change log (the changes prelude)
 --   inc: the writer's incarnation; ops: the decoded ops (see codec.transition_ops); ttl_ms: the
 --   session hash's TTL (refreshed by every transition); batch (SWEEP's deletes only, else
 --   nil): what the caller does once for many sessions, {flat = this session hash's HGETALL,
@@ -104,7 +104,7 @@ local function transition(at, inc, ops, ttl_ms, batch)
   if ops.incr and not deleting then
     for k, n in pairs(ops.incr) do redis.call('HINCRBY', hash, k, n) end
   end
-  if not batch then changed(at[9], at[8], ops.sid, ops.verttl) end
+  if not batch then changed(at[9], at[8], at[16], ops.sid, ops.verttl) end
   local seq = tonumber(get({{F.SEQ}}) or '0')
   local epoch = get({{F.EPOCH}}) or ''
   local bodies = ops.events or {}

@@ -9,12 +9,12 @@
 --   KEYS: 1 session hash, 2 inbox stream, 3 the workspace's change channel,
 --         4 the workspace's catalog version, 5 the workspace's attention index, 6 its
 --         details, 7 the deployment's attention index (its part in the workspace's slot),
---         8 its details, 9 idempotency key (optional)
+--         8 its details, 9 the workspace's change log, 10 idempotency key (optional)
 --   ARGV: 1 incarnation, 2 the vote command's JSON ({"t": "vote", "sid", "rid", "selected",
 --         "optionId", "clientId", ...}), 3 inbox TTL ms, 4 inbox max length,
 --         5 cancel sentinel, 6 idempotency TTL ms, 7 the catalog version's TTL ms
 --   -> 'ok' | 'gone' | 'unknown' | 'client' | 'option'
-if KEYS[9] and redis.call('GET', KEYS[9]) then return 'ok' end
+if KEYS[10] and redis.call('GET', KEYS[10]) then return 'ok' end
 local vote = cjson.decode(ARGV[2])
 if redis.call('HGET', KEYS[1], {{F.OWNER}}) ~= ARGV[1] then return 'gone' end
 local votable = redis.call('HGET', KEYS[1], {{F.VOTABLE}} .. vote.rid)
@@ -35,6 +35,6 @@ redis.call('HDEL', KEYS[1], {{F.INTERACTION}} .. vote.rid, {{F.VOTABLE}} .. vote
 attention_unset({5, 6, 7, 8}, vote.sid, {{F.INTERACTION}} .. vote.rid)
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'c', ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
-changed(4, 3, vote.sid, ARGV[7])
-if KEYS[9] then redis.call('SET', KEYS[9], vote.rid, 'PX', ARGV[6]) end
+changed(4, 3, 9, vote.sid, ARGV[7])
+if KEYS[10] then redis.call('SET', KEYS[10], vote.rid, 'PX', ARGV[6]) end
 return 'ok'
