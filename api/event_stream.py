@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping, Protocol
 
@@ -22,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from acp_state import ids
 from acp_state.clock import now_ms
-from acp_state.store import STORE_ERRORS, SessionView, Subscription
+from acp_state.store import STORE_ERRORS, Delivery, SessionView, Subscription
 from acp_state.tasks import survive
 
 from .auth import Authenticator, Principal, principal_of
@@ -95,6 +96,8 @@ async def open_stream(
     ws = await state.locator.workspace_of(sid, principal) if ids.is_token(sid) else None
     if ws is None:
         raise not_found(sid)
+    # One string for the streams of a session, not a copy each (held for the stream's life).
+    ws, sid = sys.intern(ws), sys.intern(sid)
     subscription = await state.fanout.subscribe_session(ws, sid, buffer)
     try:
         # Read state only after the subscription is confirmed: nothing can fall in between.
@@ -105,7 +108,7 @@ async def open_stream(
     except BaseException:
         await state.fanout.unsubscribe(subscription)
         raise
-    body = _generate(state, ws, sid, view, live, last_id, epoch_hint, subscription)
+    body = SessionBody(state, ws, sid, view, live, last_id, epoch_hint, subscription)
     # The reference's headers: its SDK reads the epoch before the first frame, and the
     # stream id names this one connection (a resumed stream gets a new one).
     sent = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no", "X-Qwen-SSE-Stream-Id": str(uuid.uuid4())}
@@ -227,6 +230,8 @@ class EventStreamResponse:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             del headers
             async for chunk in self.body:
+                if chunk is None:  # the body was woken with nothing to send yet (`SessionBody`): ask again
+                    continue
                 await self._sending(loop)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 self.sending_since = None
@@ -462,94 +467,172 @@ class _SendWatch:
 _SEND_WATCH = _SendWatch()
 
 
-async def _generate(
-    state: AppState,
-    ws: str,
-    sid: str,
-    view: SessionView | None,
-    live: bool,
-    last_id: int | None,
-    epoch_hint: str | None,
-    subscription: Subscription,
-) -> AsyncIterator[bytes]:
-    store, fanout = state.store, state.fanout
-    seq = view.last_event_id if view is not None else 0
-    epoch = view.epoch if view is not None else ""
-    try:
-        yield f"retry: {RETRY_MS}\n\n".encode()
+class _Ready:
+    """An awaitable whose result is there at once (a frame, or None: nothing to send yet)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bytes | None) -> None:
+        self.value = value
+
+    def __await__(self) -> Generator[Any, None, bytes | None]:
+        return self.value
+        yield  # a generator: `await` takes it
+
+
+_NOTHING = _Ready(None)
+
+
+async def _ended() -> bytes:
+    raise StopAsyncIteration  # the body is over: `async for` ends as a generator's return ends it
+
+
+class SessionBody:
+    """A session stream's body: one small object per stream, stepped by its response's
+    `async for`, in place of an async generator. An open stream is held for hours, ten
+    thousand at once: while it waits, all it holds is this object (its cursor, the epoch,
+    the frames still to send) and its buffer's future (`__anext__` hands the future itself to
+    the response, which asks again once it is done). Only the steps that read the store (a
+    resume's replay, a gap filled from the log, a new epoch's check) run as a coroutine, for
+    as long as they read.
+
+    Each step is what the stream sent before, frame for frame: `retry:`, then the snapshot
+    (or the replay, `replay_complete`), then each live event in order; a gap in ids is filled
+    from the log, a new epoch announced (`state_resync_required`, `history_truncated`)."""
+
+    __slots__ = ("store", "fanout", "ws", "sid", "epoch", "cursor", "subscription", "pending", "opening", "over")
+
+    def __init__(self, state: AppState, ws: str, sid: str, view: SessionView | None, live: bool, last_id: int | None,
+                 epoch_hint: str | None, subscription: Subscription) -> None:
+        self.store, self.fanout, self.ws, self.sid = state.store, state.fanout, ws, sid
+        self.subscription = subscription
+        # Strings each stream would hold a copy of, shared by the streams of one session.
+        self.epoch = sys.intern(view.epoch) if view is not None else ""
+        self.cursor = view.last_event_id if view is not None else 0
+        # Frames to send, in order; None, not an empty list, while there are none (56 B a stream).
+        self.pending: list[bytes] | None = [f"retry: {RETRY_MS}\n\n".encode()]
+        self.over = False  # nothing is sent after `pending`
+        # A resume replays from the log: the first step that reads the store.
+        self.opening: Awaitable[bytes | None] | None = None
         if last_id is None:
-            cursor = seq
             assert view is not None  # a fresh client of a session not live got a 404
-            snapshot = {**live_summary(view), "lastEventId": seq, "eventEpoch": epoch}
+            snapshot = {**live_summary(view), "lastEventId": self.cursor, "eventEpoch": self.epoch}
             if view.meta.get("displayName"):
                 snapshot["displayName"] = view.meta["displayName"]  # the title the status lacks
-            yield control("session_snapshot", snapshot)
+            self.pending.append(control("session_snapshot", snapshot))
         else:
-            cursor = last_id
-            mismatch = bool(epoch_hint) and epoch_hint != epoch
-            if mismatch or last_id > seq:
-                # The history this id refers to is gone (new epoch): say so, replay all we have.
-                yield resync("epoch_reset", last_id, seq + 1, detail="epoch_mismatch" if mismatch else None)
-                reason = "epoch_changed" if mismatch else "unknown_event_id"
-                # `id: 0`: a client that reconnects from here resumes at the new epoch's start.
-                data = {"reason": reason, "requestedAfter": last_id, "eventEpoch": epoch}
-                yield control("history_truncated", data, 0)
-                cursor = 0
-            frames, cursor, ended = await _from_log(store, ws, sid, cursor, None, epoch)
-            for chunk in frames:
-                yield chunk
-            replayed = sum(1 for chunk in frames if chunk.startswith(b"id: "))
-            yield control(
-                "replay_complete",
-                {"lastReplayedEventId": cursor, "lastEventId": max(seq, cursor), "replayedCount": replayed},
-            )
-            if ended or not live:
-                return
-        # An open stream keeps this frame for hours: let go of what only the opening needed,
-        # and of each event once sent (one may be large).
-        view = snapshot = frames = data = None
-        while True:
-            delivery = frames = chunk = None
+            self.opening = self._replay(last_id, epoch_hint, live)
+
+    def __aiter__(self) -> SessionBody:
+        return self
+
+    def __anext__(self) -> Awaitable[bytes | None]:
+        """The next frame to send (None: none yet, ask again), as an awaitable: at once, or
+        the buffer's future while nothing is there, or a read of the store."""
+        if self.pending is not None:
+            return _Ready(self._take())
+        if self.opening is not None:
+            opening, self.opening = self.opening, None
+            return opening
+        if self.over:
+            return _ended()
+        subscription = self.subscription
+        queue = subscription.queue
+        if queue.empty():
             # No timer per wait: the send watch wakes an idle stream for its keepalive.
-            while subscription.queue.empty():
-                await subscription.queue.wait()  # a future: no coroutine frame held through the wait
-            delivery = subscription.queue.get_nowait()
-            if delivery is KEEPALIVE:
-                yield KEEPALIVE_FRAME
-                continue
-            if delivery is None and subscription.closed:
-                return  # this process is shutting down: the client resumes elsewhere (Last-Event-ID)
-            if delivery is None or delivery.event_type == RESTORED:
-                # The store may have lost the session's history meanwhile (a restart, a
-                # failover), and the worker rewritten it under a new epoch whose ids start
-                # again at 1: say so, and go on from the new epoch's start.
-                now = await store.session(ws, sid)
-                current = now.epoch if now is not None else ""
-                if current and current != epoch:
-                    yield resync("epoch_reset", cursor, 1)
-                    data = {"reason": "epoch_changed", "requestedAfter": cursor, "eventEpoch": current}
-                    yield control("history_truncated", data, 0)
-                    epoch, cursor = current, 0
-            if delivery is None:  # skipped events (burst overflow, reconnect): catch up from the log
-                subscription.resync = False
-                frames, cursor, ended = await _from_log(store, ws, sid, cursor, None, epoch)
-                for chunk in frames:
-                    yield chunk
-                if ended:
-                    return
-                continue
-            if delivery.event_id <= cursor:
-                continue  # already sent (replay and live overlap)
-            if delivery.event_id > cursor + 1:  # pub/sub lost some: fill the gap from the log
-                frames, cursor, _ = await _from_log(store, ws, sid, cursor, delivery.event_id - 1, epoch)
-                for chunk in frames:
-                    yield chunk
-            yield frame(delivery.event_type, delivery.raw, delivery.event_id)
-            cursor = delivery.event_id
-            if delivery.event_type in ENDING_TYPES:
-                return
-    finally:
-        await fanout.unsubscribe(subscription)
+            return queue.wait()  # a future: no coroutine frame held through the wait
+        delivery = queue.get_nowait()
+        if delivery is KEEPALIVE:
+            return _Ready(KEEPALIVE_FRAME)
+        if delivery is None and subscription.closed:
+            return _ended()  # this process is shutting down: the client resumes elsewhere (Last-Event-ID)
+        if delivery is None or delivery.event_type == RESTORED or delivery.event_id > self.cursor + 1:
+            return self._catch_up(delivery)
+        if delivery.event_id <= self.cursor:
+            return _NOTHING  # already sent (replay and live overlap)
+        return _Ready(self._live(delivery))
+
+    def _take(self) -> bytes:
+        assert self.pending is not None
+        chunk = self.pending.pop(0)
+        if not self.pending:
+            self.pending = None
+        return chunk
+
+    def _send_first(self, frames: list[bytes]) -> bytes | None:
+        """The first of `frames` (after any still pending), the rest kept to send next."""
+        if self.pending is not None:
+            self.pending.extend(frames)
+        elif frames:
+            self.pending = frames
+        return self._take() if self.pending is not None else None
+
+    def _live(self, delivery: Delivery) -> bytes:
+        self.cursor = delivery.event_id
+        if delivery.event_type in ENDING_TYPES:
+            self.over = True
+        return frame(delivery.event_type, delivery.raw, delivery.event_id)
+
+    async def _replay(self, last_id: int, epoch_hint: str | None, live: bool) -> bytes | None:
+        """A resume: what the client missed from the log, then `replay_complete`."""
+        seq, epoch = self.cursor, self.epoch
+        cursor, out = last_id, []
+        mismatch = bool(epoch_hint) and epoch_hint != epoch
+        if mismatch or last_id > seq:
+            # The history this id refers to is gone (new epoch): say so, replay all we have.
+            out.append(resync("epoch_reset", last_id, seq + 1, detail="epoch_mismatch" if mismatch else None))
+            reason = "epoch_changed" if mismatch else "unknown_event_id"
+            # `id: 0`: a client that reconnects from here resumes at the new epoch's start.
+            data = {"reason": reason, "requestedAfter": last_id, "eventEpoch": epoch}
+            out.append(control("history_truncated", data, 0))
+            cursor = 0
+        frames, cursor, ended = await _from_log(self.store, self.ws, self.sid, cursor, None, epoch)
+        out.extend(frames)
+        replayed = sum(1 for chunk in frames if chunk.startswith(b"id: "))
+        out.append(control(
+            "replay_complete",
+            {"lastReplayedEventId": cursor, "lastEventId": max(seq, cursor), "replayedCount": replayed},
+        ))
+        self.cursor = cursor
+        self.over = ended or not live
+        return self._send_first(out)
+
+    async def _catch_up(self, delivery: Delivery | None) -> bytes | None:
+        """A delivery the buffer alone cannot tell: events skipped (None: an overflow, a
+        reconnect), a gap in ids, or a new epoch's first event."""
+        store, ws, sid = self.store, self.ws, self.sid
+        out: list[bytes] = []
+        if delivery is None or delivery.event_type == RESTORED:
+            # The store may have lost the session's history meanwhile (a restart, a
+            # failover), and the worker rewritten it under a new epoch whose ids start
+            # again at 1: say so, and go on from the new epoch's start.
+            now = await store.session(ws, sid)
+            current = now.epoch if now is not None else ""
+            if current and current != self.epoch:
+                out.append(resync("epoch_reset", self.cursor, 1))
+                data = {"reason": "epoch_changed", "requestedAfter": self.cursor, "eventEpoch": current}
+                out.append(control("history_truncated", data, 0))
+                self.epoch, self.cursor = sys.intern(current), 0
+        if delivery is None:  # skipped events (burst overflow, reconnect): catch up from the log
+            self.subscription.resync = False
+            frames, self.cursor, ended = await _from_log(store, ws, sid, self.cursor, None, self.epoch)
+            out.extend(frames)
+            self.over = ended
+        elif delivery.event_id > self.cursor:
+            if delivery.event_id > self.cursor + 1:  # pub/sub lost some: fill the gap from the log
+                frames, self.cursor, _ = await _from_log(store, ws, sid, self.cursor, delivery.event_id - 1, self.epoch)
+                out.extend(frames)
+            out.append(self._live(delivery))
+        return self._send_first(out)
+
+    async def aclose(self) -> None:
+        """The stream ended: its subscription ends with it."""
+        if self.opening is not None:  # never stepped: closed, not left unawaited
+            self.opening.close()  # type: ignore[attr-defined]
+            self.opening = None
+        self.pending = None
+        self.over = True
+        await self.fanout.unsubscribe(self.subscription)
 
 
 async def _from_log(store, ws: str, sid: str, after: int, upto: int | None, epoch: str) -> tuple[list[bytes], int, bool]:
