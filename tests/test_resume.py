@@ -185,7 +185,9 @@ async def test_a_prompt_sent_during_a_drain_runs_after_the_move_and_a_turn_past_
     watcher = await harness.events()
     sid = (await create(api, workspace))["sessionId"]
     await told_a_fact(harness, api, sid, "remember OSPREY")
-    long = await prompt(api, sid, "#slow 30")
+    # `flush`: cancelled, the agent says one more word of the turn, after the drain has
+    # already ended it with its error.
+    long = await prompt(api, sid, "#slow 30 flush")
     await watcher.wait_for(lambda e: e["data"].get("sessionId") == sid and e["type"] == "session_update"
                            and e.get("promptId") == long["promptId"] and "tick" in str(e["data"]))
     await harness.worker()
@@ -196,6 +198,10 @@ async def test_a_prompt_sent_during_a_drain_runs_after_the_move_and_a_turn_past_
     assert ended["type"] == "turn_error" and ended["data"]["code"] == "worker_draining"
     done = await turn_done(watcher, sid, during["promptId"])
     assert done["type"] == "turn_complete", done["data"]
+    # The agent's last word on the stopped turn (before its cancelled answer, which the
+    # move awaits) is not relayed: it would follow the error that explains the turn.
+    after_error = watcher.of(sid)[watcher.of(sid).index(ended) + 1:]
+    assert "stopped at tick" not in str(after_error), after_error
     assert "remember OSPREY" in str([e for e in watcher.of(sid) if e.get("promptId") == during["promptId"]])
     log = watcher.of(sid)
     kinds = [e["type"] for e in log]

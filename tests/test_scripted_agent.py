@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -306,6 +307,17 @@ async def test_slow_cancelled(agent: AgentProcess) -> None:
     before, response = await agent.until_response(prompt_id, timeout=2.0)
     assert response["result"] == {"stopReason": "cancelled"}
     assert all(text.startswith("tick ") for text in chunk_texts(before, session_id))
+
+
+async def test_slow_flush_says_a_last_word_after_the_cancel(agent: AgentProcess) -> None:
+    session_id = await agent.new_session()
+    prompt_id = await agent.prompt(session_id, "#slow 30 flush")
+    await agent.until(lambda m: m.get("method") == "session/update")
+    await agent.notify("session/cancel", {"sessionId": session_id})
+    before, response = await agent.until_response(prompt_id, timeout=2.0)
+    assert response["result"] == {"stopReason": "cancelled"}
+    texts = chunk_texts(before, session_id)
+    assert texts and re.fullmatch(r"stopped at tick \d+", texts[-1]), texts
 
 
 async def test_loop_forever_cancelled(agent: AgentProcess) -> None:

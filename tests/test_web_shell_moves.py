@@ -139,7 +139,9 @@ async def test_a_drained_session_shows_moving_then_the_move_and_the_stopped_turn
         await expect(view.locator(f'.session-row[data-session-id="{sid}"]')).to_have_attribute("data-status", "idle")
     await expect(deployment.locator(".workers-table tbody tr")).to_have_count(2)
     await expect(deployment.locator('.workers-table tr[data-draining="true"]')).to_have_count(0)
-    await send_from_page(page, "en", "#slow 30")  # outlives the drain's grace: the drain stops it
+    # Outlives the drain's grace: the drain stops it. `flush`: the agent says a last word of
+    # the turn after the drain ended it, which must not take the error's place.
+    await send_from_page(page, "en", "#slow 30 flush")
     await expect(agent_says(page, "tick 1")).to_be_visible()
 
     stopping = asyncio.ensure_future(draining.terminate())

@@ -54,7 +54,7 @@ class LiveSession(PermissionRequests, MovableSession):
     # Slots, not a per-instance dict: a worker holds tens of thousands of idle sessions.
     __slots__ = ("store", "incarnation", "ws", "sid", "cwd", "agent", "agent_sid", "single",
         "_on_gone", "_on_fenced", "_published", "_publishing", "untold_request", "_in_order",
-        "_op", "_unwritten", "abandoned", "write_patience_s", "created_ms", "updated_ms",
+        "_op", "_unwritten", "_sent", "abandoned", "write_patience_s", "created_ms", "updated_ms",
         "display_name", "clients", "loop_limits", "_on_state", "state", "active", "queue",
         "automatic", "turn_error", "turn_error_event", "closed", "_runner",
         "_guard", "_loop_stop", "agent_name", "state_store", "resumable", "resumed", "holding",
@@ -99,6 +99,7 @@ class LiveSession(PermissionRequests, MovableSession):
         self._in_order = asyncio.Lock()  # FIFO: transitions reach the store in order
         self._op = 0  # running number of this session's transitions
         self._unwritten: list[str] = []  # terminals a fenced write carried, for the rewrite
+        self._sent: Prompt | None = None  # the prompt the agent is answering, if any
         self.abandoned = False
         self.write_patience_s = WRITE_PATIENCE_S
         self.created_ms = now_ms()
@@ -344,6 +345,7 @@ class LiveSession(PermissionRequests, MovableSession):
                 continue
             prompt.sent = True
             self.has_history = True
+            self._sent = prompt
             try:
                 response = await self.agent.prompt(self.agent_sid, prompt.blocks, prompt.meta)
             except ConnectionError:
@@ -352,6 +354,8 @@ class LiveSession(PermissionRequests, MovableSession):
                 await self._end_with_error(prompt, from_exception(error))
             else:
                 await self._end_with_stop(prompt, getattr(response, "stop_reason", None) or "end_turn")
+            finally:
+                self._sent = None
 
     async def _start(self, prompt: Prompt) -> None:
         """The prompt actually starts. Any start supersedes the kept turn-error event; only an
@@ -566,7 +570,14 @@ class LiveSession(PermissionRequests, MovableSession):
 
         The loop guard sees every update of a running turn; newer turn content supersedes the
         kept turn-error event, so a reload no longer re-appends it.
+
+        A turn a drain already ended (drain.stop_turn) is over for every client, its
+        `turn_error` sent: what its agent still says of it before answering the cancel is
+        dropped, or it would follow the error that explains the turn and supersede it.
         """
+        stopped = self._sent is not None and self._sent.ended
+        if stopped and events.is_turn_content(update):
+            return
         prompt_id = self.active.prompt_id if self.active else None
         if self.active is not None:
             self.active.add_result(events.message_text(update))

@@ -289,16 +289,20 @@ async def loop_forever(ctx: TurnContext, _args: str) -> str:
 
 
 async def slow(ctx: TurnContext, args: str) -> str:
+    words = args.split()
     try:
-        seconds = float(args.split()[0]) if args.split() else 1.0
+        seconds = float(words[0]) if words else 1.0
     except ValueError:
         raise invalid_params("#slow takes a number of seconds", {"args": args}) from None
+    flush = words[1:] == ["flush"]
     end = asyncio.get_running_loop().time() + seconds
     tick = 0
     while (remaining := end - asyncio.get_running_loop().time()) > 0:
         tick += 1
         await ctx.chunk(f"tick {tick}")
         if await ctx.pause(min(TICK_SECONDS, remaining)):
+            if flush:  # as an agent that flushes its stream: a last word after the cancel
+                await ctx.chunk(f"stopped at tick {tick}")
             return "cancelled"
     return "end_turn"
 

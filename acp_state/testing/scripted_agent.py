@@ -62,6 +62,8 @@ word picks the scenario. ``<n>`` in tool call ids is the prompt's number within 
 ``#loop-forever``      the same identical tool call every ~5 ms until ``session/cancel`` (the
                        in-flight call is failed); gives up with ``end_turn`` after 10 minutes.
 ``#slow [N]``          a chunk "tick <i>" every 50 ms for N seconds (default 1), ``end_turn``.
+``#slow N flush``      the same; cancelled, it sends one more chunk "stopped at tick <i>"
+                       before answering ``cancelled`` (an update after the cancel, as ACP allows).
 ``#burst [N [SIZE]]``  N chunks "chunk <i>" as fast as possible (default 100), each padded
                        with SIZE more characters, ``end_turn``.
 ``#fail``              error -32603 "Internal error", ``data: {"details": "scripted failure"}``.
