@@ -219,12 +219,21 @@ async def test_turn_error_survives_queued_prompts_and_clears_on_start(harness: H
     # Freeze the worker: prompts are admitted and queued, none can start.
     os.kill(worker.pid, signal.SIGSTOP)
     try:
-        queued = [await prompt(api, sid, "hello"), await prompt(api, sid, "again")]
+        # The first waits on a vote, so the second is queued behind it however the worker
+        # reads the two (a blocked XREAD may hand it the first one alone).
+        queued = [await prompt(api, sid, "#permission"), await prompt(api, sid, "again")]
         waiting = await status(api, sid)
         assert waiting["hasTurnError"] is True and waiting["turnError"] == stored["turnError"]
     finally:
         os.kill(worker.pid, signal.SIGCONT)
 
+    asked = await events.wait_type(sid, "permission_request", promptId=queued[0]["promptId"])
+    await events.wait_type(sid, "pending_prompt_added", promptId=queued[1]["promptId"])
+    started = await status(api, sid)
+    assert started["hasTurnError"] is False and "turnError" not in started
+    vote = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
+    voted = await api.client.post(f"/session/{sid}/permission/{asked['data']['requestId']}", json=vote)
+    assert voted.status_code == 200, voted.text
     await events.wait_type(sid, "turn_complete", promptId=queued[1]["promptId"])
     after = await status(api, sid)
     assert after["hasTurnError"] is False and "turnError" not in after
