@@ -14,12 +14,14 @@ message) or one that falls (a new generation: Redis lost the workspace) makes it
 whole live state again and push the difference, or a new snapshot.
 
 Resume: `Last-Event-ID` (or `?lastEventId=`) alone, as a browser's EventSource sends it,
-gets what changed since that revision, from the feed's memory. The older form, a bare
-revision with the stream's `generation` beside it (the `X-Acp-Catalog-Generation` response
-header; sent back as `?generation=` or that header), is still read; a generation in the id
-wins over one beside it (a browser's reconnect repeats the URL it first opened). A
-generation that differs, or a revision older than the feed remembers, gets a fresh
-snapshot.
+gets what changed since that revision: from the feed's memory, or, for a revision from
+before the feed started (a restarted process, another one behind a load balancer), from the
+workspace's change log in Redis (`ReaderStore.changed_since`: each session's last change
+revision). The older form, a bare revision with the stream's `generation` beside it (the
+`X-Acp-Catalog-Generation` response header; sent back as `?generation=` or that header), is
+still read; a generation in the id wins over one beside it (a browser's reconnect repeats
+the URL it first opened). A generation that differs, or a revision older than the change
+log's floor, gets a fresh snapshot.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from acp_state.store import Change, Fanout, ReaderStore, SessionView, WorkerRegistry
+from acp_state.store import STORE_ERRORS, Change, Fanout, ReaderStore, SessionView, WorkerRegistry
 
 from . import stream_ids, workspace_ref
 from .event_stream import frame
@@ -64,6 +66,9 @@ class WorkspaceFeed(Hub):
         # sid -> the revision of its row's last change; a removal for a lapsed lease counts
         # half a revision later than the revision it was seen at.
         self.memory = stream_ids.ChangeMemory[str]()
+        # The live sessions readers did not see at the feed's start (an owner's lease lapsed,
+        # a create not yet told): a client resuming from before the start may hold their rows.
+        self._hidden_at_start: tuple[str, ...] = ()
         self._fresh = True  # announcements that queued during the last whole read are in it
         self._told = 0  # the revision whose id the listeners were last sent
         self._telling: asyncio.TimerHandle | None = None
@@ -141,6 +146,7 @@ class WorkspaceFeed(Hub):
         if version.generation != self.generation:
             self.generation, self.revision = version.generation, version.revision
             self.memory = stream_ids.ChangeMemory(since=version.revision)
+            self._hidden_at_start = tuple(sid for sid, found in current.items() if found is None)
             self.rows = {sid: found[0] for sid, found in current.items() if found is not None}
             self.owners = {sid: found[1] for sid, found in current.items() if found is not None}
             self._push(self.snapshot())
@@ -204,14 +210,32 @@ class WorkspaceFeed(Hub):
         """The `id:` of a frame at the feed's revision: the revision with its generation."""
         return stream_ids.compose(self.revision, self.generation)
 
-    def resume(self, last_id: int, generation: str | None) -> bytes:
+    async def resume(self, last_id: int, generation: str | None) -> bytes:
         """What a client that saw revision `last_id` of `generation` missed (b"" if nothing),
-        or a snapshot when that cannot be told from memory. A revision this feed has not
-        reached yet was seen on a process that heard it first: nothing is missed, and what
-        this feed pushes as it catches up is the rows as they are now."""
-        if generation != self.generation or not self.memory.covers(min(last_id, self.revision), self.revision):
+        or a snapshot when that cannot be told. A revision this feed has not reached yet was
+        seen on a process that heard it first: nothing is missed, and what this feed pushes
+        as it catches up is the rows as they are now.
+
+        A revision from before the feed's memory (it started since: a restarted process,
+        another one) is answered from Redis's change log, with the rows as the feed holds
+        them; frames the feed pushes meanwhile queue behind this one, in order, so each row
+        ends as the feed's latest."""
+        if generation != self.generation:
             return self.snapshot()
-        missed = self.memory.after(last_id)
+        if self.memory.covers(min(last_id, self.revision), self.revision):
+            return self._missed(self.memory.after(last_id))
+        try:
+            logged = await self._store.changed_since(self.ws, generation, last_id)
+        except STORE_ERRORS as error:
+            log.warning("live feed %s: change log unreadable, resume gets a snapshot: %r", self.ws, error)
+            logged = None
+        if logged is None or generation != self.generation:
+            return self.snapshot()
+        # Since the feed's start: its own memory (owners whose lease lapsed) and the sessions
+        # hidden when it started, beside what Redis logged.
+        return self._missed(list(dict.fromkeys([*logged, *self.memory.after(last_id), *self._hidden_at_start])))
+
+    def _missed(self, missed: list[str]) -> bytes:
         if not missed:
             return b""
         return self._changed([self.rows[s] for s in missed if s in self.rows], [s for s in missed if s not in self.rows])
@@ -280,8 +304,12 @@ async def live_state_events(request: Request) -> Response:
     point = resume_point(request)
     feed = await state.feeds.feed(ws)
     listener = Listener()
-    feed.add(listener)  # nothing is awaited from here to the first frame: no change falls between
-    first = feed.snapshot() if point is None else feed.resume(*point)
+    feed.add(listener)  # what the feed pushes from here on queues behind the first frame
+    try:
+        first = feed.snapshot() if point is None else await feed.resume(*point)
+    except BaseException:
+        feed.remove(listener)
+        raise
     body = frames(listener, first, feed)
     return stream_response(body, state.settings.sse_send_timeout_s, {GENERATION_HEADER: feed.generation})
 

@@ -122,7 +122,7 @@ async def test_a_change_a_whole_read_took_in_before_its_announcement_is_still_re
     await eventually(lambda: feed.revision == before.revision + 1, "the feed took the announcement")
     assert not listener.frames  # no row changed: nothing pushed
 
-    raw = feed.resume(before.revision, before.generation)
+    raw = await feed.resume(before.revision, before.generation)
     fields = dict(line.split(": ", 1) for line in raw.decode().strip().splitlines())
     assert fields["event"] == "live_state_changed" and fields["id"] == f"{before.revision + 1}-{before.generation}"
     assert [row["sessionId"] for row in orjson.loads(fields["data"])["sessions"]] == [sid]
@@ -132,9 +132,10 @@ async def test_a_change_a_whole_read_took_in_before_its_announcement_is_still_re
 
 async def test_changes_that_move_no_row_still_move_the_listeners_resume_point() -> None:
     """A change that moves no row pushes no frame, so a listener's last id falls behind the
-    revision; a feed that starts afterwards (a restarted process, another one) cannot answer
-    a resume from before it but with a snapshot. The feed tells the revision soon after (an
-    `id:` with no event), and a resume from it is answered there with nothing missed."""
+    revision; a feed that starts afterwards (a restarted process, another one) answers a
+    resume from before its start from Redis's change log, with the rows logged since. The
+    feed tells the revision soon after (an `id:` with no event), and a resume from it is
+    answered there with nothing missed."""
     store = RedisStore.from_url(f"memory://feed-{secrets.token_hex(4)}")
     ws, inc, sid = secrets.token_hex(8), f"w-{secrets.token_hex(4)}", new_id()
     await store.heartbeat(inc, {}, 60_000)
@@ -155,8 +156,54 @@ async def test_changes_that_move_no_row_still_move_the_listeners_resume_point() 
 
     later = WorkspaceFeed(store, WorkerRegistry(store), Channel(), ws, forget=lambda feed: None)  # type: ignore[arg-type]
     await later.start()  # knows nothing from before its start
-    assert b"event: live_state_snapshot" in later.resume(seen, now.generation)  # from the last frame
-    assert later.resume(now.revision, now.generation) == b""  # from the id told: nothing missed
+    logged = (await later.resume(seen, now.generation)).decode()  # from the last frame: the change log's
+    fields = dict(line.split(": ", 1) for line in logged.strip().splitlines())
+    assert fields["event"] == "live_state_changed" and fields["id"] == f"{now.revision}-{now.generation}"
+    assert [row["sessionId"] for row in orjson.loads(fields["data"])["sessions"]] == [sid]
+    assert await later.resume(now.revision, now.generation) == b""  # from the id told: nothing missed
     feed.stop()
     later.stop()
+    await store.close()
+
+
+class Lapsed(WorkerRegistry):
+    """The lease view with these incarnations' leases lapsed (no sweeper has run yet)."""
+
+    def __init__(self, store: RedisStore, lapsed: set[str]) -> None:
+        super().__init__(store)
+        self.lapsed = lapsed
+
+    async def is_live(self, incarnation: str) -> bool:
+        return incarnation not in self.lapsed and await super().is_live(incarnation)
+
+
+async def test_a_feed_started_since_answers_a_resume_from_the_change_log() -> None:
+    """A feed that started after the client's last revision answers from Redis's change log
+    what changed since, with the sessions it found hidden at its start (a lease lapsed, not
+    yet swept: no change was logged for them, but the client may still show them) as removed.
+    What the log cannot tell (another generation, a revision below its floor) gets a snapshot."""
+    store = RedisStore.from_url(f"memory://feed-{secrets.token_hex(4)}")
+    ws, inc, gone_inc = secrets.token_hex(8), f"w-{secrets.token_hex(4)}", f"w-{secrets.token_hex(4)}"
+    kept, still, orphan = new_id(), new_id(), new_id()
+    for owner in (inc, gone_inc):
+        await store.heartbeat(owner, {}, 60_000)
+    for sid, owner in ((kept, inc), (still, inc), (orphan, gone_inc)):
+        meta = {"sessionId": sid, "workspaceCwd": "/w", "createdAt": "2020-01-01T00:00:00Z"}
+        await store.apply(ws, sid, owner, Transition(mode=Mode.CREATE, meta=meta, epoch="e", catalog=CatalogRow(meta["createdAt"], meta["createdAt"], 1)))
+    seen = await store.catalog_version(ws)  # the client's last id: every session shown
+    await store.apply(ws, kept, inc, Transition(active=True))
+    feed = WorkspaceFeed(store, Lapsed(store, {gone_inc}), Channel(), ws, forget=lambda feed: None)  # type: ignore[arg-type]
+    await feed.start()
+    assert feed.revision == seen.revision + 1 and sorted(feed.rows) == sorted([kept, still])
+
+    fields = dict(line.split(": ", 1) for line in (await feed.resume(seen.revision, seen.generation)).decode().strip().splitlines())
+    body = orjson.loads(fields["data"])
+    assert fields["event"] == "live_state_changed" and fields["id"] == f"{seen.revision + 1}-{seen.generation}"
+    assert [row["sessionId"] for row in body["sessions"]] == [kept] and body["sessions"][0]["hasActivePrompt"] is True
+    assert body["removed"] == [orphan]
+
+    assert b"event: live_state_snapshot" in await feed.resume(seen.revision, "1")  # another generation
+    await store.redis.zadd(keys.change_log(ws), {keys.CHANGE_LOG_FLOOR: seen.revision + 1})  # it forgot
+    assert b"event: live_state_snapshot" in await feed.resume(seen.revision, seen.generation)
+    feed.stop()
     await store.close()

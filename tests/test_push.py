@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import redis.asyncio as aioredis
+
 from acp_state.ids import workspace_id
 from bench.redis_server import RedisServer, free_port
 from tests.harness import ApiProcess, Harness, SseClient
@@ -252,6 +254,63 @@ async def test_a_reconnect_to_a_restarted_api_process_gets_the_changes_not_a_sna
     first = await resumed.wait_for(lambda f: f["event"] is not None)
     assert first["event"] == "live_state_changed" and [r["sessionId"] for r in first["data"]["sessions"]] == [other], first
     await resumed.close()
+
+
+async def test_a_reconnect_to_a_process_started_since_gets_the_changes_from_redis(harness: Harness, workspace: str) -> None:
+    """A reconnect that lands on a process whose feed started after the client's last id (a
+    restart, another process behind a load balancer) knows nothing of the changes before it
+    started from its own memory: it asks the workspace's change log in Redis, and sends the
+    sessions created, changed and removed since as changes, not a snapshot (issue 27). An id
+    from before what the log keeps gets a snapshot."""
+    await harness.worker()
+    api_a = await harness.api()
+    closing = (await create(api_a, workspace))["sessionId"]
+    changing = (await create(api_a, workspace))["sessionId"]
+    stream = await feed(api_a, workspace)
+    snapshot = await stream.wait_for(lambda f: f["event"] == "live_state_snapshot")
+    seen = rows_shown(stream.frames)
+    await stream.close()
+    assert sorted(seen) == sorted([closing, changing])
+
+    # While the client is away, and no other process follows the workspace:
+    created = (await create(api_a, workspace))["sessionId"]
+    assert (await api_a.client.delete(f"/session/{closing}")).status_code == 204
+    await prompt(api_a, changing, "#permission")
+    live_state = f"/workspaces/{workspace_id(workspace)}/sessions/live-state"
+
+    async def settled() -> bool:
+        rows = {r["sessionId"]: r for r in (await api_a.client.get(live_state)).json()["sessions"]}
+        return sorted(rows) == sorted([changing, created]) and rows[changing]["isWaitingForPermission"] is True
+
+    await eventually(settled, "the workspace's changes")
+
+    api_b = await harness.api()  # started after the id: its feed starts on the resume
+    resumed = await feed(api_b, workspace, last_event_id=snapshot["id"])
+    first = await resumed.wait_for(lambda f: f["event"] is not None)
+    assert first["event"] == "live_state_changed", first
+    missed = await changes_until(resumed, removal_of(closing))
+    fresh = await feed(api_b, workspace)
+    now = await fresh.wait_for(lambda f: f["event"] == "live_state_snapshot")
+    await fresh.close()
+    shown = rows_shown([snapshot, *missed])  # changes only (changes_until): no snapshot
+    assert shown == rows_shown([now])
+    assert sorted(shown) == sorted([changing, created]) and shown[changing]["isWaitingForPermission"] is True
+    await resumed.close()
+
+    # The log forgot the changes after the client's id (a workspace with more sessions changed
+    # since than it keeps): that cannot be told, so a snapshot.
+    redis = aioredis.Redis.from_url(harness.redis_url, decode_responses=True)
+    try:
+        await redis.zadd(f"acp:{{{workspace_id(workspace)}}}:chg", {"!": revision_of(now)})
+    finally:
+        await redis.aclose()
+    api_c = await harness.api()
+    for api in (api_b, api_c):
+        stale = await feed(api, workspace, last_event_id=snapshot["id"])
+        first = await stale.wait_for(lambda f: f["event"] is not None)
+        assert first["event"] == "live_state_snapshot", first
+        assert rows_shown([first]) == rows_shown([now])
+        await stale.close()
 
 
 async def test_a_redis_restart_starts_a_new_generation_on_the_feed(own_redis: RedisServer, workspace: str) -> None:

@@ -179,13 +179,16 @@ class ReadSide(RedisSide):
         """The sessions that changed (or left) after `revision` of `generation`, oldest change
         first, from the workspace's change log (changes.lua); None when the log cannot tell:
         another generation, or a revision older than the log's floor (it forgot the changes
-        after it, or did not exist then). Read in one transaction (one slot)."""
+        after it, or did not exist then). One round trip to one slot, read in this order: the
+        sessions, then the floor, then the generation, so that whatever made the sessions
+        read incomplete (a trim raises the floor; a lost workspace starts a new generation)
+        shows in a read after it (no MULTI, which a cluster's pipeline may not take)."""
         log = keys.change_log(ws)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hget(keys.catalog_version(ws), VersionField.GENERATION)
-        pipe.zscore(log, keys.CHANGE_LOG_FLOOR)
+        pipe = self.redis.pipeline(transaction=False)
         pipe.zrangebyscore(log, f"({revision}", "+inf")
-        current, floor, sids = await pipe.execute()
+        pipe.zscore(log, keys.CHANGE_LOG_FLOOR)
+        pipe.hget(keys.catalog_version(ws), VersionField.GENERATION)
+        sids, floor, current = await pipe.execute()
         if current != generation or floor is None or revision < floor:
             return None
         return list(sids)
