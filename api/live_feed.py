@@ -47,8 +47,9 @@ log = logging.getLogger("api.live_feed")
 GENERATION_HEADER = "X-Acp-Catalog-Generation"
 # Most changes move no row a listener sees (a turn's every update, a create's answer taken
 # after the session was read), so its last frame's id falls behind the revision, and a
-# reconnect to a feed that started since (a restarted API process, another one) would get a
-# snapshot though it missed nothing. The revision is told this long after such changes.
+# reconnect to a feed that started since (a restarted API process, another one) would be sent
+# every row the change log names since, though none changed. The revision is told this long
+# after such changes.
 ID_FOLLOWS_S = 1.0
 
 
