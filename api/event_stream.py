@@ -27,6 +27,7 @@ from acp_state.store import STORE_ERRORS, Delivery, SessionView, Subscription
 from acp_state.tasks import survive
 
 from .auth import Authenticator, Principal, principal_of
+from .direct_write import AT_ONCE, Chunk, learn, transport_of
 from .locator import not_found
 from .metrics import RequestCounts
 from .responses import ApiError, parse_decimal
@@ -86,7 +87,15 @@ async def open_stream(
 ) -> EventStreamResponse:
     """Session `sid`'s event stream for `principal`, subscribed, its state read: ready to
     send. ApiError 404 if the principal may not see the session, or it is neither live nor
-    asked for from an event id (a replay of a session that ended)."""
+    asked for from an event id (a replay of a session that ended). A burst of opens runs a
+    few at a time (`StreamOpens.admitted`)."""
+    async with state.stream_opens.admitted():
+        return await _open_stream(state, sid, principal, headers, query)
+
+
+async def _open_stream(
+    state: AppState, sid: str, principal: Principal, headers: Mapping[str, str], query: Mapping[str, str]
+) -> EventStreamResponse:
     last_id = parse_last_event_id(headers.get("last-event-id"))
     # The reference's SDK sends the epoch as a header beside Last-Event-ID; ours as a query.
     epoch_hint = query.get("eventEpoch") or headers.get("x-qwen-event-epoch")
@@ -170,11 +179,14 @@ DIRECT_SEND = "acp.direct_send"  # the server's own send, kept in the scope by t
 
 
 class DirectWrites(Protocol):
-    """What a push stream's body comes from (a hub's listener): while the stream's task
-    waits for its next chunk, `write` is the stream's own `EventStreamResponse.write_now`,
-    so the hub writes a frame to the connection without waking the task."""
+    """What a push stream's body comes from (a hub's listener): `direct` is the stream's own
+    write (`EventStreamResponse.write_now`, or `_write_transport` on uvicorn) once its sends
+    go straight to the server, and `write` is that while the stream's task waits for its next
+    chunk with nothing queued, so the hub writes a frame to the connection without waking the
+    task; None while the write of one waits on the client."""
 
-    write: Callable[[bytes], bool] | None
+    direct: Callable[[Chunk], bool] | None
+    write: Callable[[Chunk], bool] | None
 
 
 class EventStreamResponse:
@@ -237,8 +249,8 @@ class EventStreamResponse:
                 self.sending_since = None
                 del chunk
                 send = self._send = direct or send  # the middlewares have seen what they look at
-                if self.writes is not None:  # the task waits for its body: the hub may write
-                    self.writes.write = self.write_now
+                if self.writes is not None and self.ending is None:  # the hub may write while the task waits
+                    self.writes.direct = self._write_transport if transport_of(send) is not None else self.write_now
             await self._sending(loop)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except STORE_ERRORS as error:  # Redis went away mid-stream: end it; the client reconnects and resumes
@@ -254,7 +266,7 @@ class EventStreamResponse:
         finally:
             self.task = None
             if self.writes is not None:
-                self.writes.write = None
+                self.writes.direct = self.writes.write = None
             if self._writing is not None:
                 self._writing.cancel()
             _SEND_WATCH.discard(self)
@@ -272,31 +284,54 @@ class EventStreamResponse:
             await self._writing  # its `sending_since` holds meanwhile
         self.sending_since = loop.time()
 
-    def write_now(self, chunk: bytes) -> bool:
+    def write_now(self, chunk: Chunk) -> bool:
         """Write `chunk` from the caller's step, not the stream's task: a hub writes one
         change to a thousand streams in one step, without a thousand task wake-ups. The
-        server's send completes at once while the client reads (granian, uvicorn); when it
-        must wait for the client, the rest of the write goes on in a task of its own, and
-        what follows queues for the stream's task, which sends it after. False: nothing
-        written (a write still waits); the caller queues `chunk` for the task."""
-        if self._writing is not None or self._send is None or self.ending is not None:
+        server's send completes at once while the client reads (granian, uvicorn; granian's
+        answer is then an empty awaitable, not stepped at all); when it must wait for the
+        client, the rest of the write goes on in a task of its own, the hub writes no more
+        (`writes.write`), and what follows queues for the stream's task, which sends it after.
+        False: nothing written (the stream ends, or a write still waits); the caller queues
+        `chunk` for the task."""
+        if self.ending is not None or self._writing is not None or self._send is None:
             return False
         try:
-            step = self._send({"type": "http.response.body", "body": chunk, "more_body": True}).__await__()
+            sent = self._send(chunk.message)
+            if type(sent) in AT_ONCE:  # granian's answer to a write it took: nothing to step
+                return True
+            step = sent.__await__()
             waits_on = next(step, _DONE)  # an iterator, not always a generator (granian's)
         except Exception as error:  # the connection is gone: the stream ends as its own send would
             self.end(f"a write failed ({error!r})")
             return True
         if waits_on is _DONE:
+            learn(sent)
             return True
+        if self.writes is not None:
+            self.writes.write = None  # until the stream's task has sent what queues meanwhile
         self.sending_since = asyncio.get_running_loop().time()  # the send watch drops a client that never reads
         self._writing = asyncio.ensure_future(_rest_of(step, waits_on))
         self._writing.add_done_callback(self._written)
         return True
 
+    def _write_transport(self, chunk: Chunk) -> bool:
+        """`write_now` on uvicorn (httptools): what its `send` does for a chunk of the body
+        while its transport takes writes and the client is there, `transport.write` of the
+        chunk in chunked encoding (made once for every stream, `Chunk.chunked`), without
+        the coroutine. A paused transport (flow control: the client is slow to read) or a
+        client gone goes through `write_now`, which waits or drops the write as uvicorn does."""
+        cycle = self._send.__self__  # type: ignore[union-attr]
+        if cycle.flow.write_paused or cycle.disconnected or self.ending is not None:
+            return self.write_now(chunk)
+        try:
+            cycle.transport.write(chunk.chunked)
+        except Exception as error:  # the connection is gone: the stream ends as its own send would
+            self.end(f"a write failed ({error!r})")
+        return True
+
     def _written(self, writing: asyncio.Future[None]) -> None:
-        """A write of `write_now` that waited on the client is over: the hub may write again,
-        or, if it failed, the stream ends."""
+        """A write of `write_now` that waited on the client is over: the stream's task may
+        send (the hub writes again once it waits), or, if it failed, the stream ends."""
         if self._writing is writing:
             self._writing = None
             self.sending_since = None
@@ -307,6 +342,8 @@ class EventStreamResponse:
         """End the stream from outside its task: the client left, or stopped reading."""
         if self.task is not None and self.ending is None:
             self.ending = why
+            if self.writes is not None:  # nothing more is written to it
+                self.writes.direct = self.writes.write = None
             self.task.cancel()
 
     def _listen(self, receive: Receive) -> None:

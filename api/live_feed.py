@@ -170,7 +170,7 @@ class WorkspaceFeed(Hub):
 
     def _push(self, frame: bytes) -> None:
         """One frame to every listener (at the feed's revision)."""
-        self.broadcast(lambda _: frame)
+        self.broadcast_all(frame)
         self._told = self.revision
 
     def _revision_moved(self) -> None:
@@ -187,9 +187,7 @@ class WorkspaceFeed(Hub):
     async def _keepalive(self) -> None:
         """The keepalive names the feed's revision too (see `_tell_revision`). Each listener
         has been sent every frame before it: frames go out in order."""
-        ping = f"id: {self.event_id()}\n: keepalive\n\n".encode()
-        for listener in list(self.listeners):
-            listener.push(ping)
+        self.broadcast_all(f"id: {self.event_id()}\n: keepalive\n\n".encode())
 
     # ---- frames -------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@
 Each is a hub: it follows Redis once for the whole process (the workspaces' change
 channels), keeps the state its streams show in memory, and pushes one encoded frame to every
 listener, written in the hub's own step to each stream whose task waits with nothing queued
-(`EventStreamResponse.write_now`: no task wake-up per stream and change). A listener is a bounded buffer: one that falls behind is never waited for; its
+(`EventStreamResponse.write_now`: no task wake-up per stream and change; the frame's message
+made once for them all, `direct_write.Chunk`). A listener is a bounded buffer: one that falls behind is never waited for; its
 buffer is dropped and it is sent a fresh snapshot from the hub's memory instead. A hub left
 without listeners keeps following for a while, so a client that reconnects finds it warm
 (and, for the feed, resumes from memory), then stops.
@@ -18,6 +19,7 @@ from typing import Any, AsyncGenerator, Awaitable, Callable, Generator
 
 from acp_state.tasks import survive
 
+from .direct_write import Chunk
 from .event_stream import KEEPALIVE_FRAME, KEEPALIVE_S, RETRY_MS, EventStreamResponse
 from .responses import unavailable
 
@@ -44,24 +46,33 @@ class Listener:
     600 B empty) and one future while its stream waits (an `asyncio.Event` holds a deque of
     waiters and a dict)."""
 
-    __slots__ = ("accepts", "frames", "behind", "closed", "write", "_due", "_waiter")
+    __slots__ = ("accepts", "frames", "behind", "closed", "direct", "write", "_due", "_waiter")
 
     def __init__(self, accepts: Callable[[str], bool] = _anyone) -> None:
         self.accepts = accepts  # which workspaces its token may see
         self.frames: list[bytes] = []
         self.behind = False
         self.closed = False
-        # While its stream's task waits with nothing queued: the stream's own write (`DirectWrites`),
-        # so a frame goes out in the hub's step, without waking the task.
-        self.write: Callable[[bytes], bool] | None = None
+        # The stream's own write (`EventStreamResponse.write_now`, or its write to uvicorn's
+        # transport), once its sends go straight to the server; None before, and once it ends.
+        self.direct: Callable[[Chunk], bool] | None = None
+        # `direct` while the stream's task waits with nothing queued (`wait`), else None: a
+        # frame then goes out in the hub's step, without waking the task, and never before
+        # a frame queued earlier.
+        self.write: Callable[[Chunk], bool] | None = None
         self._due = False  # something to do since the last drain
         self._waiter: asyncio.Future[None] | None = None
 
     def push(self, frame: bytes) -> None:
+        write = self.write
+        if write is None or not write(Chunk(frame)):
+            self.queue(frame)
+
+    def queue(self, frame: bytes) -> None:
+        """`frame` for the stream's task to send, after what it was sent before."""
+        self.write = None  # until the task has sent what queues, and waits again
         if self.behind or self.closed:
             return  # the snapshot it is owed includes this
-        if self.write is not None and not self.frames and self.write(frame):
-            return
         if len(self.frames) >= LISTENER_BUFFER:
             self.behind = True
             self.frames.clear()
@@ -71,6 +82,7 @@ class Listener:
 
     def close(self) -> None:
         self.closed = True
+        self.write = None
         self._wake()
 
     def _wake(self) -> None:
@@ -82,11 +94,13 @@ class Listener:
         """Until there is something to do (a future while there is not: no coroutine frame)."""
         if self._due:
             return _NOW
+        self.write = self.direct  # nothing queued: the hub may write to the stream itself
         self._waiter = asyncio.get_running_loop().create_future()
         return self._waiter
 
     def drain(self) -> bytes:
         """Every frame queued, in order, as one chunk: a burst costs one write, not one each."""
+        self.write = None
         chunk = b"".join(self.frames)
         self.frames.clear()
         self._due = False
@@ -200,10 +214,18 @@ class Hub:
             if frame is not None:
                 listener.push(frame)
 
+    def broadcast_all(self, frame: bytes) -> None:
+        """Push `frame` to every listener: one message for them all (`Chunk`), and for each
+        stream that waits with nothing queued, one call of its write, in this step."""
+        chunk = Chunk(frame)
+        for listener in list(self.listeners):
+            write = listener.write
+            if write is None or not write(chunk):
+                listener.queue(frame)
+
     async def _keepalive(self) -> None:
         """A comment line to every stream, so proxies and clients see the connection live."""
-        for listener in list(self.listeners):
-            listener.push(KEEPALIVE_FRAME)
+        self.broadcast_all(KEEPALIVE_FRAME)
 
     def end(self) -> None:
         """Shutdown begins: every stream ends now (its client reconnects elsewhere)."""

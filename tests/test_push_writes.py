@@ -6,9 +6,11 @@ gets every frame once, in order."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from typing import Any
 
+import httpx
 import pytest
 
 from acp_state.api import event_stream
@@ -88,5 +90,87 @@ async def test_a_client_that_stops_reading_gets_every_frame_in_order_once_it_rea
         await asyncio.wait_for(reader.readuntil(b"data: n%06d" % FRAMES), 10)
     finally:
         writer.close()
+        http.stop()
+        await asyncio.wait_for(serving, 30)
+
+
+class ManyStreams(Hub):
+    """A hub of several streams, which leave it as they end."""
+
+    def snapshot_for(self, listener: Listener) -> bytes:
+        return b"event: snapshot\ndata: {}\n\n"
+
+
+async def serve_streams(server: str, hub: Hub) -> tuple[Any, asyncio.Future[None]]:
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        scope[event_stream.DIRECT_SEND] = send
+        listener = Listener()
+        hub.add(listener)
+        await stream_response(frames(listener, b"event: first\ndata: {}\n\n", hub), 60.0)(scope, receive, send)
+
+    http = serve_http(app, "127.0.0.1", 0, server)
+    serving = asyncio.ensure_future(http.serve())
+    await eventually(lambda: http.started, f"{server} started")
+    return http, serving
+
+
+async def read_frames(response: httpx.Response, count: int) -> list[int]:
+    """The numbers of the first `count` numbered frames of an event stream, as an HTTP client
+    decodes its body (chunked transfer encoding)."""
+    text = b""
+    async for part in response.aiter_bytes():
+        text += part
+        if text.count(b"data: n") >= count and text.endswith(b"\n\n"):
+            break
+    return [int(part[:6]) for part in text.split(b"data: n")[1:]]
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_one_frame_written_by_the_hub_to_every_stream_reaches_each_once_in_order(server: str) -> None:
+    """The hub's write to streams that wait (`Hub.broadcast_all`: one message for all; on
+    uvicorn, the chunk framed once and written to each transport) is a valid HTTP body."""
+    hub = ManyStreams()
+    http, serving = await serve_streams(server, hub)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http.port}", timeout=30) as client:
+            async with contextlib.AsyncExitStack() as streams:
+                responses = [await streams.enter_async_context(client.stream("GET", "/")) for _ in range(3)]
+                await eventually(lambda: len(hub.listeners) == 3 and all(listener.write for listener in hub.listeners),
+                                 "every stream waits, and the hub may write to it")
+                for n in range(50):  # a burst: some writes may wait on the client, and what follows queues
+                    hub.broadcast_all(numbered(n)[:40] + b"\n\n")
+                for response in responses:
+                    assert await read_frames(response, 50) == list(range(50))
+    finally:
+        http.stop()
+        await asyncio.wait_for(serving, 30)
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_a_client_that_leaves_while_the_hub_writes_leaves_the_hub_and_the_others_go_on(server: str) -> None:
+    hub = ManyStreams()
+    http, serving = await serve_streams(server, hub)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http.port}", timeout=30) as client:
+            async with client.stream("GET", "/") as staying:
+                await eventually(lambda: len(hub.listeners) == 1 and all(l.write for l in hub.listeners), "one stream waits")
+                sock = socket.create_connection(("127.0.0.1", http.port))
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                await eventually(lambda: len(hub.listeners) == 2 and all(l.write for l in hub.listeners), "two streams wait")
+                sock.close()
+                n = 0
+                while len(hub.listeners) > 1:  # the hub writes on to the one that left, until its stream ends
+                    hub.broadcast_all(numbered(n)[:40] + b"\n\n")
+                    n += 1
+                    await asyncio.sleep(0.01)
+                    assert n < 3000, "safety stop: the stream of the client that left never ended"
+                hub.broadcast_all(numbered(n)[:40] + b"\n\n")
+                assert await read_frames(staying, n + 1) == list(range(n + 1))
+    finally:
         http.stop()
         await asyncio.wait_for(serving, 30)
