@@ -448,8 +448,11 @@ class Fanout:
             except BaseException:  # not sent (Redis away): the next caller tries again
                 self._confirmed.pop(channel, None)
                 raise
+        confirmed = self._confirmed[channel]
+        if confirmed.is_set():
+            return  # subscribed already: no wait_for (a task, a timer and a future for each caller)
         try:
-            await asyncio.wait_for(self._confirmed[channel].wait(), CONFIRM_TIMEOUT_S)
+            await asyncio.wait_for(confirmed.wait(), CONFIRM_TIMEOUT_S)
         except asyncio.TimeoutError:  # Redis did not confirm (stalled, failing over): a store fault
             raise RedisTimeoutError(f"the subscription to {channel} was not confirmed in {CONFIRM_TIMEOUT_S:g} s") from None
 
