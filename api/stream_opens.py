@@ -8,6 +8,14 @@ request in one turn, the process's Redis pool grew to its 512 connections and ke
 share one. A read is shared only by streams that asked before it began: each stream asks
 once its subscription is confirmed, so its read still follows its subscription and no event
 can fall between them (`event_stream.open_stream`).
+
+At most `OPENS_IN_FLIGHT` opens run at once; the others wait their turn before they do
+anything. Two thousand opens in flight at once (granian hands the loop every waiting
+request in one turn) each held their coroutines, subscription, scope and headers while they
+waited on Redis; freed once the streams were open, the process's RSS did not come down: on
+granian a session stream opened in such a burst cost 2.3-4.1 KB more than one opened after
+the other, on uvicorn nothing more; with this bound, 18.3-18.7 KB against 19.3-22.5 KB
+(`python -m bench.stream_memory`, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -17,6 +25,9 @@ import asyncio
 from acp_state.store import SessionView, Store
 
 CONCURRENT = 16
+# Above CONCURRENT: an open also waits for its subscription's confirmation, and opens of one
+# session share a read.
+OPENS_IN_FLIGHT = 32
 
 
 class StreamOpens:
@@ -25,6 +36,13 @@ class StreamOpens:
     def __init__(self) -> None:
         self._waiting: dict[tuple[str, str], asyncio.Future[SessionView | None]] = {}  # not begun yet: joinable
         self._slots: asyncio.Semaphore | None = None
+        self._opening: asyncio.Semaphore | None = None
+
+    def admitted(self) -> asyncio.Semaphore:
+        """Held by a stream open from its first step until it is ready to send (`async with`)."""
+        if self._opening is None:  # made on the loop that serves (a Semaphore binds to one)
+            self._opening = asyncio.Semaphore(OPENS_IN_FLIGHT)
+        return self._opening
 
     async def session(self, store: Store, ws: str, sid: str) -> SessionView | None:
         """The session's state, read after this call began."""
