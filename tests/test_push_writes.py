@@ -101,7 +101,7 @@ class ManyStreams(Hub):
         return b"event: snapshot\ndata: {}\n\n"
 
 
-async def serve_streams(server: str, hub: Hub) -> tuple[Any, asyncio.Future[None]]:
+async def serve_streams(server: str, hub: Hub, send_timeout_s: float = 60.0) -> tuple[Any, asyncio.Future[None]]:
     async def app(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] == "lifespan.startup":
@@ -111,7 +111,7 @@ async def serve_streams(server: str, hub: Hub) -> tuple[Any, asyncio.Future[None
         scope[event_stream.DIRECT_SEND] = send
         listener = Listener()
         hub.add(listener)
-        await stream_response(frames(listener, b"event: first\ndata: {}\n\n", hub), 60.0)(scope, receive, send)
+        await stream_response(frames(listener, b"event: first\ndata: {}\n\n", hub), send_timeout_s)(scope, receive, send)
 
     http = serve_http(app, "127.0.0.1", 0, server)
     serving = asyncio.ensure_future(http.serve())
@@ -172,5 +172,48 @@ async def test_a_client_that_leaves_while_the_hub_writes_leaves_the_hub_and_the_
                 hub.broadcast_all(numbered(n)[:40] + b"\n\n")
                 assert await read_frames(staying, n + 1) == list(range(n + 1))
     finally:
+        http.stop()
+        await asyncio.wait_for(serving, 30)
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_a_client_that_stops_reading_is_dropped_and_the_others_get_every_frame(server: str) -> None:
+    """The hub's write to a client that stopped reading waits on it (the server's send), the
+    send watch ends that stream after its send timeout, and a reading client beside it gets
+    every frame, in order."""
+    hub = ManyStreams()
+    http, serving = await serve_streams(server, hub, send_timeout_s=0.5)
+    stopped = socket.socket()
+    stopped.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http.port}", timeout=30) as client:
+            async with client.stream("GET", "/") as reading:
+                await eventually(lambda: len(hub.listeners) == 1 and all(l.write for l in hub.listeners), "one stream waits")
+                stopped.connect(("127.0.0.1", http.port))
+                first = next(iter(hub.listeners))
+                stopped.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # and reads nothing from here on
+                await eventually(lambda: len(hub.listeners) == 2 and all(l.write for l in hub.listeners), "two streams wait")
+                stopped_one = next(listener for listener in hub.listeners if listener is not first)
+                received: list[int] = []
+
+                async def read() -> None:
+                    received.extend(await read_frames(reading, FRAMES))
+
+                reader = asyncio.ensure_future(read())
+                n = 0
+                while stopped_one.write is not None:  # until a write of the hub's waits on that client
+                    assert n < FRAMES, "safety stop: the client that stopped reading took every frame"
+                    hub.broadcast_all(numbered(n))
+                    n += 1
+                    await asyncio.sleep(0.01)
+                # Nothing more is pushed: only the send watch, seeing that write wait, can end it.
+                await eventually(lambda: stopped_one not in hub.listeners, "the stream of the client that stopped reading ended")
+                for m in range(n, FRAMES):
+                    hub.broadcast_all(numbered(m))
+                    await asyncio.sleep(0)
+                await asyncio.wait_for(reader, 30)
+                assert received == list(range(FRAMES))
+    finally:
+        stopped.close()
         http.stop()
         await asyncio.wait_for(serving, 30)
