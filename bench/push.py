@@ -69,6 +69,22 @@ def now_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread of a process, summed by kind: the Python thread the event
+    loop runs on ("loop": the hub, the server's Python-side send, uvloop), and every other
+    thread by its name (granian's Rust runtime, which writes to the sockets)."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            text = (task / "stat").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        name = "loop" if task.name == str(pid) else text[text.index("(") + 1:text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def machine_busy() -> float:
     """The share of the machine's CPU time that was busy over one second (other work on it)."""
 
@@ -193,7 +209,7 @@ async def bench_fanout(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
                     await store.apply(ws, sid, owner, Transition(active=n % 2 == 1, updated_at=mark(n)))
                     await asyncio.sleep(gap_s)
                 starts, apply_ms = {}, []
-                api_cpu0 = cpu_s(api_process.pid)
+                api_cpu0, threads0 = cpu_s(api_process.pid), thread_cpu_s(api_process.pid)
                 for seq in range(5, 5 + changes):
                     t0 = now_ns()
                     await store.apply(ws, sid, owner, Transition(active=seq % 2 == 1, updated_at=mark(seq)))
@@ -202,9 +218,11 @@ async def bench_fanout(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
                     await asyncio.sleep(gap_s)
                 await asyncio.sleep(1)
                 api_cpu = cpu_s(api_process.pid) - api_cpu0
+                threads = {name: round((cpu - threads0.get(name, 0.0)) * 1000 / changes, 2)
+                           for name, cpu in thread_cpu_s(api_process.pid).items()}
                 profile = None
                 if args.profile:
-                    profile = await profile_fanout(api_process.pid, store, ws, sid, owner, gap_s, 5 + changes, clients)
+                    profile = await profile_fanout(api_process.pid, store, ws, sid, owner, gap_s, 5 + changes, clients, args.server)
                 feed_load = await load.finish()
             finally:
                 load.kill()
@@ -226,6 +244,8 @@ async def bench_fanout(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         "gap_s": gap_s,
         "machine_busy_before": busy,
         "feed": {**feed, "apply_call_ms": summary(apply_ms), "api_cpu_ms_per_change": round(api_cpu * 1000 / changes, 2),
+                 # by thread: "loop" is the Python thread (acp-state, the server's send, uvloop)
+                 "api_cpu_ms_per_change_by_thread": {k: v for k, v in threads.items() if v},
                  "load_process": load_side(feed_load, changes)},
         "baseline_bare_spublish": {**bare, "load_process": load_side(bare_load, len(starts))},
     }
@@ -239,15 +259,19 @@ async def bench_fanout(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
 
 async def profile_fanout(
     pid: int, store: RedisStore, ws: str, sid: str, owner: str, gap_s: float, first_seq: int, clients: int,
+    server: str = DEFAULT_SERVER,
 ) -> str | None:
     """py-spy on the API during 8 s of the same changes (not measured: py-spy stops the
     process to sample it)."""
-    target = RESULTS / ("push_fanout_profile.txt" if clients == 1000 else f"push_fanout_{clients}_profile.txt")
+    name = "push_fanout" + ("" if clients == 1000 else f"_{clients}") + ("" if server == DEFAULT_SERVER else f"_{server}")
+    target = RESULTS / f"{name}_profile.txt"  # e.g. push_fanout_10000_uvicorn_profile.txt
     spy = [str(Path(sys.executable).parent / "py-spy")]
     if not Path(spy[0]).exists():
         log("py-spy not installed; no profile")
         return None
-    proc = subprocess.Popen([*spy, "record", "-p", str(pid), "-d", "8", "-r", "200", "-f", "raw", "-o", str(target)],
+    # --native: the frames below Python too (granian's Rust send, uvloop), so what the
+    # server and the loop do is told apart from acp-state's own Python.
+    proc = subprocess.Popen([*spy, "record", "-p", str(pid), "-d", "8", "-r", "200", "-f", "raw", "--native", "-o", str(target)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     await asyncio.sleep(1)
     n = first_seq
@@ -575,7 +599,8 @@ def table(result: dict[str, Any]) -> str:
                   f"  APPLY -> live-feed SSE client     p50 {e['p50_ms']} ms  p99 {e['p99_ms']} ms  (last subscriber p50 {last['p50_ms']} / p99 {last['p99_ms']} ms; missing {r['feed']['missing']})",
                   f"  baseline: SPUBLISH -> SSUBSCRIBE  p50 {b['p50_ms']} ms  p99 {b['p99_ms']} ms  (last subscriber p50 {blast['p50_ms']} / p99 {blast['p99_ms']} ms; missing {r['baseline_bare_spublish']['missing']})",
                   f"  ratio p50 {r['ratio_p50']}x, p99 {r['ratio_p99']}x; API CPU {r['feed']['api_cpu_ms_per_change']} ms/change; "
-                  f"load process CPU {r['feed']['load_process']['cpu_ms_per_change']} ms/change (baseline {r['baseline_bare_spublish']['load_process']['cpu_ms_per_change']})"]
+                  f"load process CPU {r['feed']['load_process']['cpu_ms_per_change']} ms/change (baseline {r['baseline_bare_spublish']['load_process']['cpu_ms_per_change']})",
+                  f"  API CPU by thread, ms/change: {r['feed'].get('api_cpu_ms_per_change_by_thread')}"]
     if "views" in f:
         r = f["views"]
         lines.append(f"## views: {r['views']} open workspace views, {r['window_s']} s window, a prompt every {r['prompt_every_s']} s")
