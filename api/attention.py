@@ -39,9 +39,9 @@ from acp_state.store import AttentionCursor, AttentionEntry, Fanout, ReaderStore
 from . import stream_ids
 from .attention_cache import AttentionPages, KeptPage
 from .auth import Principal, principal_of
-from .event_stream import frame
 from .push import Hub, Listener, frames, stream_response
 from .responses import JSON_TYPE, ApiError, OrjsonResponse, parse_decimal
+from .sse import frame
 from .state import AppState, app_state
 
 DEFAULT_SIZE = 50

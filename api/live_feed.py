@@ -37,8 +37,8 @@ from starlette.responses import Response
 from acp_state.store import STORE_ERRORS, Change, Fanout, ReaderStore, SessionView, WorkerRegistry
 
 from . import stream_ids, workspace_ref
-from .event_stream import frame
 from .push import Hub, Listener, frames, stream_response
+from .sse import frame
 from .state import app_state
 from .summaries import live_state_row
 

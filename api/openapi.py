@@ -14,9 +14,9 @@ from starlette.responses import Response
 
 from acp_state.commands import CALLER_TURN_KINDS, FOREGROUND
 
-from .event_stream import MAX_SAFE_INTEGER
 from .history import MAX_PAGE
 from .responses import MAX_BODY_BYTES, OrjsonResponse
+from .sse import MAX_SAFE_INTEGER
 from .workspaces import MAX_SIZE
 
 Schema = dict[str, Any]

@@ -20,8 +20,9 @@ from typing import Any, AsyncGenerator, Awaitable, Callable, Generator
 from acp_state.tasks import survive
 
 from .direct_write import Chunk
-from .event_stream import KEEPALIVE_FRAME, KEEPALIVE_S, RETRY_MS, EventStreamResponse
+from .event_stream import EventStreamResponse
 from .responses import unavailable
+from .sse import KEEPALIVE_FRAME, KEEPALIVE_S, RETRY_MS
 
 log = logging.getLogger("api.push")
 
