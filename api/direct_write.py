@@ -73,6 +73,11 @@ def transport_of(send: Callable[..., Any]) -> Any | None:
     cycle = getattr(send, "__self__", None)
     if _HTTPTOOLS_CYCLE is None or type(cycle) is not _HTTPTOOLS_CYCLE:
         return None
-    if cycle.chunked_encoding is not True or not cycle.response_started or cycle.response_complete:
+    # Another uvicorn may keep its cycle otherwise (the pin allows any >= 0.30): without each
+    # attribute the direct write reads, the stream writes through `send`.
+    flow, transport = getattr(cycle, "flow", None), getattr(cycle, "transport", None)
+    if not (hasattr(flow, "write_paused") and hasattr(cycle, "disconnected") and callable(getattr(transport, "write", None))):
         return None
-    return cycle
+    if getattr(cycle, "chunked_encoding", None) is not True or not getattr(cycle, "response_started", False):
+        return None
+    return None if getattr(cycle, "response_complete", True) else cycle
