@@ -20,17 +20,19 @@ local ZADD_CHUNK = 1000  -- members per ZADD: Lua's unpack has a bounded stack
 local function logged(log, sids, revision, fresh, ttl_ms)
   local first = revision - #sids  -- the revision before this step's changes
   if fresh then redis.call('DEL', KEYS[log]) end  -- the old generation's revisions mean nothing
-  if redis.call('EXISTS', KEYS[log]) == 0 then redis.call('ZADD', KEYS[log], first, FLOOR) end
-  local args = {}
+  -- The floor is there whenever the log is: NX adds it only to a log made here.
+  redis.call('ZADD', KEYS[log], 'NX', first, FLOOR)
+  local args, added = {}, 0
   for i, sid in ipairs(sids) do
     args[#args + 1] = first + i
     args[#args + 1] = sid
     if #args >= 2 * ZADD_CHUNK or i == #sids then
-      redis.call('ZADD', KEYS[log], unpack(args))
+      added = added + redis.call('ZADD', KEYS[log], unpack(args))
       args = {}
     end
   end
-  local excess = redis.call('ZCARD', KEYS[log]) - 1 - CHANGE_LOG_MAX
+  -- Most changes are of sessions already logged: only a new member can take it past the max.
+  local excess = added > 0 and redis.call('ZCARD', KEYS[log]) - 1 - CHANGE_LOG_MAX or 0
   if excess > 0 then
     redis.call('ZREM', KEYS[log], FLOOR)
     local forgotten = redis.call('ZPOPMIN', KEYS[log], excess)
