@@ -95,6 +95,38 @@ def samples(text: str, name: str) -> dict[tuple, float]:
     return found
 
 
+class AsgiRequest:
+    """One GET (or other method) driven by hand at an ASGI callable: its request body is
+    empty, it disconnects on `leave()`, `sent` holds what was sent back, and `seen[marker]`
+    is set once a body carried that marker."""
+
+    def __init__(self, *markers: bytes) -> None:
+        self.sent: list[dict] = []
+        self.seen = {marker: asyncio.Event() for marker in markers}
+        self._left = asyncio.Event()
+        self._messages = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    @staticmethod
+    def scope(path: str, method: str = "GET") -> dict:
+        return {"type": "http", "method": method, "path": path, "headers": [], "query_string": b""}
+
+    async def receive(self) -> dict:
+        if self._messages:
+            return self._messages.pop()
+        await self._left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict) -> None:
+        self.sent.append(message)
+        body = message.get("body", b"")
+        for marker, event in self.seen.items():
+            if marker in body:
+                event.set()
+
+    def leave(self) -> None:
+        self._left.set()
+
+
 @contextlib.asynccontextmanager
 async def app_in_process(redis_url: str, workspace: str) -> AsyncIterator[tuple[Any, str]]:
     """The API's ASGI app in this process (its lifespan running), and a session created

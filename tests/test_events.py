@@ -11,7 +11,7 @@ import pytest
 from acp_state.store import keys
 from acp_state.ids import workspace_id
 from tests.harness import Harness, SseClient
-from tests.helpers import app_in_process, create, eventually, is_type, prompt, samples
+from tests.helpers import AsgiRequest, app_in_process, create, eventually, is_type, prompt, samples
 
 
 async def test_sse_frames_and_replay_through_any_api(harness: Harness, workspace: str) -> None:
@@ -178,28 +178,12 @@ async def test_the_stream_is_served_below_the_stack_and_anything_it_would_refuse
 
     await harness.worker()
     async with app_in_process(redis_server.url, workspace) as (app, sid):
-        sent: list[dict] = []
-        snapshot_sent, kept_alive, left = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        messages = [{"type": "http.request", "body": b"", "more_body": False}]
-
-        async def receive() -> dict:
-            if messages:
-                return messages.pop()
-            await left.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict) -> None:
-            sent.append(message)
-            if b"session_snapshot" in message.get("body", b""):
-                snapshot_sent.set()
-            if message.get("body") == b": keepalive\n\n":
-                kept_alive.set()
-
-        def scope(path: str, method: str = "GET") -> dict:
-            return {"type": "http", "method": method, "path": path, "headers": [], "query_string": b""}
+        request = AsgiRequest(b"session_snapshot", b": keepalive\n\n")
+        sent, kept_alive = request.sent, request.seen[b": keepalive\n\n"]
 
         def served(path: str, method: str = "GET") -> asyncio.Task[bool]:
-            return asyncio.ensure_future(event_stream.answer(app.state.acp, app.authenticator, app.counts, scope(path, method), receive, send))
+            scope = request.scope(path, method)
+            return asyncio.ensure_future(event_stream.answer(app.state.acp, app.authenticator, app.counts, scope, request.receive, request.send))
 
         def counted() -> float:
             return REGISTRY.get_sample_value("acp_state_http_requests_total", {"route": "stream_events", "status": "200"}) or 0
@@ -207,14 +191,14 @@ async def test_the_stream_is_served_below_the_stack_and_anything_it_would_refuse
         before = counted()
         monkeypatch.setattr(event_stream, "KEEPALIVE_S", 0.1)
         stream = served(f"/session/{sid}/events")
-        await asyncio.wait_for(snapshot_sent.wait(), 10)
+        await asyncio.wait_for(request.seen[b"session_snapshot"].wait(), 10)
         assert sent[0]["status"] == 200 and dict(sent[0]["headers"])[b"content-type"] == b"text/event-stream"
         assert counted() == before + 1
         kept_alive.clear()
         for _ in range(2):  # an idle stream: a comment line every KEEPALIVE_S
             await asyncio.wait_for(kept_alive.wait(), 10)
             kept_alive.clear()
-        left.set()
+        request.leave()
         assert await asyncio.wait_for(stream, 10) is True
         assert app.state.acp.fanout.listeners == 0
         sent.clear()

@@ -9,7 +9,7 @@ from prometheus_client import REGISTRY
 
 from acp_state.ids import workspace_id
 from tests.harness import Harness
-from tests.helpers import app_in_process, eventually
+from tests.helpers import AsgiRequest, app_in_process, eventually
 
 
 async def test_the_feed_is_served_below_the_stack_and_anything_it_would_refuse_is_left_to_the_app(
@@ -21,24 +21,11 @@ async def test_the_feed_is_served_below_the_stack_and_anything_it_would_refuse_i
     sent."""
     await harness.worker()
     async with app_in_process(redis_server.url, workspace) as (app, sid):
-        sent: list[dict] = []
-        snapshot_sent, left = asyncio.Event(), asyncio.Event()
-        messages = [{"type": "http.request", "body": b"", "more_body": False}]
-
-        async def receive() -> dict:
-            if messages:
-                return messages.pop()
-            await left.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict) -> None:
-            sent.append(message)
-            if b"live_state_snapshot" in message.get("body", b""):
-                snapshot_sent.set()
+        request = AsgiRequest(b"live_state_snapshot")
+        sent = request.sent
 
         def served(path: str, method: str = "GET") -> asyncio.Task[bool]:
-            scope = {"type": "http", "method": method, "path": path, "headers": [], "query_string": b""}
-            return asyncio.ensure_future(app._live_feed(app.acp, scope, receive, send))
+            return asyncio.ensure_future(app._live_feed(app.acp, request.scope(path, method), request.receive, request.send))
 
         def counted() -> float:
             return REGISTRY.get_sample_value("acp_state_http_requests_total", {"route": "live_state_events", "status": "200"}) or 0
@@ -46,12 +33,12 @@ async def test_the_feed_is_served_below_the_stack_and_anything_it_would_refuse_i
         before = counted()
         feed = f"/workspaces/{workspace_id(workspace)}/sessions/live-state/events"
         stream = served(feed)
-        await asyncio.wait_for(snapshot_sent.wait(), 10)
+        await asyncio.wait_for(request.seen[b"live_state_snapshot"].wait(), 10)
         assert sent[0]["status"] == 200 and dict(sent[0]["headers"])[b"content-type"] == b"text/event-stream"
         assert sid.encode() in b"".join(m.get("body", b"") for m in sent)
         assert counted() == before + 1
         assert app.acp.feeds.listeners == 1
-        left.set()
+        request.leave()
         assert await asyncio.wait_for(stream, 10) is True
         await eventually(lambda: app.acp.feeds.listeners == 0, "the feed let go of its listener")
         sent.clear()

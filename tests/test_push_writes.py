@@ -26,40 +26,35 @@ def numbered(n: int) -> bytes:
     return b"data: n%06d " % n + b"x" * (FRAME_BYTES - 17) + b"\n\n"
 
 
-class OneStream(Hub):
-    """The hub of the test's one stream: its snapshot, and nothing to do as it leaves."""
+class ManyStreams(Hub):
+    """The test's hub: its streams' snapshot; they leave it as they end."""
 
     def snapshot_for(self, listener: Listener) -> bytes:
         return b"event: snapshot\ndata: {}\n\n"
 
-    def remove(self, listener: Listener) -> None:
-        pass
 
-
-async def serve_one_stream(server: str) -> tuple[Any, asyncio.Future[None], list[Listener]]:
-    listeners: list[Listener] = []
-
+async def serve_streams(server: str, hub: Hub, send_timeout_s: float = 60.0) -> tuple[Any, asyncio.Future[None]]:
     async def app(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] == "lifespan.startup":
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
-        scope[event_stream.DIRECT_SEND] = send  # as the API's app keeps it
+        scope[event_stream.DIRECT_SEND] = send
         listener = Listener()
-        listeners.append(listener)
-        body = frames(listener, b"event: first\ndata: {}\n\n", OneStream())
-        await stream_response(body, 60.0)(scope, receive, send)
+        hub.add(listener)
+        await stream_response(frames(listener, b"event: first\ndata: {}\n\n", hub), send_timeout_s)(scope, receive, send)
 
     http = serve_http(app, "127.0.0.1", 0, server)
     serving = asyncio.ensure_future(http.serve())
     await eventually(lambda: http.started, f"{server} started")
-    return http, serving, listeners
+    return http, serving
 
 
 @pytest.mark.parametrize("server", SERVERS)
 async def test_a_client_that_stops_reading_gets_every_frame_in_order_once_it_reads_again(server: str) -> None:
-    http, serving, listeners = await serve_one_stream(server)
+    hub = ManyStreams()
+    http, serving = await serve_streams(server, hub)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", http.port))
@@ -68,7 +63,7 @@ async def test_a_client_that_stops_reading_gets_every_frame_in_order_once_it_rea
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         await writer.drain()
         await reader.readuntil(b"event: first")
-        listener = await eventually(lambda: listeners and listeners[0].write and listeners[0], "the hub may write")
+        listener = await eventually(lambda: next((one for one in hub.listeners if one.write), None), "the hub may write")
 
         queued = 0
         for n in range(FRAMES):  # the client reads nothing meanwhile
@@ -93,30 +88,6 @@ async def test_a_client_that_stops_reading_gets_every_frame_in_order_once_it_rea
         http.stop()
         await asyncio.wait_for(serving, 30)
 
-
-class ManyStreams(Hub):
-    """A hub of several streams, which leave it as they end."""
-
-    def snapshot_for(self, listener: Listener) -> bytes:
-        return b"event: snapshot\ndata: {}\n\n"
-
-
-async def serve_streams(server: str, hub: Hub, send_timeout_s: float = 60.0) -> tuple[Any, asyncio.Future[None]]:
-    async def app(scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-        scope[event_stream.DIRECT_SEND] = send
-        listener = Listener()
-        hub.add(listener)
-        await stream_response(frames(listener, b"event: first\ndata: {}\n\n", hub), send_timeout_s)(scope, receive, send)
-
-    http = serve_http(app, "127.0.0.1", 0, server)
-    serving = asyncio.ensure_future(http.serve())
-    await eventually(lambda: http.started, f"{server} started")
-    return http, serving
 
 
 async def read_frames(response: httpx.Response, count: int) -> list[int]:
