@@ -403,6 +403,14 @@ class History:
     def lost_with_store(self, t: float | None) -> bool:
         return t is not None and any(lo <= t <= hi for lo, hi in self.restart_windows())
 
+    def outcome_lost_with_store(self, chain: list[dict[str, Any]]) -> bool:
+        """A retried chain whose first try may have taken effect, with the store's data lost
+        between that try and the last retry: the outcome kept under the key went with it,
+        so the retry's answer cannot speak of the first try."""
+        return any(is_unknown(r) for r in chain[:-1]) and any(
+            chain[0]["t_sent"] <= hi and chain[-1]["t_sent"] >= lo for lo, hi in self.restart_windows()
+        )
+
     def endings(self) -> dict[str, float]:
         """The checker's earliest observation of each session's end: a session_died or
         session_closed frame received, or a 204 answer to DELETE."""
@@ -823,7 +831,9 @@ def check_g_outcomes(h: History, report: Report) -> None:
             if r.get("status") is not None and 200 <= r["status"] < 300 and isinstance(r.get("body"), dict)
             and r["body"].get("promptId")
         }
-        if len(effects) > 1:
+        if (len(effects) > 1 or (effects and not answered)) and h.outcome_lost_with_store(chain):
+            report.unverifiable["g: kept outcome lost with the store"] += 1
+        elif len(effects) > 1:
             report.violation(
                 "g", "one idempotency key ran several prompts", key=key, sessionId=final.get("sid"),
                 promptIds=sorted(effects), answered=sorted(answered), attempts=len(chain),
@@ -871,9 +881,7 @@ def check_g_outcomes(h: History, report: Report) -> None:
         if sid not in closed_by_client or any(c[-1].get("status") == 204 for c in chains):
             continue
         lost = [c for c in chains if any(is_unknown(r) for r in c) and c[-1].get("status") == 404]
-        # A store that restarted empty between the first try and the retry took the kept
-        # outcome with it: that retry cannot know.
-        forgotten = [c for c in lost if any(c[0]["t_sent"] <= hi and c[-1]["t_sent"] >= lo for lo, hi in h.restart_windows())]
+        forgotten = [c for c in lost if h.outcome_lost_with_store(c)]
         if forgotten:
             report.unverifiable["g: kept outcome lost with the store"] += len(forgotten)
             lost = [c for c in lost if c not in forgotten]

@@ -332,6 +332,33 @@ def test_g_a_retry_that_runs_the_prompt_twice_is_a_violation() -> None:
     assert invariants(records) == ["g: one idempotency key ran several prompts"]
 
 
+def prompt_run_then_answered_404(restart_between: bool) -> list[dict[str, Any]]:
+    """The prompt's first try went out and its answer was lost; it ran (its chunk is in the
+    log), but the retry with the same key was answered 404."""
+    records = scenario()
+    prompt = next(r for r in records if r.get("route") == "prompt")
+    retry = dict(prompt, seq=prompt["seq"] + 0.5, attempt=1, t_sent=T0 + 0.4, t_answered=T0 + 0.41, status=404,
+                 body={"error": "session not found", "code": "session_not_found"})
+    prompt.update(status=None, body=None, error="ReadError", t_answered=None)
+    records.insert(records.index(prompt) + 1, retry)
+    if restart_between:
+        records.append({"kind": "fault", "seq": 10_001, "fault": "redis_restart_empty", "target": 0,
+                        "t_start": T0 + 0.2, "t_end": T0 + 0.3, "detail": {}})
+    return records
+
+
+def test_g_a_prompt_that_ran_although_its_retry_was_answered_404_is_a_violation() -> None:
+    violations = invariants(prompt_run_then_answered_404(restart_between=False))
+    assert "g: prompt ran although its definite answer said it was not taken" in violations
+
+
+def test_g_a_404_retry_after_redis_restarted_empty_is_unverifiable_not_a_violation() -> None:
+    """The kept outcome went with the store's data between the try and its retry."""
+    report = chaos_check.check(prompt_run_then_answered_404(restart_between=True))
+    assert not [v for v in report.violations if v["invariant"] == "g"]
+    assert report.unverifiable["g: kept outcome lost with the store"] == 1
+
+
 def test_g_a_session_created_without_an_acknowledged_create_is_a_violation() -> None:
     records = scenario()
     listing = next(r for r in records if r["kind"] == "listing")
