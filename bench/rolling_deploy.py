@@ -288,6 +288,7 @@ class Run:
             if slot in replaced:
                 continue
             await self.restart(slot, kill=plan.kill9 and step == 1, replaced=replaced)
+        await self.killed_sessions_died()
         deploy_s = now() - t_deploy
         log(f"deploy done in {deploy_s:.1f} s; letting the client's prompts end")
         await client.stop_load()
@@ -368,6 +369,23 @@ class Run:
         log(f"kill -9 of slot {slot} ({victim.incarnation}, {len(hosted)} sessions), the target of {sid}")
         replaced.add(slot)  # an original worker killed is not restarted again
         self.workers[slot] = await self.start_worker(slot)
+
+    async def killed_sessions_died(self) -> None:
+        """Wait until the client saw each session a killed worker held die (swept once the
+        worker's lease lapsed, a few seconds after the kill). The deploy is not over before
+        that: the client resumes the deaths it sees while it runs, and a drain that ends
+        sooner than the lease must not end the run under them."""
+        client = self.client
+        for fault in self.faults:
+            def all_died() -> bool:
+                died = {sid for t, sid in client.deaths if t >= fault["t"]}
+                return set(fault["sessions"]) <= died
+
+            try:
+                async with client.changed:
+                    await asyncio.wait_for(client.changed.wait_for(all_died), self.plan.event_timeout_s)
+            except asyncio.TimeoutError:
+                log(f"not every session of the killed {fault['incarnation']} died within {self.plan.event_timeout_s} s")
 
     async def after_deploy(self, client: Client) -> dict[str, Any]:
         rng = random.Random(f"after-{self.plan.seed}")

@@ -75,6 +75,7 @@ class Client(chaos_load.Load):
         self.lives: dict[str, list[float]] = {}
         self.reader_life: dict[str, int] = {}
         self.moves: list[tuple[float, str]] = []  # (arrival, sid) of every session_moved frame
+        self.deaths: list[tuple[float, str]] = []  # (arrival, sid) of every session_died frame
         self.prompts: list[dict[str, Any]] = []  # the deploy's prompts: sid, key, status, promptId, t_answered
         self.resume_tasks: set[asyncio.Task[Any]] = set()
         self.resume_results: list[dict[str, Any]] = []
@@ -107,6 +108,8 @@ class Client(chaos_load.Load):
             self.moves.append((now(), sid))  # (the chaos reader has the new owner read: Load.moved)
         elif event_type in ENDINGS:
             s.live = False
+            if event_type == "session_died":
+                self.deaths.append((now(), sid))
             if event_type == "session_died" and self.plan.resumes and not self.stop_prompting.is_set():
                 s.resuming = True
                 task = asyncio.ensure_future(self.resume(s))
