@@ -5,7 +5,7 @@ tens of microseconds of the load's CPU, against about a millisecond for httpx). 
 thousands of SSE connections under one epoll in a process of its own and stamps each frame
 when it arrives:
 
-    python -m bench.scale_load streams --port P --paths-file F [--out R.json]
+    python -m bench.scale_load streams --port P --paths-file F [--out R.json] [--sequential]
 
 Protocol with the driver: it prints `ready` once every stream got its first frame (the
 `retry:` frame the route opens with), then stamps every `id:` line it reads, with the
@@ -83,28 +83,37 @@ ID_LINE = re.compile(rb"^id: ?(\d+)", re.M)
 DIED = b"session_died"
 
 
+def first_frame(sock: socket.socket) -> str | None:
+    """Read a stream's headers and its first frame (the `retry:` frame the route opens with);
+    None, or why the answer is not a stream."""
+    buf = b""
+    while b"\n\n" not in buf.partition(b"\r\n\r\n")[2]:
+        data = sock.recv(65536)
+        if not data:
+            return "closed before its first frame"
+        buf += data
+        if buf.startswith(b"HTTP/1.1 ") and not buf.startswith(b"HTTP/1.1 200") and b"\r\n\r\n" in buf:
+            return buf.split(b"\r\n", 1)[0].decode() + " " + buf.partition(b"\r\n\r\n")[2][:160].decode(errors="replace")
+    return None
+
+
 def streams(args: argparse.Namespace) -> dict[str, Any]:
-    """Open one SSE connection per path, all under one epoll; record per stream when each
-    event id arrived and when a `session_died` arrived."""
+    """Open one SSE connection per path, all at once (or, `--sequential`, each once the one
+    before got its first frame), all under one epoll; record per stream when each event id
+    arrived and when a `session_died` arrived."""
     paths = [line.strip() for line in open(args.paths_file) if line.strip()]
     socks: list[socket.socket] = []
+    refused: dict[str, str] = {}  # stream index -> the answer that was not a stream
     started = time.monotonic()
-    for path in paths:
+    for n, path in enumerate(paths):
         sock = socket.create_connection(("127.0.0.1", args.port), timeout=120)
         sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n".encode())
         socks.append(sock)
-    refused: dict[str, str] = {}  # stream index -> the answer that was not a stream
+        if args.sequential and (why := first_frame(sock)) is not None:
+            refused[str(n)] = why
     for n, sock in enumerate(socks):
-        buf = b""
-        while b"\n\n" not in buf.partition(b"\r\n\r\n")[2]:  # the headers, then the `retry:` frame
-            data = sock.recv(65536)
-            if not data:
-                refused[str(n)] = "closed before its first frame"
-                break
-            buf += data
-            if buf.startswith(b"HTTP/1.1 ") and not buf.startswith(b"HTTP/1.1 200") and b"\r\n\r\n" in buf:
-                refused[str(n)] = buf.split(b"\r\n", 1)[0].decode() + " " + buf.partition(b"\r\n\r\n")[2][:160].decode(errors="replace")
-                break
+        if not args.sequential and (why := first_frame(sock)) is not None:
+            refused[str(n)] = why
         sock.setblocking(False)
     attach_s = time.monotonic() - started
     poller = select.epoll()
@@ -153,6 +162,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--paths-file", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--sequential", action="store_true", help="open each stream once the one before is open")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

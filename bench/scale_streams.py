@@ -24,13 +24,13 @@ from .scale_load import now_ns
 class Streams:
     """The SSE load process (bench/scale_load.py streams)."""
 
-    def __init__(self, port: int, paths: list[str], logs: Path, name: str = "sse") -> None:
+    def __init__(self, port: int, paths: list[str], logs: Path, name: str = "sse", sequential: bool = False) -> None:
         self.paths_file = logs / f"{name}-paths.txt"
         self.paths_file.write_text("\n".join(paths) + "\n")
         self.out = logs / f"{name}-result.json"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.scale_load", "streams", "--port", str(port),
-             "--paths-file", str(self.paths_file), "--out", str(self.out)],
+             "--paths-file", str(self.paths_file), "--out", str(self.out), *(["--sequential"] if sequential else [])],
             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )
 

@@ -11,16 +11,19 @@
    the session stream's and the feed's first frame (`/raw-sse?first=N`): what the server
    itself keeps for having sent those bytes, so the share over it is what acp-state's own
    objects cost. Each is taken
-   `--rounds` times, the rounds alternating.
+   `--rounds` times, the rounds alternating. The load opens its streams in a burst, as many
+   clients at once would; `--sequential` opens each once the one before got its first frame
+   (what an open stream holds, without what the burst of opens in flight left behind).
 2. **Python heap per stream** (`heap`): the stream served below Starlette's stack (as
    `acp-state api` serves it) against the same stream through the stack (the route), in
    this process: per stream, the bytes `tracemalloc` sees allocated and the objects the
    garbage collector tracks (a full collection walks every one of them).
 
-Streams are opened one after another (so the Redis pool does not grow with them), then held
-idle.
+The heap figure's streams are opened one after another (so the Redis pool does not grow
+with them); all are then held idle.
 
     python -m bench.stream_memory [--only rss,heap] [--servers granian,uvicorn] [--rss-streams 2000] [--rounds 2]
+                                  [--sequential]
 """
 
 from __future__ import annotations
@@ -126,7 +129,9 @@ async def heap(streams: int) -> dict[str, Any]:
     return result
 
 
-async def rss_per_stream(port: int, pid: int, paths: list[str], logs: Path, name: str) -> dict[str, Any]:
+async def rss_per_stream(
+    port: int, pid: int, paths: list[str], logs: Path, name: str, sequential: bool = False
+) -> dict[str, Any]:
     """Process `pid`'s RSS growth per stream while `paths` are held open by a load process,
     over 200 streams of the same paths held open from before (the process's one-time costs:
     pools, caches, hubs, the allocator's first arenas). Each figure is taken in a fresh
@@ -136,7 +141,7 @@ async def rss_per_stream(port: int, pid: int, paths: list[str], logs: Path, name
         await loads[0].ready()
         await asyncio.sleep(1)
         before = rss_bytes(pid)
-        loads.append(Streams(port, paths, logs, name=name))
+        loads.append(Streams(port, paths, logs, name=name, sequential=sequential))
         await loads[1].ready()
         await asyncio.sleep(2)
         grown = rss_bytes(pid) - before
@@ -161,7 +166,7 @@ async def first_frame_bytes(port: int, path: str) -> int:
     raise RuntimeError(f"{path} ended before its first frame")
 
 
-async def one_round(name: str, count: int, logs: Path) -> dict[str, int]:
+async def one_round(name: str, count: int, logs: Path, sequential: bool = False) -> dict[str, int]:
     """On server `name`, in fresh processes: RSS per stream of the session stream and the
     live feed (one API process each) and of the bare ASGI stream, also sending a first frame
     of the size of the session stream's and the feed's (the server's own cost of those bytes)."""
@@ -179,46 +184,49 @@ async def one_round(name: str, count: int, logs: Path) -> dict[str, int]:
         process, port, sids = await api_with_sessions()
         figures["session_stream_first_frame"] = await first_frame_bytes(port, f"/session/{sids[0]}/events")
         held = await rss_per_stream(port, process.pid, [f"/session/{sids[n % SESSIONS]}/events" for n in range(count)],
-                                    logs, f"session-{name}")
+                                    logs, f"session-{name}", sequential)
         figures["session_stream"] = held["bytes_per_stream"]
         process, port, _ = await api_with_sessions()
         feed = f"/workspaces/{workspace_id(workspace)}/sessions/live-state/events"
         figures["live_feed_first_frame"] = await first_frame_bytes(port, feed)
-        figures["live_feed"] = (await rss_per_stream(port, process.pid, [feed] * count, logs, f"feed-{name}"))["bytes_per_stream"]
+        figures["live_feed"] = (await rss_per_stream(port, process.pid, [feed] * count, logs, f"feed-{name}",
+                                                     sequential))["bytes_per_stream"]
     finally:
         for process in reversed(processes):
             await process.stop()
         redis.stop()
-    figures["bare_raw_asgi_stream"] = await bare_rss(name, "/raw-sse", count, logs, f"bare-{name}")
+    figures["bare_raw_asgi_stream"] = await bare_rss(name, "/raw-sse", count, logs, f"bare-{name}", sequential)
     for stream in ("session_stream", "live_feed"):
         figures[f"bare_with_{stream}_first_frame"] = await bare_rss(
-            name, f"/raw-sse?first={figures[f'{stream}_first_frame']}", count, logs, f"bare-{stream}-{name}")
+            name, f"/raw-sse?first={figures[f'{stream}_first_frame']}", count, logs, f"bare-{stream}-{name}", sequential)
     return figures
 
 
-async def bare_rss(name: str, path: str, count: int, logs: Path, label: str) -> int:
+async def bare_rss(name: str, path: str, count: int, logs: Path, label: str, sequential: bool = False) -> int:
     """RSS per stream of `path` held open on a fresh bare app (bench/hello_app.py) on `name`."""
     port = free_port()
     bare = subprocess.Popen([sys.executable, "-m", "bench.hello_app", "--server", name, "--port", str(port)],
                             cwd=ROOT, stdout=subprocess.DEVNULL)
     try:
         await wait_port(port)
-        return (await rss_per_stream(port, bare.pid, [path] * count, logs, label))["bytes_per_stream"]
+        return (await rss_per_stream(port, bare.pid, [path] * count, logs, label, sequential))["bytes_per_stream"]
     finally:
         bare.terminate()
         bare.wait(30)
 
 
-async def rss(servers: list[str], count: int, rounds: int) -> dict[str, Any]:
+async def rss(servers: list[str], count: int, rounds: int, sequential: bool = False) -> dict[str, Any]:
     """Per server, `rounds` times, the servers alternating: RSS per open stream of the
-    session stream, the live feed and the bare ASGI stream on that server."""
-    result: dict[str, Any] = {"streams": count, "rounds": rounds}
+    session stream, the live feed and the bare ASGI stream on that server; the streams opened
+    in a burst, as a load opens them, or `sequential`ly, each once the one before is open
+    (what a stream holds once open, without what a burst of opens in flight leaves behind)."""
+    result: dict[str, Any] = {"streams": count, "rounds": rounds, "opened": "sequentially" if sequential else "in a burst"}
     logs = Path(tempfile.mkdtemp(prefix="acp-stream-memory-"))
     taken: dict[str, dict[str, list[int]]] = {name: {} for name in servers}
     for round_ in range(rounds):
         for name in servers:
             log(f"stream memory on {name}, round {round_ + 1}: {count} streams each")
-            for figure, value in (await one_round(name, count, logs)).items():
+            for figure, value in (await one_round(name, count, logs, sequential)).items():
                 taken[name].setdefault(figure, []).append(value)
     for name, figures in taken.items():
         bare = sorted(figures["bare_raw_asgi_stream"])[len(figures["bare_raw_asgi_stream"]) // 2]
@@ -239,7 +247,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                               "load_average_before": os.getloadavg()}
     if "rss" in args.only:
-        result["rss"] = await rss(args.servers, args.rss_streams, args.rounds)
+        result["rss"] = await rss(args.servers, args.rss_streams, args.rounds, args.sequential)
     if "heap" in args.only:
         result["heap"] = await heap(args.streams)
     result["load_average_after"] = os.getloadavg()
@@ -252,6 +260,8 @@ def main() -> None:
     parser.add_argument("--servers", default=",".join(SERVERS), help="comma-separated: granian,uvicorn")
     parser.add_argument("--rss-streams", type=int, default=2000, help="streams held open per RSS figure")
     parser.add_argument("--rounds", type=int, default=2, help="RSS figures per server, alternating")
+    parser.add_argument("--sequential", action="store_true",
+                        help="open the RSS figures' streams one after another instead of in a burst")
     parser.add_argument("--streams", type=int, default=400, help="streams opened for the heap figure")
     parser.add_argument("--out", type=Path, default=RESULTS / "stream_memory.json")
     args = parser.parse_args()
@@ -259,7 +269,8 @@ def main() -> None:
     result = asyncio.run(run(args))
     for name in args.servers if "rss" in result else []:
         r = result["rss"][name]
-        print(f"{name}: RSS per open stream, {result['rss']['streams']} streams, rounds {result['rss']['rounds']}: "
+        print(f"{name}: RSS per open stream, {result['rss']['streams']} streams opened {result['rss']['opened']}, "
+              f"rounds {result['rss']['rounds']}: "
               f"session stream {r['session_stream_bytes']} B, live feed {r['live_feed_bytes']} B, "
               f"the server's bare ASGI stream {r['bare_raw_asgi_stream_bytes']} B; acp-state's own share "
               f"{r['session_stream_share_bytes']:,} B (session), {r['live_feed_share_bytes']:,} B (live feed); over the bare "
