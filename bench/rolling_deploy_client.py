@@ -108,9 +108,10 @@ class Client(chaos_load.Load):
             self.moves.append((now(), sid))  # (the chaos reader has the new owner read: Load.moved)
         elif event_type in ENDINGS:
             s.live = False
-            if event_type == "session_died":
+            died = event_type == "session_died"
+            if died:
                 self.deaths.append((now(), sid))
-            if event_type == "session_died" and self.plan.resumes and not self.stop_prompting.is_set():
+            if died and self.plan.resumes and not self.stop_prompting.is_set():
                 s.resuming = True
                 task = asyncio.ensure_future(self.resume(s))
                 self.resume_tasks.add(task)
