@@ -100,13 +100,31 @@ class AgentProcess:
         self._loading: set[str] = set()  # sessions being loaded: their replayed history is dropped
         self._watcher: asyncio.Task[None] | None = None
         self.stopping = False
+        # Killed because the sessions it hosted were lost (worker fenced): nothing more is
+        # said to it, and no session is placed on it again.
+        self.killed = False
+        # The ids of every session placed on it (ours, not the agent's): a resume or a move
+        # is never placed on a child that hosted the session before, whose memory of it may
+        # hold turns the session's clients were told failed (see Worker.agent_for).
+        self.hosted: set[str] = set()
         # In the child's environment, inherited by its descendants: finds those that leave
         # its process group (a daemon, such as Cline's hub) when the agent is stopped.
         self.tag = secrets.token_hex(8)
 
     @property
     def alive(self) -> bool:
-        return self.process is not None and self.process.returncode is None
+        return self.process is not None and self.process.returncode is None and not self.killed
+
+    def kill(self) -> None:
+        """SIGKILL the child's process group and every process carrying its tag, now and
+        without a grace: the worker was fenced, and a turn it still runs must never write
+        again (an agent stopped by the self-fence, continued to close its sessions, would
+        first run its turn on). Its exit is then handled as any other (`_watch`)."""
+        self.killed = True
+        self.stopping = True
+        if self.process is not None and self.process.returncode is None:
+            _signal_group(self.process.pid, signal.SIGKILL)
+            _signal_tagged(self.tag, signal.SIGKILL)
 
     async def start(self) -> None:
         """Spawn the child and run `initialize`; raises if it does not speak ACP v1."""
@@ -214,19 +232,23 @@ class AgentProcess:
         if self.alive:
             await self.conn.cancel(session_id=agent_sid)
 
-    async def forget(self, agent_sid: str) -> None:
+    async def forget(self, agent_sid: str) -> bool:
         """A session left this child: stop its work there; a child with no session left the
-        worker may stop (see Worker)."""
+        worker may stop (see Worker). Whether the child is rid of the session: it closed it
+        (`session/close`), or it is gone or killed. If not, it may still hold the session in
+        its memory, and run its turn on."""
         self.sessions.pop(agent_sid, None)
         self._early.pop(agent_sid, None)  # (updates sent after it left)
         if not self.alive:
-            return
+            return True
         try:
             await self.conn.cancel(session_id=agent_sid)
             if self.supports_close:
                 await asyncio.wait_for(self.conn.close_session(session_id=agent_sid), 5)
+                return True
         except Exception:  # a child that cannot close a session is stopped by its owner
             log.debug("agent could not close session %s", agent_sid, exc_info=True)
+        return False
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Close stdin, then TERM and KILL the whole process group if it lingers."""

@@ -96,7 +96,8 @@ class Creates:
             return
         try:
             carry = Carry.unpack(command.carry) if command.carry is not None else None
-            agent = await worker.agent_for(name, cwd, sid)
+            returning = command.load or carry is not None or command.move_from is not None
+            agent = await worker.agent_for(name, cwd, sid, returning=bool(returning))
             if command.load and not agent.supports_load:
                 self.under_way -= 1
                 with contextlib.suppress(Exception):

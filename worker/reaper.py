@@ -23,6 +23,17 @@ whose members left it with setsid() themselves (a daemon, such as Cline's hub) i
 group signal's reach: each agent child is therefore also started with a tag of its own in
 its environment (`TAG_VARIABLE`), which its descendants inherit, and every process that
 still carries the tag when its group is stopped is signalled by pid (`tagged`, from /proc).
+
+The watchdog is also the worker's self-fence (docs/architecture.md, "The lease"): after each
+renewal the store accepted, the worker writes ``D<deadline>``, the moment (on `fence_clock`,
+the one clock both processes read) after which a sweeper may be about to declare it dead.
+When that moment passes with no later deadline, the watchdog SIGSTOPs every group (and every
+tagged stray) at once; a later deadline still ahead (a renewal accepted after all: the store
+had stalled) SIGCONTs them. It does not share the worker's fate: a worker that is itself
+stopped (SIGSTOP, a debugger, swapped out), or cut off from Redis, or whose event loop is
+blocked, has its agents stopped all the same. Whether a stopped agent is then killed is the
+worker's call (it learns whether it was declared dead), or the watchdog's on EOF: a worker
+that dies while its agents are fenced has them SIGKILLed at once, never continued.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -38,6 +50,10 @@ from typing import Callable, Iterable
 
 GRACE_S = 2.0
 POLL_S = 0.05
+# The longest the watchdog sleeps while a deadline is armed: poll() times out on the
+# monotonic clock, which stands still while the machine is suspended, and the deadline is
+# on `fence_clock`, which does not (see `fence_clock`).
+ARMED_WAKE_S = 0.1
 # Set in each agent child's environment: what finds its descendants that left its group.
 TAG_VARIABLE = "ACP_STATE_AGENT_TAG"
 
@@ -110,24 +126,109 @@ def reap(groups: set[int], grace_s: float = GRACE_S, tags: Iterable[str] = ()) -
     _signal_pids(tagged(tags), signal.SIGKILL)
 
 
-def serve(lines: Iterable[bytes], grace_s: float = GRACE_S) -> int:
-    """Track ``+pgid[:tag]`` / ``-pgid`` lines until EOF, then reap what is still tracked."""
-    groups: dict[int, str] = {}
-    for line in lines:
+def fence_clock() -> float:
+    """Seconds on the clock the worker's self-fence deadlines are written on: CLOCK_BOOTTIME
+    on Linux (monotonic, system-wide, so the worker and its watchdog read the same clock,
+    and it counts a suspended machine's sleep, which CLOCK_MONOTONIC does not: a lease
+    lapses in Redis while the machine sleeps), else the monotonic clock."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
+
+
+class Watchdog:
+    """The watchdog's state: the groups it guards, the worker's self-fence deadline, and
+    whether it stopped them. Fed lines by `serve`; `check` acts on the deadline."""
+
+    def __init__(self, grace_s: float = GRACE_S) -> None:
+        self.grace_s = grace_s
+        self.groups: dict[int, str] = {}  # pgid -> its agent's tag ("" if none)
+        self.deadline: float | None = None  # on fence_clock; None: the worker has no lease yet
+        self.stopped = False  # every group was SIGSTOPped at the deadline, and not continued
+
+    def take(self, line: bytes) -> None:
+        """``+pgid[:tag]`` a group to guard, ``-pgid`` one gone, ``D<seconds>`` the deadline."""
         text = line.strip()
+        if text[:1] == b"D":
+            try:
+                self.deadline = float(text[1:])
+            except ValueError:
+                pass  # not ours; never guess a deadline
+            return
         number, _, tag = text[1:].partition(b":")
         if len(text) < 2 or text[:1] not in (b"+", b"-") or not number.isdigit():
-            continue  # not ours; never guess a group id
+            return  # not ours; never guess a group id
         pgid = int(number)
         if pgid <= 1:
-            continue  # killpg(0 or 1) would hit ourselves or everything
+            return  # killpg(0 or 1) would hit ourselves or everything
         if text[:1] == b"+":
-            groups[pgid] = tag.decode(errors="replace") if tag.isalnum() else ""
+            self.groups[pgid] = tag.decode(errors="replace") if tag.isalnum() else ""
+            if self.stopped:  # started while fenced: it waits with the others
+                self._signal_all(signal.SIGSTOP, {pgid: self.groups[pgid]})
         else:
-            groups.pop(pgid, None)
-    if groups:
-        print(f"worker.reaper: the worker is gone; stopping agent groups {sorted(groups)}", file=sys.stderr, flush=True)
-        reap(set(groups), grace_s, groups.values())
+            self.groups.pop(pgid, None)
+
+    def wait_s(self) -> float | None:
+        """How long to sleep before `check` is due (None: until the next line)."""
+        if self.deadline is None or self.stopped:
+            return None
+        return min(ARMED_WAKE_S, max(0.0, self.deadline - fence_clock()))
+
+    def check(self) -> None:
+        """Stop every group once the deadline passed; continue them once a newer one is ahead."""
+        if self.deadline is None:
+            return
+        past = fence_clock() >= self.deadline
+        if past and not self.stopped:
+            self.stopped = True
+            self._signal_all(signal.SIGSTOP, self.groups)
+            late_ms = (fence_clock() - self.deadline) * 1000
+            _say(f"no renewal accepted in time; stopped agent groups {sorted(self.groups)} "
+                 f"{late_ms:.1f} ms after the deadline")
+        elif not past and self.stopped:
+            self.stopped = False
+            self._signal_all(signal.SIGCONT, self.groups)
+            _say(f"a renewal was accepted in time; continued agent groups {sorted(self.groups)}")
+
+    @staticmethod
+    def _signal_all(sig: int, groups: dict[int, str]) -> None:
+        _signal_groups(groups, sig)  # the groups first: one syscall each, at once
+        _signal_pids(tagged(groups.values()), sig)  # then the strays, found in /proc
+
+    def worker_gone(self) -> None:
+        """EOF: the worker is gone. Fenced agents are killed at once (continued, they would
+        run on past the lease); the others get SIGTERM, then SIGKILL after the grace."""
+        if not self.groups:
+            return
+        if self.stopped:
+            _say(f"the worker is gone while its agents were fenced; killing groups {sorted(self.groups)}")
+            self._signal_all(signal.SIGKILL, self.groups)
+            return
+        _say(f"the worker is gone; stopping agent groups {sorted(self.groups)}")
+        reap(set(self.groups), self.grace_s, self.groups.values())
+
+
+def _say(message: str) -> None:
+    """One line on stderr (the worker's log file), stamped with the wall clock in ms."""
+    print(f"worker.reaper: {time.time() * 1000:.0f} {message}", file=sys.stderr, flush=True)
+
+
+def serve(fd: int, grace_s: float = GRACE_S) -> int:
+    """Read lines from `fd` until EOF, acting on the deadline between them; then reap."""
+    watchdog = Watchdog(grace_s)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP)
+    pending = b""
+    while True:
+        wait_s = watchdog.wait_s()
+        if poller.poll(None if wait_s is None else wait_s * 1000):
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                watchdog.take(line)
+        watchdog.check()
+    watchdog.worker_gone()
     return 0
 
 
@@ -136,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     grace_s = float(args[0]) if args else GRACE_S
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # only EOF may end us: see the module docstring
-    return serve(iter(sys.stdin.buffer.readline, b""), grace_s)
+    return serve(sys.stdin.fileno(), grace_s)
 
 
 # ---- the worker's side -------------------------------------------------------------------
@@ -149,6 +250,16 @@ class Reaper:
         self.grace_s = grace_s
         self.process: subprocess.Popen[bytes] | None = None
         self.groups: dict[int, str] = {}  # pgid -> its agent's tag ("" if none)
+        self.deadline: float | None = None  # the self-fence deadline last sent (fence_clock)
+
+    def fence_at(self, deadline: float) -> None:
+        """Stop every guarded group at `deadline` (on `fence_clock`) unless a later one
+        comes first; a later one that comes after it continues them."""
+        self.deadline = deadline
+        self._send(self._deadline_line())
+
+    def _deadline_line(self) -> str:
+        return f"D{self.deadline:.6f}\n" if self.deadline is not None else ""
 
     def watch(self, pgid: int, tag: str = "") -> None:
         """Kill group `pgid`, and every process tagged `tag`, if this process dies before it
@@ -192,7 +303,8 @@ class Reaper:
                 close_fds=True,
             )
             assert self.process.stdin is not None
-            self.process.stdin.write("".join(self._line(pgid, tag) for pgid, tag in self.groups.items()).encode())
+            told = "".join(self._line(pgid, tag) for pgid, tag in self.groups.items()) + self._deadline_line()
+            self.process.stdin.write(told.encode())
             self.process.stdin.flush()
         except OSError:
             log.warning("could not start the agent reaper; agents may outlive a killed worker", exc_info=True)

@@ -536,13 +536,14 @@ class LiveSession(PermissionRequests, MovableSession):
         await self._write(transition)
         await self._on_gone(self)
 
-    async def abandon(self) -> None:
+    async def abandon(self) -> bool:
         """Our incarnation was declared dead: the store has ended this session already (its
         prompts got their terminals, its clients `session_died`). End it here as well,
         writing nothing: the running turn is cancelled at the agent, what the agent awaits
-        is answered cancelled, and the agent forgets the session."""
+        is answered cancelled, and the agent forgets the session. Whether the agent is rid
+        of it (closed it, or is gone): if not, its owner stops the agent (AgentProcess.forget)."""
         if self.closed:
-            return
+            return True
         self.closed = True
         self.abandoned = True
         self._mark_published()
@@ -555,13 +556,15 @@ class LiveSession(PermissionRequests, MovableSession):
             queue.clear()
         self.active = None
         self._drop_pending()
+        rid = False
         try:
             if running is not None and running.sent:
                 await self.agent.cancel(self.agent_sid)
-            await self.agent.forget(self.agent_sid)
+            rid = await self.agent.forget(self.agent_sid)
         except Exception:  # the child may be gone already; nothing is left to tell it
             log.warning("could not tell the agent", extra={"sessionId": self.sid}, exc_info=True)
         await self._on_gone(self)
+        return rid
 
     # ---- agent updates ---------------------------------------------------------------------
 

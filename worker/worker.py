@@ -38,6 +38,7 @@ from .metrics import COMMANDS, LEASE_RENEWALS, LEASES_LOST, WorkerCollector
 from .drain import drain
 from .creates import Creates
 from .prompt import Prompt
+from .reaper import fence_clock, reaper
 from .session import LiveSession
 
 log = logging.getLogger("worker")
@@ -54,6 +55,16 @@ SHUTDOWN_PATIENCE_S = 3.0
 SHUTDOWN_STEP_S = 4.0  # each other step of a shutdown; all of them well inside a supervisor's 20-30 s
 # Handled commands are dropped from their streams at most this often (one round trip).
 FORGET_EVERY_S = 1.0
+# Self-fencing (docs/architecture.md, "The lease"): the worker's agents are stopped once no
+# renewal was accepted for `lease - margin`, counted from the moment the last accepted one
+# was sent. The margin is what keeps that stop before the earliest moment a sweeper may
+# declare the worker dead: the watchdog's wake-up and its signals, and the clocks' rates.
+SELF_FENCE_MARGIN = 0.1  # of the lease
+SELF_FENCE_MARGIN_MIN_MS = 100
+
+
+def self_fence_margin_ms(lease_ms: int) -> int:
+    return max(SELF_FENCE_MARGIN_MIN_MS, int(lease_ms * SELF_FENCE_MARGIN))
 
 
 @dataclass
@@ -111,6 +122,10 @@ class Worker:
         self._renewals: set[asyncio.Task[bool]] = set()  # the heartbeat's
         self._renewals_out = 0  # renewals sent and not answered yet
         self._acting = asyncio.Lock()  # one renewal at a time acts on what the store said
+        # When the latest renewal the store accepted for this incarnation was sent (on
+        # fence_clock): its lease runs at least `lease` from then, on any clock that keeps time.
+        self._renewal_sent_at: float | None = None
+        self.retired: set[AgentProcess] = set()  # children no session may be placed on again
         self._workspace_load: dict[str, int] = {}
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -214,7 +229,7 @@ class Worker:
             session.write_patience_s = SHUTDOWN_PATIENCE_S  # a store that is away does not hold us up
         closing = asyncio.gather(*(s.close("worker_shutdown") for s in list(self.sessions.values())), return_exceptions=True)
         await within_limit("closing sessions", SHUTDOWN_PATIENCE_S + SHUTDOWN_STEP_S, closing, self.overran)
-        stopping = asyncio.gather(*(a.stop() for a in list(self.agents.values())), return_exceptions=True)
+        stopping = asyncio.gather(*(a.stop() for a in [*self.agents.values(), *self.retired]), return_exceptions=True)
         await within_limit("stopping agent children", SHUTDOWN_STEP_S, stopping, self.overran)
         try:
             await within_limit("releasing the lease", SHUTDOWN_STEP_S, self._release(), self.overran)
@@ -272,16 +287,20 @@ class Worker:
         # while the worker is busy rewriting (bench/chaos.py --hosts: a restart empty
         # under latency).
         self._renewals_out += 1
+        report = self.report()
+        sent_at = fence_clock()  # before it is sent: the lease it renews runs from later on
         try:
-            standing = await self.store.heartbeat(incarnation, self.report(), self.config.lease_ms)
+            standing = await self.store.heartbeat(incarnation, report, self.config.lease_ms)
         finally:
             self._renewals_out -= 1
         LEASE_RENEWALS.inc()
         async with self._acting:
             if incarnation == self.incarnation:  # (else an overlapping renewal found it dead)
-                await self._act_on(standing, frozen_s, retry, registered)
+                await self._act_on(standing, frozen_s, retry, registered, sent_at)
 
-    async def _act_on(self, standing: Standing, frozen_s: float, retry: set[str], registered: bool) -> None:
+    async def _act_on(
+        self, standing: Standing, frozen_s: float, retry: set[str], registered: bool, sent_at: float
+    ) -> None:
         if standing is Standing.DEAD:
             LEASES_LOST.inc()
             await self._rejoin("it was declared dead after its lease lapsed")
@@ -302,12 +321,25 @@ class Worker:
         elif standing is Standing.LATE:
             log.warning("lease renewed after its deadline (nobody had declared it dead)")
         self._registered = True
+        self._renewed(sent_at)
         self._unrewritten.intersection_update(self.sessions)
         again = retry & self._unrewritten  # not indexed by an earlier renewal's rewrite, nor by this one's
         if again:
             await self._rewrite([self.sessions[sid] for sid in again])
         if self._frozen_s == frozen_s:  # (a freeze during this renewal counts next time)
             self._frozen_s = 0.0
+
+    def _renewed(self, sent_at: float) -> None:
+        """The store accepted a renewal sent at `sent_at`: nobody may declare this incarnation
+        dead before `sent_at + lease`, so the watchdog (worker/reaper.py) is told to stop the
+        agents at `sent_at + lease - margin` unless a later renewal is accepted first. It
+        holds the deadline, not this process: a worker stopped or cut off still has its
+        agents stopped in time. A renewal answered out of order moves nothing back."""
+        if self._renewal_sent_at is not None and sent_at <= self._renewal_sent_at:
+            return
+        self._renewal_sent_at = sent_at
+        lease_ms = self.config.lease_ms
+        reaper().fence_at(sent_at + (lease_ms - self_fence_margin_ms(lease_ms)) / 1000)
 
     async def _rewrite(self, sessions: list[LiveSession]) -> None:
         """Write sessions the store lost again, under new event epochs.
@@ -343,11 +375,24 @@ class Worker:
         self.incarnation = new_incarnation(self.config.name)
         self._registered = False
         self._frozen_s = 0.0
+        self._renewal_sent_at = None
         self._cursors = {self.store.control_feed(self.incarnation): "0"}
         self._workspace_load.clear()
+        # No stale child: every child hosted sessions of the dead incarnation, and the
+        # watchdog stopped it at the self-fence deadline, which passed before anyone could
+        # declare us dead. Continued, even to close its sessions, it would first run its
+        # turn on and write the agent's history after the clients were told that turn
+        # ended `worker_lost`: it is killed before anything is said to it, and whatever
+        # comes next (a resume of the same session included) gets a fresh child.
+        for agent in [*self.agents.values(), *self.retired]:
+            agent.kill()
         await asyncio.gather(*(s.abandon() for s in sessions), return_exceptions=True)
-        standing = await self.store.heartbeat(self.incarnation, self.report(), self.config.lease_ms)
+        report = self.report()
+        sent_at = fence_clock()
+        standing = await self.store.heartbeat(self.incarnation, report, self.config.lease_ms)
         self._registered = standing is not Standing.DEAD
+        if self._registered:
+            self._renewed(sent_at)
         log.warning("joined again as %s", self.incarnation)
 
     async def _session_fenced(self, session: LiveSession, applied: ApplyOutcome) -> None:
@@ -357,7 +402,12 @@ class Worker:
             return  # we were dead: _rejoin ended it
         if applied == ApplyOutcome.FOREIGN:
             log.warning("another worker owns the session now; ending it here", extra={"sessionId": session.sid})
-            await session.abandon()
+            if not await session.abandon():
+                # The agent could not close it: it may run the lost turn on, and write it
+                # into the history the new owner reads. No stale child: it is stopped (its
+                # other sessions end `channel_closed`, as when an agent exits).
+                log.warning("the agent could not close the lost session; stopping it", extra={"sessionId": session.sid})
+                session.agent.kill()
         else:
             # Our lease holds, yet the store has no such session: it lost it (a failover to a
             # replica that had not seen it, an expired key). Write it again.
@@ -477,12 +527,21 @@ class Worker:
             server.stop()
             raise
 
-    async def agent_for(self, name: str, cwd: str, sid: str) -> AgentProcess:
+    async def agent_for(self, name: str, cwd: str, sid: str, returning: bool = False) -> AgentProcess:
         """The child of agent `name` that will host the session: shared per agent and
         workspace, or one per session. Creates that arrive while it starts wait for that
-        start: one child per workspace, however many creates come at once."""
+        start: one child per workspace, however many creates come at once.
+
+        `returning`: the session comes back (a resume, a move). It is never placed on a
+        child that hosted it before: that child's memory of it may be stale (the turns it
+        had then, not those another worker ran since), and an agent answers a load of a
+        session it holds from its memory. Such a child is retired: it keeps the sessions
+        it hosts and gets no more, and stops once they are gone."""
         key = f"{name}\0{cwd}" if self.config.child_per == "workspace" else sid
         agent = self.agents.get(key)
+        if agent is not None and returning and sid in agent.hosted and key not in self._starting:
+            await self._retire(key, agent)
+            agent = None
         if agent is not None and agent.alive and key not in self._starting:
             return agent
         starting = self._starting.get(key)
@@ -514,6 +573,15 @@ class Worker:
     async def _agent_exited(self, key: str, agent: AgentProcess) -> None:
         if self.agents.get(key) is agent:
             del self.agents[key]
+        self.retired.discard(agent)
+
+    async def _retire(self, key: str, agent: AgentProcess) -> None:
+        del self.agents[key]
+        log.info("a session returns to a child that hosted it before; starting a fresh one")
+        if agent.sessions:
+            self.retired.add(agent)  # stopped when its last session leaves (_session_gone)
+        else:
+            await agent.stop()
 
     def new_session(self, command: commands.Create, name: str, agent: AgentProcess, agent_sid: str) -> LiveSession:
         """The session a create started on `agent` (a child of agent `name`), with this
@@ -542,6 +610,7 @@ class Worker:
         workspace's inbox is read under the session's incarnation (ours may have changed
         while the agent started)."""
         session.agent.adopt(session.agent_sid, session)
+        session.agent.hosted.add(session.sid)
         self.sessions[session.sid] = session
         self._workspace_load[session.ws] = self._workspace_load.get(session.ws, 0) + 1
         self.follow_inbox(session.ws, session.incarnation)
@@ -570,7 +639,9 @@ class Worker:
         else:
             self._workspace_load[session.ws] = left
         agent = session.agent
-        if self.config.child_per == "session" or (not agent.sessions and not agent.alive):
+        retired = agent in self.retired and not agent.sessions
+        if self.config.child_per == "session" or (not agent.sessions and not agent.alive) or retired:
+            self.retired.discard(agent)
             await agent.stop()
 
 
