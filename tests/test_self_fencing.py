@@ -28,7 +28,9 @@ from tests.test_partitions import across, bed, bed_redis  # noqa: F401 (the host
 from tests.test_resume import load, recalled, turn_done
 
 LEASE_MS = 2000
-STOPPED_LINE = re.compile(rb"worker\.reaper: (\d+) no renewal accepted in time; stopped agent groups \[([\d, ]*)\]")
+STOPPED_LINE = re.compile(
+    rb"worker\.reaper: (\d+) no renewal accepted in time; stopped agent groups \[([\d, ]*)\] ([\d.]+) ms after"
+)
 
 
 # ---- what /proc, the worker's log and Redis say ----------------------------------------------
@@ -79,12 +81,12 @@ def _gone(pgid: int) -> bool:
     return not _group(pgid)
 
 
-def _watchdog_stopped_at_ms(worker: WorkerProcess, pgid: int) -> int | None:
+def _watchdog_stopped_at_ms(worker: WorkerProcess, pgid: int) -> tuple[int, float] | None:
     """When the worker's watchdog logged that it stopped the group (wall clock, ms; written
-    right after its signals went out)."""
+    right after its signals went out), and how late after its deadline it did (ms)."""
     for match in STOPPED_LINE.finditer(worker.log_path.read_bytes()):
         if str(pgid) in match.group(2).decode().replace(" ", "").split(","):
-            return int(match.group(1))
+            return int(match.group(1)), float(match.group(3))
     return None
 
 
@@ -109,7 +111,7 @@ async def _slow_turn_running(api: ApiProcess, events: EventWatcher, sid: str) ->
 
 async def _stopped_before_death(
     client: aioredis.Redis, worker: WorkerProcess, agent: int, events: EventWatcher, sid: str, cut_ms: int, cut: str
-) -> dict[str, int]:
+) -> dict[str, float]:
     """Wait for the agent's group to be stopped and for the worker to be declared dead;
     assert the stop came first, and before the lease's last deadline. The figures, in ms
     after the cut."""
@@ -122,8 +124,9 @@ async def _stopped_before_death(
     assert died["data"]["reason"] == "worker_lost"
     death = await client.zscore(keys.DEAD, incarnation)
     assert death is not None
-    stopped_ms = await eventually(lambda: _watchdog_stopped_at_ms(worker, agent), "the watchdog's log line")
+    stopped_ms, late_ms = await eventually(lambda: _watchdog_stopped_at_ms(worker, agent), "the watchdog's log line")
     figures = {
+        "watchdog_late_after_its_deadline": round(late_ms, 1),
         "watchdog_stopped": stopped_ms - cut_ms,
         "seen_stopped": seen_ms - cut_ms,
         "lease_deadline": int(deadline) - cut_ms if deadline is not None else -1,
@@ -264,3 +267,75 @@ async def _session_swept(client: aioredis.Redis, workspace: str, sid: str) -> bo
     from acp_state.ids import workspace_id
 
     return not await client.exists(keys.session(workspace_id(workspace), sid))
+
+
+# ---- a stall of the store pauses the agents, and kills nothing -------------------------------
+
+
+async def test_a_store_stall_past_the_deadline_pauses_the_agent_and_its_turn_goes_on(
+    own_harness: Harness, own_client: aioredis.Redis, own_redis, workspace: str, scripted_agent_state: str
+) -> None:
+    """Why SIGSTOP first and not SIGKILL: from inside, a stall of the store looks like a cut.
+    The agent is stopped at the deadline, continued when a renewal is accepted again (the
+    store declares nobody dead for its own stall), and its turn completes."""
+    harness, client = own_harness, own_client
+    events = await harness.events()
+    worker = await harness.worker("--lease-ms", str(LEASE_MS))
+    api = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+    marker = f"remember {uuid.uuid4().hex}"
+    told = await prompt(api, sid, marker)
+    assert (await turn_done(events, sid, told["promptId"]))["type"] == "turn_complete"
+    slow = await prompt(api, sid, "#slow 3")
+    await events.wait_type(sid, "session_update", promptId=slow["promptId"])
+    agent = _agent_of(worker)
+
+    await client.execute_command("CLIENT", "PAUSE", 3 * LEASE_MS, "ALL")
+    await eventually(lambda: _stopped(agent) and _group(agent), "the agent's stop during the stall", step=0.01)
+    await eventually(lambda: not _stopped(agent), "the agent's continuation after the stall", step=0.01)
+    ended = await turn_done(events, sid, slow["promptId"])
+    assert ended["type"] == "turn_complete", ended
+    assert not [e for e in events.of(sid) if e["type"] == "session_died"]
+    assert worker.incarnation in await client.zrange(keys.WORKERS, 0, -1)
+    assert "#slow 3" in _history_of(scripted_agent_state, marker)
+    log = worker.log_path.read_text()
+    assert "continued agent groups" in log, log[-2000:]
+
+
+# ---- the watchdog on its own ----------------------------------------------------------------
+
+
+async def test_the_watchdog_stops_at_the_deadline_continues_on_a_later_one_and_kills_on_eof_when_fenced() -> None:
+    """The protocol between a worker and its watchdog (worker/reaper.py), with a group that
+    ignores SIGTERM and a grace far longer than the test: a worker that dies while its agents
+    are fenced has them killed at once, never continued nor given a grace to run in."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from acp_state.worker.reaper import Reaper, fence_clock
+
+    group = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+         "while True: time.sleep(0.01)"],
+        start_new_session=True,
+    )
+    handle = Reaper(grace_s=600)
+    try:
+        handle.watch(group.pid)
+        handle.fence_at(fence_clock() + 0.2)
+        await eventually(lambda: _stopped(group.pid), "the stop at the deadline", step=0.005)
+        handle.fence_at(fence_clock() + 60)  # a renewal accepted after all
+        await eventually(lambda: not _stopped(group.pid), "the continuation", step=0.005)
+        handle.fence_at(fence_clock())  # past at once
+        await eventually(lambda: _stopped(group.pid), "the stop at the new deadline", step=0.005)
+        watchdog = handle.process
+        assert watchdog is not None
+        handle.close()  # EOF: what the worker's death does
+        assert await asyncio.to_thread(group.wait, 15) == -signal.SIGKILL
+        assert await asyncio.to_thread(watchdog.wait, 15) == 0
+    finally:
+        handle.close()
+        if group.poll() is None:
+            group.kill()
+            group.wait()

@@ -49,6 +49,16 @@ def _signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
+def _fenced(pid: int) -> bool:
+    """The process is stopped (state T: the self-fence's SIGSTOP); False where /proc is not."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            raw = stat.read()
+    except OSError:
+        return False
+    return raw[raw.rindex(b")") + 2 :][:1] == b"T"
+
+
 def _signal_tagged(tag: str, sig: int) -> bool:
     """Send `sig` to every process carrying the agent's tag; whether there were any."""
     found = False
@@ -251,7 +261,10 @@ class AgentProcess:
         return False
 
     async def stop(self, grace_s: float = 2.0) -> None:
-        """Close stdin, then TERM and KILL the whole process group if it lingers."""
+        """Close stdin, then TERM and KILL the whole process group if it lingers. A child
+        the self-fence stopped (worker/reaper.py) is killed at once: stopped, it reads no
+        EOF and acts on no SIGTERM, and it must not be continued to do so (it would first
+        run its turn on)."""
         self.stopping = True
         process = self.process
         if process is None or process.returncode is not None:
@@ -259,11 +272,12 @@ class AgentProcess:
         try:
             if process.stdin:
                 process.stdin.close()
-            await asyncio.wait_for(process.wait(), grace_s)
-            return
+            if not _fenced(process.pid):
+                await asyncio.wait_for(process.wait(), grace_s)
+                return
         except (asyncio.TimeoutError, ProcessLookupError, BrokenPipeError, ConnectionResetError):
             pass
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        for sig in (signal.SIGKILL,) if _fenced(process.pid) else (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(process.pid, sig)
             except ProcessLookupError:

@@ -182,12 +182,14 @@ class Watchdog:
             self.stopped = True
             self._signal_all(signal.SIGSTOP, self.groups)
             late_ms = (fence_clock() - self.deadline) * 1000
-            _say(f"no renewal accepted in time; stopped agent groups {sorted(self.groups)} "
-                 f"{late_ms:.1f} ms after the deadline")
+            if self.groups:
+                _say(f"no renewal accepted in time; stopped agent groups {sorted(self.groups)} "
+                     f"{late_ms:.1f} ms after the deadline")
         elif not past and self.stopped:
             self.stopped = False
             self._signal_all(signal.SIGCONT, self.groups)
-            _say(f"a renewal was accepted in time; continued agent groups {sorted(self.groups)}")
+            if self.groups:
+                _say(f"a renewal was accepted in time; continued agent groups {sorted(self.groups)}")
 
     @staticmethod
     def _signal_all(sig: int, groups: dict[int, str]) -> None:
