@@ -339,3 +339,50 @@ async def test_the_watchdog_stops_at_the_deadline_continues_on_a_later_one_and_k
         if group.poll() is None:
             group.kill()
             group.wait()
+
+
+# ---- no stale child, without any fence ---------------------------------------------------------
+
+
+async def test_a_session_that_returns_to_a_worker_gets_a_fresh_child_not_the_one_that_hosted_it(
+    own_harness: Harness, own_client: aioredis.Redis, workspace: str
+) -> None:
+    """The scripted agent, like many, cannot close a session (`session/close` is not in its
+    capabilities): a session closed on worker A stays in the memory of A's workspace child.
+    Resumed on B, it gets a turn there; resumed on A again, it must not land on that child,
+    whose memory lacks B's turn (an agent answers a load of a session it holds from memory)."""
+    from acp_state.ids import workspace_id
+
+    harness, client = own_harness, own_client
+    events = await harness.events()
+    first = await harness.worker("--lease-ms", str(LEASE_MS))
+    api = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+    await create(api, workspace)  # keeps A the busier worker, so the first resume goes to B
+    before = f"remember ALPHA-{uuid.uuid4().hex}"
+    told = await prompt(api, sid, before)
+    assert (await turn_done(events, sid, told["promptId"]))["type"] == "turn_complete"
+    child = _agent_of(first)
+    second = await harness.worker("--lease-ms", str(LEASE_MS))
+
+    closed = await api.client.delete(f"/session/{sid}")
+    assert closed.status_code == 204, closed.text
+    await eventually(lambda: _reported_sessions(api, first.incarnation, 1), "A's report of its one session left")
+    assert (await load(api, sid)).status_code == 200
+    owner = await client.hget(keys.session(workspace_id(workspace), sid), keys.F.OWNER)
+    assert owner == second.incarnation, "placed on the least loaded worker"
+    during = "remember BETA"
+    on_second = await prompt(api, sid, during)
+    assert (await turn_done(events, sid, on_second["promptId"]))["type"] == "turn_complete"
+
+    await second.kill9()
+    await eventually(lambda: _session_swept(client, workspace, sid), "the second worker's sweep")
+    assert (await load(api, sid)).status_code == 200  # back on A, the only worker left
+    recall = await recalled(harness, api, sid)
+    assert before in recall and during in recall, recall
+    assert _group(child), "the old child keeps hosting A's other session"
+
+
+async def _reported_sessions(api: ApiProcess, incarnation: str, count: int) -> bool:
+    workers = (await api.client.get("/workers")).json()["workers"]
+    return any(w["incarnation"] == incarnation and w.get("sessions") == count for w in workers)
