@@ -251,6 +251,9 @@ class AgentProcess:
         self._early.pop(agent_sid, None)  # (updates sent after it left)
         if not self.alive:
             return True
+        assert self.process is not None
+        if _fenced(self.process.pid):  # stopped by the self-fence: it answers nothing, and stays stopped
+            return False
         try:
             await self.conn.cancel(session_id=agent_sid)
             if self.supports_close:
