@@ -4,12 +4,15 @@ granian (embedded) or uvicorn, the address they listen on, and the signals that 
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import ipaddress
 import logging
 import signal
 import socket
 from typing import Any, Awaitable, Callable
+
+from .port_holders import port_holders
 
 log = logging.getLogger("acp_state")
 
@@ -55,6 +58,8 @@ def listen_address(host: str, port: int | None) -> str:
                 probe.bind((address, port))
         except (OSError, OverflowError) as error:
             reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            if isinstance(error, OSError) and error.errno == errno.EADDRINUSE and (holders := port_holders(port)):
+                reason += f" (held by {', '.join(holders)})"
             shown = host if host == address else f"{host} ({address})"
             raise ValueError(f"cannot listen on {shown} port {port}: {reason}") from None
     return address
