@@ -115,6 +115,7 @@ class GranianServer:
                 port = probe.getsockname()[1]
         self.app, self.host, self.port, self.started = app, host, port, False
         self._draining: asyncio.Future[None] | None = None
+        self._stopping = asyncio.Event()
         self._server = Server(
             app, address=host, port=port, interface=Interfaces.ASGINL, http=HTTPModes.http1, websockets=False,
             # No cap on concurrent requests below the kernel's (uvicorn has none): an SSE stream holds one.
@@ -137,12 +138,32 @@ class GranianServer:
         probe = asyncio.ensure_future(self._probe())
         try:
             if not self.stopped:  # (a stop during the lifespan startup: do not serve at all)
-                await self._server.serve()  # returns once every connection is closed
+                serving = asyncio.ensure_future(self._server.serve())  # ends once every connection is closed
+                stopping = asyncio.ensure_future(self._stopping.wait())
+                await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                stopping.cancel()
+                await self._until_served(serving)
         finally:
             probe.cancel()
             if self._draining is not None:
                 await self._draining
             await lifespan.shutdown()
+
+    async def _until_served(self, serving: asyncio.Future[None]) -> None:
+        """Granian ends once its connections close, and one whose client sent part of a
+        request and then nothing is closed only by the header read timeout (30 s). So once
+        stopped, and the running requests have had their grace, such connections get
+        `GRACE_S` more and are then left to the process's exit (`acp-state` exits at once
+        after serving: see `cli.commands._run`); `acp-state dev` once overran a 20 s
+        SIGTERM limit waiting on one."""
+        if self._draining is not None:
+            await self._draining
+            await asyncio.wait({serving}, timeout=self.GRACE_S)
+        if serving.done():
+            serving.result()
+        else:
+            log.warning("the HTTP server still holds a connection %.0f s after it stopped; not waiting for it",
+                        self.GRACE_S)
 
     async def _probe(self) -> None:
         target = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
@@ -164,6 +185,7 @@ class GranianServer:
         self._server.stop()  # no new connections; granian waits for the open ones to close
         if self._draining is None:
             self._draining = asyncio.ensure_future(self._drain())
+            self._stopping.set()
 
     async def _drain(self) -> None:
         """Running requests get the grace period, then are cancelled (an SSE stream only
