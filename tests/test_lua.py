@@ -358,6 +358,28 @@ async def test_a_listed_session_keeps_its_ended_turns_for_a_resume_which_drops_t
     assert (last.prompt_id, last.state) == ("p1", TurnState.COMPLETED)
 
 
+async def test_a_delete_ends_the_turn_records_of_the_prompts_it_ends_and_a_resume_keeps_them(r: aioredis.Redis) -> None:
+    """The sweeper's `worker_lost` (or a close's end) reaches each admitted prompt's turn
+    record, running or queued, in the step that deletes the session; an ended record stays."""
+    await created(r)
+    await r.hset(keys.catalog(WS), SID, "{}")
+    done = TurnRecord.queued("p1", "one", 10, None).finished(20, "end_turn", "a")
+    running, queued = TurnRecord.queued("p2", "two", 30, "c1").started(40), TurnRecord.queued("p3", "thr\u00e9e/3", 1796120194490, None)
+    await r.hset(SESSION, mapping={F.PROMPT + "p2": "1", F.PROMPT + "p3": "1"})
+    await apply(r, **turn_ops(done, running, queued))
+    end = {"message": "lost", "code": "worker_lost", "at": "1796120194999", "keep": 64, "ttl": TTL}
+    await apply(r, mode="delete", endturn=end, orphan=events.body("turn_error", {"promptId": "@PID@"}, "@PID@"))
+    assert await r.lrange(ENDED, 0, -1) == ["p1", "p2", "p3"]
+    meta = orjson.dumps({"sessionId": SID, "workspaceCwd": "/w", "createdAt": "t0"}).decode()
+    assert (await apply(r, mode="create", resumed=True, set={F.META: meta, F.EPOCH: "e2"}))[0] == 1
+    records = {pid: TurnRecord.unpack(await r.hget(TURNS, pid)) for pid in ("p1", "p2", "p3")}
+    assert records["p1"] == done
+    assert records["p2"] == running.failed(1796120194999, "lost", "worker_lost")
+    assert records["p3"] == queued.failed(1796120194999, "lost", "worker_lost")
+    last = TurnRecord.unpack(await run(r, "CURRENT_TURN", [SESSION, TURNS, ENDED], []))
+    assert (last.prompt_id, last.state) == ("p3", TurnState.ERROR)
+
+
 # ---- LIST ------------------------------------------------------------------------------
 
 
