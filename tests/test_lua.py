@@ -345,6 +345,7 @@ async def test_apply_keeps_the_newest_ended_turns_and_current_turn_picks_running
 
 async def test_a_listed_session_keeps_its_ended_turns_for_a_resume_which_drops_the_unended(r: aioredis.Redis) -> None:
     await created(r)
+    await r.hset(keys.catalog(WS), SID, "{}")  # listed
     done, running = TurnRecord.queued("p1", "one", 10, None).finished(20, "end_turn", "a"), TurnRecord.queued("p2", "two", 30, None).started(40)
     await r.hset(SESSION, F.PROMPT + "p2", "1")
     await apply(r, **turn_ops(done, running))
@@ -378,6 +379,19 @@ async def test_a_delete_ends_the_turn_records_of_the_prompts_it_ends_and_a_resum
     assert records["p3"] == queued.failed(1796120194999, "lost", "worker_lost")
     last = TurnRecord.unpack(await run(r, "CURRENT_TURN", [SESSION, TURNS, ENDED], []))
     assert (last.prompt_id, last.state) == ("p3", TurnState.ERROR)
+
+
+async def test_a_resume_of_a_session_deleted_meanwhile_is_refused(r: aioredis.Redis) -> None:
+    """A resumed CREATE publishes only while the session's row stands: a DELETE of the
+    listed session that won against the load leaves it deleted."""
+    meta = orjson.dumps({"sessionId": SID, "workspaceCwd": "/w", "createdAt": "t0"}).decode()
+    assert (await apply(r, mode="create", resumed=True, set={F.META: meta, F.EPOCH: "e2"}))[0] == -1
+    assert not await r.exists(SESSION) and not await r.sismember(keys.live(WS), SID)
+    await r.hset(keys.catalog(WS), SID, "{}")
+    assert (await apply(r, mode="create", resumed=True, set={F.META: meta, F.EPOCH: "e2"}))[0] == 1
+    # A rewrite after a loss (which may have taken the row too) is no resume of a deleted one.
+    await r.delete(keys.catalog(WS))
+    assert (await apply(r, mode="create", resumed=True, missing_only=True, set={F.META: meta, F.EPOCH: "e3"}))[0] == 2
 
 
 # ---- LIST ------------------------------------------------------------------------------

@@ -82,6 +82,11 @@ local function transition(at, inc, ops, ttl_ms, batch)
     for _, name in ipairs(redis.call('HKEYS', hash)) do
       if not (ops.set and ops.set[name]) then attention_unset(ix, ops.sid, name) end
     end
+    if ops.resumed and not ops.missing_only and redis.call('HEXISTS', catalog, ops.sid) == 0 then
+      -- A resume of a session deleted meanwhile (DELETE_LISTED won the race after the
+      -- load's claim lapsed): it is not revived. The worker drops it, as a foreign one.
+      return {-1, 0, ''}
+    end
     redis.call('DEL', hash, log)
     if ops.resumed then
       -- The turns of its earlier life that ended stay; one that never ended (its worker died
