@@ -18,21 +18,31 @@
 -- `e` = {message, code, at (epoch ms, a string), keep (ended records kept), ttl (ms)}, as
 -- acp_state.turns.TurnRecord.failed does; a record already ended, or gone, stays as it is.
 local function end_turns(turns, ended, ids, e)
-  local any = false
+  local open = {}
   for _, id in ipairs(ids) do
     local packed = redis.call('HGET', turns, id)
     local record = packed and cjson.decode(packed)
     if record and (record.state == 'queued' or record.state == 'running') then
-      record.state = 'error'
-      record.ended_at = tonumber(e.at)
-      record.error = {message = e.message, code = e.code}
-      redis.call('HSET', turns, id, cjson.encode(record))
-      redis.call('LREM', ended, 0, id)
-      redis.call('RPUSH', ended, id)
-      any = true
+      open[#open + 1] = {id = id, record = record}
     end
   end
-  if not any then return end
+  if #open == 0 then return end
+  -- In the order they were admitted (the hash's fields have none), so the last ended turn
+  -- (`turns/current` once idle) is the last admitted, as when the owner ends them itself.
+  local function queued_at(turn) return tonumber(turn.record.queued_at) or 0 end
+  table.sort(open, function(a, b)
+    if queued_at(a) ~= queued_at(b) then return queued_at(a) < queued_at(b) end
+    return a.id < b.id
+  end)
+  for _, turn in ipairs(open) do
+    local record = turn.record
+    record.state = 'error'
+    record.ended_at = tonumber(e.at)
+    record.error = {message = e.message, code = e.code}
+    redis.call('HSET', turns, turn.id, cjson.encode(record))
+    redis.call('LREM', ended, 0, turn.id)
+    redis.call('RPUSH', ended, turn.id)
+  end
   while redis.call('LLEN', ended) > e.keep do
     redis.call('HDEL', turns, redis.call('LPOP', ended))
   end
