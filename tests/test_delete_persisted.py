@@ -19,7 +19,7 @@ from acp_state.ids import workspace_id
 from acp_state.store import keys
 from acp_state.testing.scripted_agent import history_path
 from tests.harness import ApiProcess, Harness
-from tests.helpers import create, prompt
+from tests.helpers import create, eventually, prompt
 
 LEASE_MS = "1500"
 
@@ -176,3 +176,39 @@ async def test_a_turn_the_sweeper_ended_answers_worker_lost_after_a_resume(harne
     after = await prompt(api, sid, "again")
     assert (await turn_done(harness, sid, after["promptId"]))["type"] == "turn_complete"
     assert (await api.client.get(f"/session/{sid}/turns/{after['promptId']}")).json()["state"] == "completed"
+
+
+async def test_a_load_whose_claim_lapsed_does_not_revive_a_session_deleted_meanwhile(
+    harness: Harness, workspace: str, redis_client
+) -> None:
+    """The load claims the session, so a delete meanwhile answers 409; once the claim has
+    lapsed (its TTL, here the test deletes it) while the worker still loads the session, a
+    delete wins, and the worker's publish of the resumed session is refused: the load
+    answers 404 and the session stays deleted."""
+    first = await harness.worker("--lease-ms", LEASE_MS)
+    api = await harness.api()
+    watcher = await harness.events()
+    sid = (await create(api, workspace))["sessionId"]
+    told = await prompt(api, sid, "remember AVOCET")
+    assert (await turn_done(harness, sid, told["promptId"]))["type"] == "turn_complete"
+    await first.kill9()
+    await watcher.wait_type(sid, "session_died")
+    slow = await harness.worker("--lease-ms", LEASE_MS, env={"ACP_SCRIPTED_LOAD_DELAY_S": "8"})
+    ws = workspace_id(workspace)
+    claim = keys.load_claim(ws, sid)
+
+    loading = asyncio.ensure_future(load(api, sid))
+    await eventually(lambda: redis_client.exists(claim), "the load's claim")
+    lost = await api.client.delete(f"/session/{sid}")
+    assert lost.status_code == 409 and lost.json()["code"] == "session_resumed", lost.text
+    await redis_client.delete(claim)  # the claim lapses while the agent still loads
+    won = await api.client.delete(f"/session/{sid}")
+    assert won.status_code == 204, won.text
+    loaded = await loading
+    assert loaded.status_code == 404 and loaded.json()["code"] == "session_not_found", loaded.text
+    await assert_deleted([api], workspace, sid, redis_client)
+    await eventually(lambda: _not(redis_client.smembers(keys.worker_sessions(slow.incarnation))), "the worker dropping it")
+
+
+async def _not(value) -> bool:
+    return not await value
