@@ -33,9 +33,11 @@ from .types import (
     Change,
     CreateRecord,
     DeadClaims,
+    DeleteOutcome,
     EndAdmitted,
     LeaseView,
     ListedSession,
+    LoadClaim,
     LoadSnapshot,
     Mode,
     PendingInteraction,
@@ -49,8 +51,8 @@ from .types import (
 
 __all__ = [
     "ABANDONED", "SESSION_ID_SLOT", "Admission", "AdmissionStatus", "Applied", "ApplyOutcome", "AttentionCursor", "AttentionEntry", "CatalogRow", "CatalogVersion", "Change",
-    "CreateRecord", "DeadClaims", "Delivery", "EndAdmitted", "Fanout", "LeaseReader", "LeaseView",
-    "ListedSession", "LoadSnapshot", "MEMORY", "Mode", "PendingInteraction", "ReaderStore",
+    "CreateRecord", "DeadClaims", "DeleteOutcome", "Delivery", "EndAdmitted", "Fanout", "LeaseReader", "LeaseView",
+    "ListedSession", "LoadClaim", "LoadSnapshot", "MEMORY", "Mode", "PendingInteraction", "ReaderStore",
     "RedisStore", "ReplyFate", "Retention", "STORE_ERRORS", "SessionView", "Standing", "Store",
     "Subscription", "SweeperStore", "Transition", "UnsuitableRedis", "VoteOutcome",
     "WorkerRegistry", "WorkerStore", "check_redis", "is_out_of_memory", "is_transient", "never_ran",
