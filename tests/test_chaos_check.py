@@ -372,9 +372,9 @@ def test_h_a_key_without_a_ttl_is_a_violation() -> None:
 
 @pytest.mark.parametrize("cluster", [False, True])
 def test_chaos_schedule_comes_from_the_seed_alone(cluster: bool) -> None:
-    plan = make_schedule(35, 1, 3000, cluster)
-    assert plan == make_schedule(35, 1, 3000, cluster)
-    assert plan != make_schedule(36, 1, 3000, cluster)
+    plan = make_schedule(336, 1, 3000, cluster)
+    assert plan == make_schedule(336, 1, 3000, cluster)
+    assert plan != make_schedule(337, 1, 3000, cluster)
     assert len({f["kind"] for f in plan}) >= 4
     for earlier, later in zip(plan, plan[1:]):  # one at a time, with recovery in between
         assert earlier["at_s"] + earlier["estimated_s"] + 3.0 <= later["at_s"]
@@ -605,7 +605,7 @@ def test_drains_are_scheduled_without_overlap_and_record_their_grace() -> None:
     assert {f["params"]["via"] for f in drains} == {"sigterm", "cli"}
     for earlier, later in zip(plan, plan[1:]):
         assert earlier["at_s"] + earlier["estimated_s"] + 3.0 <= later["at_s"]
-    assert "worker_drain" in {f["kind"] for f in make_schedule(35, 1, 3000, True)}
+    assert "worker_drain" in {f["kind"] for f in make_schedule(336, 1, 3000, True)}
 
 
 # ---- j: dead stays dead down to the agent -------------------------------------------------
@@ -718,3 +718,15 @@ def test_j_a_stale_child_that_loses_the_resumers_turns_is_a_violation() -> None:
 def test_j_a_completed_turn_missing_from_the_history_is_a_violation() -> None:
     records = with_agent(scenario(), write(T0 + 0.25, "other k=x"))
     assert invariants(records) == ["j: a turn its client was told completed is not in the session's history"]
+
+
+@pytest.mark.parametrize("cluster, hosts", [(False, False), (True, False), (False, True)])
+def test_a_sigstop_of_the_worker_alone_is_drawn_held_past_the_lease(cluster: bool, hosts: bool) -> None:
+    """`worker_stop_alone` is drawn by the seed like every other kind, on a single Redis, a
+    cluster and across hosts, and holds the worker stopped for longer than its lease."""
+    stops = [f for seed in range(30, 40) for f in make_schedule(seed, 10, 3000, cluster, hosts=hosts)
+             if f["kind"] == "worker_stop_alone"]
+    assert len(stops) >= 10
+    assert all(4.5 <= f["params"]["stop_s"] <= 9.0 and f["params"]["lease_s"] == 3.0 for f in stops)
+    assert {f["target"] for f in stops} == {0, 1}
+    assert make_schedule(35, 10, 3000, cluster, hosts=hosts, only=["worker_stop_alone"])[0]["kind"] == "worker_stop_alone"
