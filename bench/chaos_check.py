@@ -1071,15 +1071,16 @@ def check_h_ttls(h: History, report: Report) -> None:
 
 def check_j_dead_down_to_the_agent(h: History, report: Report) -> None:
     """Dead stays dead down to the agent. Against the history the agents wrote (`agent_write`,
-    `agent_history`) and the leases the registry held (`lease`, `lease_dead`):
+    `agent_history`, both named by the agent's own session id, which the prompts' `k=` tags
+    tie to the session) and the leases the registry held (`lease`, `lease_dead`):
 
     * no write stamped with incarnation I comes after I's deadline, the moment from which a
       sweeper may declare I dead (its last accepted renewal + its lease, Redis's clock; the
       agent stamps a write right after it, on the same machine's clock);
-    * a session's history (what a resume replays) holds no turn whose clients were told it
-      ended `worker_lost`, unless the agent wrote it before its worker's deadline (the turn
-      ended at the agent while the lease held, and its end was lost with the worker: noted);
-    * every turn a client was told completed (`end_turn`) is in the history, and each write
+    * a history (what a resume replays) holds no turn whose clients were told it ended
+      `worker_lost`, unless the agent wrote it before its worker's deadline (the turn ended
+      at the agent while the lease held, and its end was lost with the worker: noted);
+    * every turn a client was told completed (`end_turn`) is in a history, and each write
       knew of every turn the file held before it (`prior` equals its place): a child that
       kept a session while another wrote to it would lose the resumer's turns."""
     writes = [r for r in h.records if r.get("kind") == "agent_write"]
@@ -1093,6 +1094,19 @@ def check_j_dead_down_to_the_agent(h: History, report: Report) -> None:
     declared = {r["inc"]: r["at"] / 1000 for r in h.records if r.get("kind") == "lease_dead" and r.get("inc")}
     report.counts["agent history writes"] = len(writes)
     report.counts["incarnations declared dead"] = len(declared)
+
+    # Each prompt by its key (the `k=` tag of its text): its session, and what its clients
+    # were told of its end.
+    acked = acknowledged_prompts(h)
+    asked = {tag: answer for answer in acked.values() for tag in TAG.findall(answer.get("text") or "")[:1]}
+    told: dict[str, dict[str, Any]] = {}
+    for e in h.events_of_type(*TERMINALS):
+        answer = acked.get(envelope_prompt_id(e["env"]) or "")
+        for tag in TAG.findall(answer.get("text") or "")[:1] if answer else []:
+            told.setdefault(tag, {"promptId": envelope_prompt_id(e["env"]), "sid": answer.get("sid"), "env": e["env"]})
+
+    def session_of(text: str | None) -> str | None:
+        return next((asked[tag].get("sid") for tag in TAG.findall(text or "") if tag in asked), None)
 
     def late_by(w: dict[str, Any]) -> float | None:
         deadline = deadlines.get(w.get("inc") or "")
@@ -1109,40 +1123,33 @@ def check_j_dead_down_to_the_agent(h: History, report: Report) -> None:
         elif late > 0:
             report.violation(
                 "j", "the agent wrote to the history after its worker's lease ended (a sweeper could declare it dead)",
-                sessionId=w["sid"], incarnation=w["inc"], written_at=w["t"], deadline=deadlines[w["inc"]],
-                late_by_s=round(late, 3), declared_dead_at=declared.get(w["inc"]), agent_pid=w.get("pid"),
-                text=w.get("text"),
+                sessionId=session_of(w.get("text")), agentSessionId=w["sid"], incarnation=w["inc"],
+                written_at=w["t"], deadline=deadlines[w["inc"]], late_by_s=round(late, 3),
+                declared_dead_at=declared.get(w["inc"]), agent_pid=w.get("pid"), text=w.get("text"),
             )
 
-    # The prompts whose clients were told worker_lost, and those told they completed, by key.
-    acked = acknowledged_prompts(h)
-    told: dict[str, dict[str, Any]] = {}
-    for e in h.events_of_type(*TERMINALS):
-        pid = envelope_prompt_id(e["env"])
-        answer = acked.get(pid or "")
-        tags = TAG.findall(answer.get("text") or "") if answer else []
-        if tags:
-            told.setdefault(tags[0], {"promptId": pid, "sid": answer.get("sid"), "env": e["env"]})
     writes_by_tag: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for w in writes:
         for tag in TAG.findall(w.get("text") or ""):
             writes_by_tag[(w["sid"], tag)].append(w)
-    for sid, history in histories.items():
+    in_histories: set[str] = set()
+    for agent_sid, history in histories.items():
         for text in history.get("texts") or []:
             for tag in TAG.findall(text):
+                in_histories.add(tag)
                 end = told.get(tag)
                 data = (end or {}).get("env", {}).get("data") or {}
                 if end is None or end["env"].get("type") != "turn_error" or data.get("code") != "worker_lost":
                     continue
                 report.checks["j"] += 1
-                found = writes_by_tag.get((sid, tag), [])
+                found = writes_by_tag.get((agent_sid, tag), [])
                 late = [late_by(w) for w in found]
                 if found and all(x is not None and x <= 0 for x in late):
                     report.notes["j: a turn told worker_lost in the history, written while its lease held"] += 1
                     continue
                 report.violation(
                     "j", "a resumed conversation holds a turn its clients were told ended worker_lost",
-                    sessionId=sid, promptId=end["promptId"], text=text,
+                    sessionId=end["sid"], agentSessionId=agent_sid, promptId=end["promptId"], text=text,
                     written=[{"inc": w.get("inc"), "t": w["t"], "late_by_s": None if x is None else round(x, 3)}
                              for w, x in zip(found, late, strict=True)],
                 )
@@ -1151,27 +1158,26 @@ def check_j_dead_down_to_the_agent(h: History, report: Report) -> None:
         if env.get("type") != "turn_complete" or (env.get("data") or {}).get("stopReason") != "end_turn":
             continue
         report.checks["j"] += 1
-        history = histories.get(end["sid"] or "")
-        if history is None or not any(tag in TAG.findall(text) for text in history.get("texts") or []):
+        if tag not in in_histories:
             report.violation("j", "a turn its client was told completed is not in the session's history",
                              sessionId=end["sid"], promptId=end["promptId"], key=tag)
     by_session: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for w in writes:
         by_session[w["sid"]].append(w)
-    for sid, found in by_session.items():
+    for agent_sid, found in by_session.items():
         found.sort(key=lambda w: w["end"])
         for place, w in enumerate(found):
             report.checks["j"] += 1
             if w["prior"] < place:
                 report.violation(
                     "j", "an agent wrote a turn without knowing turns the history held before it (it lost the resumer's turns)",
-                    sessionId=sid, incarnation=w.get("inc"), agent_pid=w.get("pid"), written_at=w["t"],
-                    knew=w["prior"], history_held=place,
+                    sessionId=session_of(w.get("text")), agentSessionId=agent_sid, incarnation=w.get("inc"),
+                    agent_pid=w.get("pid"), written_at=w["t"], knew=w["prior"], history_held=place,
                     missed=[o.get("text") for o in found[w["prior"]:place]], text=w.get("text"),
                 )
             elif w["prior"] > place:
                 report.notes["j: a write that knew of turns not logged before it"] += 1
-        size = (histories.get(sid) or {}).get("size")
+        size = (histories.get(agent_sid) or {}).get("size")
         if size is not None and found and size != found[-1]["end"]:
             report.notes["j: a history whose last write was not logged"] += 1
 

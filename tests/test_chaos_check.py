@@ -614,6 +614,7 @@ LEASE_S = 3.0
 RENEWED = T0 + 0.5  # the owner's last accepted renewal: its lease ends at DEADLINE
 DEADLINE = RENEWED + LEASE_S
 TEXT = "#permission k=prompt-1"  # the scenario's prompt
+AGENT_SID = "9d2e0c1a-agent"  # the agent's own id of the session: its history file's name
 
 
 def with_agent(records: list[dict[str, Any]], *writes: dict[str, Any], texts: list[str] | None = None,
@@ -643,14 +644,14 @@ def with_agent(records: list[dict[str, Any]], *writes: dict[str, Any], texts: li
          "redis_ms": int(RENEWED * 1000), "t": RENEWED},
         {"seq": next(seq), "kind": "lease_dead", "inc": OWNER, "at": int((DEADLINE + 0.1) * 1000),
          "redis_ms": int((DEADLINE + 0.2) * 1000), "t": DEADLINE + 0.2},
-        {"seq": next(seq), "kind": "agent_history", "sid": SID, "size": end,
+        {"seq": next(seq), "kind": "agent_history", "sid": AGENT_SID, "size": end,
          "texts": [w["text"] for w in writes] if texts is None else texts, "t": T0 + 9},
     ]
     return records
 
 
 def write(t: float, text: str = TEXT, inc: str | None = OWNER, prior: int = 0, end: int | None = None) -> dict[str, Any]:
-    return {"sid": SID, "inc": inc, "t": t, "end": end, "prior": prior, "pid": 4242, "text": text}
+    return {"sid": AGENT_SID, "inc": inc, "t": t, "end": end, "prior": prior, "pid": 4242, "text": text}
 
 
 def test_j_history_writes_within_the_lease_pass() -> None:
@@ -676,6 +677,7 @@ def test_j_a_history_write_after_the_lease_ended_is_a_violation() -> None:
     assert invariants(late) == [
         "j: the agent wrote to the history after its worker's lease ended (a sweeper could declare it dead)"]
     (found,) = report.violations
+    assert found["agentSessionId"] == AGENT_SID and found["sessionId"] is None  # "#slow 5 k=late" was never asked
     assert found["incarnation"] == OWNER and found["late_by_s"] == pytest.approx(0.4, abs=0.002)
     assert found["deadline"] == pytest.approx(DEADLINE) and found["declared_dead_at"] == pytest.approx(DEADLINE + 0.1)
     # The last renewal is what counts: the same write before that renewal's deadline passes.
@@ -713,6 +715,7 @@ def test_j_a_stale_child_that_loses_the_resumers_turns_is_a_violation() -> None:
     assert invariants(records) == [
         "j: an agent wrote a turn without knowing turns the history held before it (it lost the resumer's turns)"]
     assert report.violations[0]["missed"] == ["b's turn k=b"] and report.violations[0]["knew"] == 1
+    assert report.violations[0]["agentSessionId"] == AGENT_SID
 
 
 def test_j_a_completed_turn_missing_from_the_history_is_a_violation() -> None:
