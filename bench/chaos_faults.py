@@ -202,10 +202,18 @@ class Faults:
 
     async def stop_alone(self, process: RecordedProcess, params: dict[str, Any], detail: dict[str, Any]) -> None:
         """SIGSTOP to the worker process only (never its process group: its agents and its
-        watchdog run on), held `stop_s` (longer than the lease), then SIGCONT. Its children
+        watchdog run on), held `stop_s` (longer than the lease), then SIGCONT. Right before
+        it, a session of its own gets a turn as long as the stop (`detail.turn`). Its children
         (each agent, the watchdog) are recorded with their state (`ps` letters: T is
         stopped) at the stop, a lease into it (when a sweeper may declare the worker dead)
         and at the SIGCONT: whether its fence stopped the agents in time."""
+        if self.run.load is not None:
+            # An agent mid-turn as its worker stops (the issue's `#slow 10`): the turn runs on
+            # past the worker's deadline unless the fence stops the agent.
+            try:
+                detail["turn"] = await asyncio.wait_for(self.run.load.turn_on(process.inc, params["stop_s"]), 60)
+            except asyncio.TimeoutError:
+                detail["turn"] = {"error": "no turn started on it within 60 s"}
         detail["children"] = children_of(process.pid)
         process.signal(signal.SIGSTOP)
         detail["stopped_at"] = now()

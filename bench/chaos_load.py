@@ -394,6 +394,35 @@ class Load:
             return body.get("promptId")
         return None
 
+    async def turn_on(self, inc: str | None, seconds: float, tries: int = 6) -> dict[str, Any]:
+        """A turn running on worker incarnation `inc` now (for `worker_stop_alone`: the
+        issue's split brain needs an agent mid-turn when its worker stops): a session of its
+        own, with a reader, created until one lands on `inc` (the others are deleted, as an
+        actor would), then `#slow <seconds>`, returned once the agent has started it."""
+        assert self.store is not None
+        rng = random.Random(f"turn-on-{self.chaos.seed}-{next(self.ids)}")
+        ws = workspace_id(self.chaos.workspace)
+        for attempt in range(tries):
+            sid = await self.create(rng)
+            if sid is None:
+                continue
+            reader = Reader(self, sid, f"r{next(self.ids)}", rng.randrange(APIS)).start()
+            self.readers.append(reader)
+            with contextlib.suppress(Exception):
+                view = await asyncio.wait_for(self.store.session(ws, sid), 3)
+            owner = view.owner if view is not None else None
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(reader.snapshot.wait(), 10)
+            if owner != inc or not reader.snapshot.is_set():
+                await self.delete(sid, rng)
+                continue
+            pid = await self.prompt(sid, f"#slow {seconds}", rng)
+            started = pid is not None and await reader.wait_for(
+                lambda f: f.get("promptId") == pid and (f.get("data") or {}).get("update", {}).get(
+                    "sessionUpdate") == "agent_message_chunk", 5) is not None
+            return {"sid": sid, "promptId": pid, "started": started, "tries": attempt + 1, "seconds": seconds}
+        return {"sid": None, "tries": tries}
+
     # ---- actors -------------------------------------------------------------------------
 
     async def run(self) -> None:

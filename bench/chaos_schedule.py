@@ -82,7 +82,7 @@ def make_schedule(
             target = rng.randrange(WORKERS)
             params["stop_s"] = round(lease * rng.uniform(1.5, 3.0), 3)
             params["lease_s"] = lease
-            est = params["stop_s"] + 3.0
+            est = params["stop_s"] + 6.0  # and a session on it with a turn running, first
         elif kind == "worker_drain":
             # SIGTERM, or `acp-state drain <incarnation>` (a Drain command on its control
             # stream): the same drain, started from the worker's host or from anywhere.
