@@ -1170,7 +1170,8 @@ def check_j_dead_down_to_the_agent(h: History, report: Report) -> None:
             report.checks["j"] += 1
             if w["prior"] < place:
                 report.violation(
-                    "j", "an agent wrote a turn without knowing turns the history held before it (it lost the resumer's turns)",
+                    "j",
+                    "an agent wrote a turn without knowing turns the history held before it (it lost the resumer's turns)",
                     sessionId=session_of(w.get("text")), agentSessionId=agent_sid, incarnation=w.get("inc"),
                     agent_pid=w.get("pid"), written_at=w["t"], knew=w["prior"], history_held=place,
                     missed=[o.get("text") for o in found[w["prior"]:place]], text=w.get("text"),

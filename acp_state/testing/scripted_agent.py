@@ -409,7 +409,9 @@ class ScriptedAgent:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def run_prompt(self, request_id: Any, session: Session, ctx: TurnContext, incarnation: str | None = None) -> None:
+    async def run_prompt(
+        self, request_id: Any, session: Session, ctx: TurnContext, incarnation: str | None = None
+    ) -> None:
         scenario, args = pick_scenario(ctx.text)
         response: JSON
         try:
