@@ -733,3 +733,35 @@ def test_a_sigstop_of_the_worker_alone_is_drawn_held_past_the_lease(cluster: boo
     assert all(4.5 <= f["params"]["stop_s"] <= 9.0 and f["params"]["lease_s"] == 3.0 for f in stops)
     assert {f["target"] for f in stops} == {0, 1}
     assert make_schedule(35, 10, 3000, cluster, hosts=hosts, only=["worker_stop_alone"])[0]["kind"] == "worker_stop_alone"
+
+
+async def test_the_lease_watch_records_each_deadline_as_it_moves_and_each_death(own_redis: Any) -> None:
+    """bench/chaos_history.py's LeaseWatch, on a real Redis: the registry's deadline of each
+    incarnation when it first shows and whenever a renewal moves it (not at every read),
+    and each tombstone once, with Redis's time of the read."""
+    import asyncio
+
+    import redis
+
+    from acp_state.store import keys
+    from bench.chaos_history import LeaseWatch
+
+    got: list[tuple[str, dict[str, Any]]] = []
+    client = redis.Redis(port=own_redis.port)
+    client.zadd(keys.WORKERS, {"w-1": 1_000})
+    watch = LeaseWatch(lambda kind, **fields: got.append((kind, fields)), lambda: [own_redis.port], 0.02,
+                       asyncio.get_running_loop()).start()
+    try:
+        await asyncio.sleep(0.2)
+        client.zadd(keys.WORKERS, {"w-1": 2_000})  # renewed
+        await asyncio.sleep(0.2)
+        client.zrem(keys.WORKERS, "w-1")
+        client.zadd(keys.DEAD, {"w-1": 2_005})  # declared dead
+        await asyncio.sleep(0.2)
+    finally:
+        watch.stop()
+    await asyncio.sleep(0)
+    assert [(kind, f["inc"], f.get("deadline", f.get("at"))) for kind, f in got] == [
+        ("lease", "w-1", 1_000), ("lease", "w-1", 2_000), ("lease_dead", "w-1", 2_005)]
+    assert watch.reads >= 10
+    assert all(abs(f["redis_ms"] / 1000 - f["t"]) < 1 for _, f in got)  # one machine, one clock
