@@ -587,3 +587,25 @@ async def test_every_history_write_is_logged_with_the_incarnation_that_sent_the_
     assert HistoryWrite.unpack('{"s": "x", "inc"') is None
     long = HistoryWrite("s", None, 1.5, 10, 0, 1, "x" * 1000)
     assert HistoryWrite.unpack(long.pack()) == HistoryWrite("s", None, 1.5, 10, 0, 1, "x" * 200)
+
+
+async def test_a_worker_names_the_incarnation_that_sends_each_turn(harness: Any, workspace: str) -> None:
+    """Through a real worker: the prompt's `_meta["acpState.incarnation"]` is the worker's
+    incarnation (whatever the client's `_meta` said), so the agent's write log names it."""
+    from acp_state.testing.scripted_agent import read_writes
+    from tests.helpers import create
+
+    worker = await harness.worker()
+    api = await harness.api()
+    watcher = await harness.events()
+    sid = (await create(api, workspace))["sessionId"]
+    text = f"note k={uuid.uuid4()}"
+    body = {"prompt": [{"type": "text", "text": text}], "_meta": {"acpState.incarnation": "a client's claim"}}
+    response = await api.client.post(f"/session/{sid}/prompt", json=body)
+    assert response.status_code == 202, response.text
+    prompt_id = response.json()["promptId"]
+    done = await watcher.wait_for(lambda e: e["type"] in ("turn_complete", "turn_error")
+                                  and e["data"].get("promptId") == prompt_id)
+    assert done["type"] == "turn_complete"
+    (written,) = [w for w in read_writes(os.environ["ACP_SCRIPTED_STATE_DIR"]) if w.text == text]
+    assert written.incarnation == worker.incarnation and written.prior == 0
