@@ -194,6 +194,8 @@ class Faults:
             detail["error"] = repr(error)
         if kind == "worker_drain" and "signalled_at" in detail:
             start = detail["signalled_at"]  # the drain began then (the replacement came after)
+        if kind == "worker_stop_alone" and "stopped_at" in detail:
+            start = detail["stopped_at"]  # the stop began then (its turn was started before)
         record.update(t_start=start, t_end=now(), detail=detail)
         self.run.rec("fault", **record)
         self.log.append(record)
@@ -203,7 +205,8 @@ class Faults:
     async def stop_alone(self, process: RecordedProcess, params: dict[str, Any], detail: dict[str, Any]) -> None:
         """SIGSTOP to the worker process only (never its process group: its agents and its
         watchdog run on), held `stop_s` (longer than the lease), then SIGCONT. Right before
-        it, a session of its own gets a turn as long as the stop (`detail.turn`). Its children
+        it, a turn as long as the stop starts on the worker (`detail.turn`, `Load.turn_on`).
+        The fault's `t_start` is the SIGSTOP. Its children
         (each agent, the watchdog) are recorded with their state (`ps` letters: T is
         stopped) at the stop, a lease into it (when a sweeper may declare the worker dead)
         and at the SIGCONT: whether its fence stopped the agents in time."""
