@@ -41,6 +41,7 @@ from .locator import SessionLocator
 from .metrics import RequestCounts, RequestMetrics
 from .placement import LiveReports
 from .openapi import openapi_json
+from .origins import Edge, cors_send
 from .responses import (
     ApiError,
     api_error_handler,
@@ -104,16 +105,26 @@ class ApiApp(Starlette):
     this process's cache (`hot_reads`), and whose session event streams run below it
     (`event_stream.answer`); every other request goes through the stack."""
 
-    def __init__(self, authenticator: Authenticator, counts: RequestCounts, **kwargs: Any) -> None:
+    def __init__(self, authenticator: Authenticator, counts: RequestCounts, edge: Edge, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.authenticator = authenticator
         self.counts = counts
+        self.edge = edge  # the Host and Origin checks, and the CORS answers (`origins`)
         # What the lifespan set up (also `state.acp`, for the routes), read here without
         # Starlette's `State.__getattr__`, which raises and catches an AttributeError on
         # every request: a tenth of a kept read's whole cost.
         self.acp: AppState | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            # First, for every path (the hot reads and the streams below the stack too): the
+            # Host and Origin checks.
+            checked = self.edge.check(scope)
+            if checked is not None:
+                if not isinstance(checked, bytes):  # refused, or an allowed origin's preflight
+                    await checked(scope, receive, send)
+                    return
+                send = cors_send(send, checked)
         state = self.acp
         if await hot_reads.answer(state, self.authenticator, self.counts, scope, send):
             return
@@ -218,9 +229,11 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> ApiApp:
                 await own_store.close()
 
     authenticator, counts = Authenticator(settings.tokens), RequestCounts()
+    edge = Edge(settings.host, settings.allow_origins, has_token=bool(settings.tokens))
     return ApiApp(
         authenticator,
         counts,
+        edge,
         routes=ROUTES,
         lifespan=lifespan,
         exception_handlers={
