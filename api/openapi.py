@@ -132,6 +132,12 @@ def not_found(description: str) -> Schema:
     return response
 
 
+TICKET = {
+    "name": "ticket", "in": "query", "required": False, "schema": {"type": "string"},
+    "description": "A stream ticket (`POST /stream-tickets`) in place of `Authorization`: it opens this stream once, "
+    "within 60 s; used, expired or for another stream, the answer is 401 (`ticket_used`, `ticket_expired`, "
+    "`ticket_invalid`).",
+}
 TOO_LARGE = {"413": error(f"The body exceeds {MAX_BODY_BYTES} bytes (`body_too_large`).")}
 
 
@@ -535,6 +541,7 @@ def paths() -> Schema:
                     query_param("eventEpoch", "The epoch the client's `Last-Event-ID` belongs to.", string()),
                     query_param("maxQueued", "Live events buffered for a slow reader (16-2048).",
                                 string(pattern="^[0-9]+$")),
+                    TICKET,
                 ],
             )
         },
@@ -658,6 +665,7 @@ def paths() -> Schema:
                                 "wins).", string(pattern="^[0-9]+(-[0-9A-Za-z]+)?$")),
                     query_param("generation", "The generation of a bare revision (a generation in the id wins).",
                                 string()),
+                    TICKET,
                 ],
             )
         },
@@ -692,7 +700,25 @@ def paths() -> Schema:
                      "value opens a fresh stream (a snapshot)."},
                     query_param("lastEventId", "As `Last-Event-ID`, for clients that cannot send it (the header "
                                 "wins).", string(pattern="^[0-9]+(-[0-9A-Za-z]+)?$")),
+                    TICKET,
                 ],
+            )
+        },
+        "/stream-tickets": {
+            "post": operation(
+                "createStreamTicket", "Prompts and events",
+                "A single-use ticket that opens one event stream, for clients that cannot send `Authorization`",
+                {
+                    "200": json_response(
+                        "The ticket: pass it as `?ticket=` to the stream at `path` within 60 s (`expiresAt`, epoch "
+                        "ms); it opens that stream once, as the caller.",
+                        obj({"ticket": string(), "expiresAt": integer(minimum=0), "path": string()}),
+                    ),
+                    "400": error("Not JSON (`invalid_json`), or `path` names no event stream (`invalid_stream_path`)."),
+                    **TOO_LARGE,
+                },
+                body=json_body(obj({"path": string()})),
+                store=False,
             )
         },
         "/workers": {
