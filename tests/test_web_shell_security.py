@@ -9,6 +9,8 @@ violation reported), `nosniff` and `no-referrer`.
 
 from __future__ import annotations
 
+import re
+
 from playwright.async_api import Dialog, Page, Request, Response
 
 from tests.harness import Harness
@@ -122,3 +124,37 @@ async def test_a_token_an_older_shell_left_in_local_storage_is_removed(
     await expect(page.locator(".ws-live")).to_have_attribute("data-feed", "live")
     assert await page.evaluate("localStorage.getItem('acp-shell.token')") is None
     assert len(asked) == 1  # asked again: the token now lives in the tab only
+
+
+async def test_a_ticketed_feed_reopens_from_its_last_frame_after_a_restart(
+    harness: Harness, workspace: str, open_page: OpenPage
+) -> None:
+    """The browser's own reconnect would repeat a spent ticket, so the page reopens the live
+    feed itself, with a fresh ticket and the last frame's id (`lastEventId`): what changed
+    while it was down (here through another API process) arrives."""
+    await harness.worker()
+    api = await harness.api("--token", f"{ADMIN},role=admin")
+    other = await harness.api("--token", f"{ADMIN},role=admin")
+    other.client.headers["Authorization"] = f"Bearer {ADMIN}"
+    sid = (await create(other, workspace))["sessionId"]
+
+    async def sign_in(page: Page) -> None:
+        page.on("dialog", lambda dialog: dialog.accept(ADMIN))
+
+    page = await open_page(api, "en-US", "/#/", prepare=sign_in)
+    live = page.locator(".ws-live")
+    row = page.locator(f'.session-row[data-session-id="{sid}"]')
+    await expect(live).to_have_attribute("data-feed", "live")
+    await expect(row).to_have_attribute("data-status", "idle")
+
+    assert await api.terminate() in (0, None)
+    await expect(live).to_have_attribute("data-feed", "down")
+    await prompt(other, sid, "#permission")  # what the page misses while its API is down
+    async with page.expect_response(lambda r: "/live-state/events" in r.url and r.status == 200) as reopened:
+        await api.start()  # the same port
+    url = (await reopened.value).url
+    assert "ticket=" in url and re.search(r"[?&]lastEventId=\d+-\d+(&|$)", url), url
+    assert ADMIN not in url
+    await expect(live).to_have_attribute("data-feed", "live")
+    await expect(row).to_have_attribute("data-status", "needsApproval")
+    assert page.errors == []  # type: ignore[attr-defined]
