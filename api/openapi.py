@@ -146,6 +146,10 @@ def json_body(schema: Schema, required: bool = True) -> Schema:
 
 
 UNAUTHORIZED = error("A bearer token is required (any bind but a tokenless loopback one) and was missing or wrong.")
+EDGE_REFUSED = (
+    "A page of another origin than the API's own and `--allow-origin`'s (`origin_not_allowed`), or, on a loopback "
+    "bind, a `Host` that names no loopback host (`host_not_allowed`)."
+)
 STORE_DOWN = (
     "Redis is unreachable (`store_unavailable`) or out of memory (`store_full`): nothing was taken, retry after "
     "`Retry-After`. Or Redis did not confirm the outcome (`outcome_unknown`): retry with the same `Idempotency-Key`."
@@ -166,6 +170,8 @@ def operation(operation_id: str, tag: str, summary: str, responses: Schema, *, p
     if body is not None:
         op["requestBody"] = body
     op["responses"] = {**responses, "401": UNAUTHORIZED} if auth else dict(responses)
+    forbidden = op["responses"].get("403", {}).get("description")
+    op["responses"]["403"] = error(f"{forbidden} Or: {EDGE_REFUSED}" if forbidden else EDGE_REFUSED)
     bad = op["responses"].get("400", {"description": "The HTTP server rejected a malformed request.", "content": {}})
     op["responses"]["400"] = {**bad, "content": {**bad["content"], "text/plain": {"schema": string()}}}
     if not auth:
