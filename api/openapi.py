@@ -132,6 +132,12 @@ def not_found(description: str) -> Schema:
     return response
 
 
+TICKET = {
+    "name": "ticket", "in": "query", "required": False, "schema": {"type": "string"},
+    "description": "A stream ticket (`POST /stream-tickets`) in place of `Authorization`: it opens this stream once, "
+    "within 60 s; used, expired or for another stream, the answer is 401 (`ticket_used`, `ticket_expired`, "
+    "`ticket_invalid`).",
+}
 TOO_LARGE = {"413": error(f"The body exceeds {MAX_BODY_BYTES} bytes (`body_too_large`).")}
 
 
@@ -140,6 +146,10 @@ def json_body(schema: Schema, required: bool = True) -> Schema:
 
 
 UNAUTHORIZED = error("A bearer token is required (any bind but a tokenless loopback one) and was missing or wrong.")
+EDGE_REFUSED = (
+    "A page of another origin than the API's own and `--allow-origin`'s (`origin_not_allowed`), or, on a loopback "
+    "bind, a `Host` that names no loopback host (`host_not_allowed`)."
+)
 STORE_DOWN = (
     "Redis is unreachable (`store_unavailable`) or out of memory (`store_full`): nothing was taken, retry after "
     "`Retry-After`. Or Redis did not confirm the outcome (`outcome_unknown`): retry with the same `Idempotency-Key`."
@@ -160,6 +170,8 @@ def operation(operation_id: str, tag: str, summary: str, responses: Schema, *, p
     if body is not None:
         op["requestBody"] = body
     op["responses"] = {**responses, "401": UNAUTHORIZED} if auth else dict(responses)
+    forbidden = op["responses"].get("403", {}).get("description")
+    op["responses"]["403"] = error(f"{forbidden} Or: {EDGE_REFUSED}" if forbidden else EDGE_REFUSED)
     bad = op["responses"].get("400", {"description": "The HTTP server rejected a malformed request.", "content": {}})
     op["responses"]["400"] = {**bad, "content": {**bad["content"], "text/plain": {"schema": string()}}}
     if not auth:
@@ -542,6 +554,7 @@ def paths() -> Schema:
                     query_param("eventEpoch", "The epoch the client's `Last-Event-ID` belongs to.", string()),
                     query_param("maxQueued", "Live events buffered for a slow reader (16-2048).",
                                 string(pattern="^[0-9]+$")),
+                    TICKET,
                 ],
             )
         },
@@ -665,6 +678,7 @@ def paths() -> Schema:
                                 "wins).", string(pattern="^[0-9]+(-[0-9A-Za-z]+)?$")),
                     query_param("generation", "The generation of a bare revision (a generation in the id wins).",
                                 string()),
+                    TICKET,
                 ],
             )
         },
@@ -699,7 +713,25 @@ def paths() -> Schema:
                      "value opens a fresh stream (a snapshot)."},
                     query_param("lastEventId", "As `Last-Event-ID`, for clients that cannot send it (the header "
                                 "wins).", string(pattern="^[0-9]+(-[0-9A-Za-z]+)?$")),
+                    TICKET,
                 ],
+            )
+        },
+        "/stream-tickets": {
+            "post": operation(
+                "createStreamTicket", "Prompts and events",
+                "A single-use ticket that opens one event stream, for clients that cannot send `Authorization`",
+                {
+                    "200": json_response(
+                        "The ticket: pass it as `?ticket=` to the stream at `path` within 60 s (`expiresAt`, epoch "
+                        "ms); it opens that stream once, as the caller.",
+                        obj({"ticket": string(), "expiresAt": integer(minimum=0), "path": string()}),
+                    ),
+                    "400": error("Not JSON (`invalid_json`), or `path` names no event stream (`invalid_stream_path`)."),
+                    **TOO_LARGE,
+                },
+                body=json_body(obj({"path": string()})),
+                store=False,
             )
         },
         "/workers": {

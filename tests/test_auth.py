@@ -76,13 +76,14 @@ async def test_tokens_roles_and_workspace_scopes(harness: Harness, workspace: st
     assert sse.status == 404
     api.client.headers.pop("Authorization")
 
-    # The Web Shell's files are open (the page asks for a token); EventSource, which cannot
-    # send headers, may pass it as `access_token`, on the event stream only.
+    # The Web Shell's files are open (the page asks for a token). A token never goes in a
+    # URL: EventSource, which cannot send headers, opens a stream with a ticket instead
+    # (tests/test_stream_tickets.py), and `?access_token=` opens nothing, as in the reference.
     assert (await client.get("/")).status_code == 200
     assert (await client.get("/static/js/api.js")).status_code == 200
     via_query = SseClient(api, mine, query="?access_token=scoped-token-0123456789")
     await via_query.start()
-    assert via_query.status == 200
+    assert via_query.status == 401
     await via_query.close()
     leaked = await client.get(f"/session/{mine}/status?access_token=scoped-token-0123456789")
     assert leaked.status_code == 401

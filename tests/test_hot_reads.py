@@ -145,7 +145,7 @@ async def test_the_shortcut_answers_a_kept_read_and_leaves_every_other_to_the_ap
     app = create_app(Settings(redis_url=redis_server.url, workspaces=[workspace]))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             made = await client.post("/session", json={"cwd": workspace}, timeout=60)
             sid = made.json()["sessionId"]
             status_path, listing_path = f"/session/{sid}/status", f"/workspace/{workspace_id(workspace)}/sessions"

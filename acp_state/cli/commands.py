@@ -29,12 +29,15 @@ def _api_settings(args: argparse.Namespace) -> Any:
     from acp_state.api.settings import Settings
 
     workspaces = [os.path.abspath(w) for w in (args.workspace or [os.getcwd()])]
+    tokens = _tokens(args)
+    _check_origins(args.allow_origin, bool(tokens))
     return Settings(
         redis_url=args.redis_url,
         host=args.host,
         port=args.port,
         workspaces=workspaces,
-        tokens=_tokens(args),
+        tokens=tokens,
+        allow_origins=args.allow_origin,
         sse_send_timeout_s=args.sse_send_timeout_s,
         create_timeout_s=args.create_timeout_s,
     )
@@ -51,6 +54,15 @@ def _tokens(args: argparse.Namespace) -> list[Any]:
     if not tokens and not is_loopback(args.host):
         raise SystemExit(f"acp-state: refusing to serve {args.host} without a bearer token (--token)")
     return tokens
+
+
+def _check_origins(origins: list[str], has_token: bool) -> None:
+    from acp_state.api.origins import OriginError, parse_allowed
+
+    try:
+        parse_allowed(origins, has_token)
+    except OriginError as error:
+        raise SystemExit(f"acp-state: {error}") from None
 
 
 def _worker_config(args: argparse.Namespace) -> Any:
@@ -223,6 +235,9 @@ def _parser() -> argparse.ArgumentParser:
                             "workspace scopes it to one workspace. Required off loopback.")
         p.add_argument("--channel-token", action="append", default=[],
                        help="a bearer token of the channel role (may mark prompts as channel prompts)")
+        p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                       help="a web origin (scheme://host[:port]) whose pages may call this API (repeatable; "
+                       "'*' any, with a token only); other origins' requests answer 403")
         p.add_argument("--sse-send-timeout-s", type=float, default=10.0,
                        help="drop an SSE client whose socket stays full this long")
         p.add_argument("--create-timeout-s", type=float, default=60.0,

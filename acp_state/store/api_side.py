@@ -248,6 +248,10 @@ class ApiSide(RedisSide):
         """Claim the workspace's single-scope slot; returns the existing holder if any."""
         return await self.redis.set(keys.single(ws), sid, nx=True, px=ttl_ms, get=True)
 
+    async def spend_ticket(self, nonce: str, ttl_ms: int) -> bool:
+        """Mark a stream ticket used; False: it was used already (on any API process)."""
+        return bool(await self.redis.set(keys.stream_ticket(nonce), b"1", nx=True, px=ttl_ms))
+
     async def release_single(self, ws: str, sid: str) -> None:
         """Drop a claim that did not turn into a live session (compare-and-delete)."""
         await self._release_single([keys.single(ws)], [sid])

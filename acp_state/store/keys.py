@@ -221,6 +221,11 @@ def create_idempotency(key: str) -> str:
     return f"{PREFIX}:idem:{{{key}}}"
 
 
+def stream_ticket(nonce: str) -> str:
+    """STRING: a stream ticket was used (api/stream_tickets.py); PX its life left + 1 s."""
+    return f"{PREFIX}:ticket:{{{nonce}}}"
+
+
 def reply(request: str) -> str:
     """LIST a worker pushes one reply onto for a create/close command."""
     return f"{PREFIX}:reply:{{{request}}}"
