@@ -583,8 +583,8 @@ async def test_every_history_write_is_logged_with_the_incarnation_that_sent_the_
     # The format: one compact JSON line per write, read back as it was packed.
     lines = (tmp_path / "writes.log").read_text().splitlines()
     assert [HistoryWrite.unpack(line) for line in lines] == writes
-    assert json.loads(lines[0]).keys() == {"s", "inc", "t", "end", "prior", "pid", "text"}
-    assert HistoryWrite.unpack('{"s": "x", "inc"') is None
+    assert json.loads(lines[0]).keys() == {"s", "by", "t", "end", "prior", "pid", "text"}
+    assert HistoryWrite.unpack('{"s": "x", "by"') is None
     long = HistoryWrite("s", None, 1.5, 10, 0, 1, "x" * 1000)
     assert HistoryWrite.unpack(long.pack()) == HistoryWrite("s", None, 1.5, 10, 0, 1, "x" * 200)
 

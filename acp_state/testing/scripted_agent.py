@@ -172,8 +172,8 @@ class HistoryWrite:
     text: str
 
     def pack(self) -> str:
-        """One line, no newline: `{"s","inc","t","end","prior","pid","text"}`, compact JSON."""
-        return dumps({"s": self.session_id, "inc": self.incarnation, "t": round(self.t, 6), "end": self.end,
+        """One line, no newline: `{"s","by","t","end","prior","pid","text"}`, compact JSON."""
+        return dumps({"s": self.session_id, "by": self.incarnation, "t": round(self.t, 6), "end": self.end,
                       "prior": self.prior, "pid": self.pid, "text": self.text[:LOGGED_TEXT_CHARS]})
 
     @classmethod
@@ -181,7 +181,7 @@ class HistoryWrite:
         """The write on one line of the log, or None for a line that is not one (cut short)."""
         try:
             d = json.loads(line)
-            return cls(str(d["s"]), d["inc"] if isinstance(d["inc"], str) else None, float(d["t"]), int(d["end"]),
+            return cls(str(d["s"]), d["by"] if isinstance(d["by"], str) else None, float(d["t"]), int(d["end"]),
                        int(d["prior"]), int(d["pid"]), str(d["text"]))
         except (ValueError, TypeError, KeyError):
             return None
