@@ -465,8 +465,9 @@ def paths() -> Schema:
                     **TOO_LARGE,
                     "400": error("Bad body, header, workspace (`workspace_mismatch`), scope, session id, or an "
                                  "agent no worker offers (`unknown_agent`)."),
-                    "404": error("The caller's token is scoped to another workspace (`workspace_not_found`)."),
-                    "409": error("A live session already has the requested `sessionId` (`session_exists`)."),
+                    "409": error("A live session of the workspace already has the requested `sessionId` "
+                                 "(`session_exists`), or a session of another workspace, live or listed, holds it "
+                                 "(`session_id_conflict`: ids are unique across workspaces; which one is not said)."),
                     "503": error("No worker has capacity, no live worker offers the agent named "
                                  "(`no_worker_for_agent`), the shared session is being replaced, or the agent failed "
                                  "to start.", RETRY_AFTER),

@@ -19,13 +19,13 @@ from acp_state.commands import Reply
 from acp_state.agents import is_agent_name
 from acp_state.ids import workspace_id
 from acp_state.clock import iso, now_ms
-from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateRecord
+from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateRecord, IdClaim
 
 from . import workspace_ref
 from .auth import principal_of
 from .locator import not_found
 from .outcomes import effect, idempotency_key, outcome_unknown
-from .placement import note_told, place, unknown_agent
+from .placement import SESSION_ID_CONFLICT, note_told, place, session_id_conflict, unknown_agent
 from .responses import ApiError, JSON_TYPE, OrjsonResponse, json_body, unavailable
 from .session_requests import client_id_header, live_or_first
 from .state import AppState, app_state
@@ -154,6 +154,12 @@ async def _create_or_attach(
         existing = await state.store.session(ws, sid)
         if existing is not None and await state.registry.is_live(existing.owner):
             raise ApiError(409, f'Session "{sid}" is already live', "session_exists", sessionId=sid)
+        # A session id is unique across workspaces: claimed for this one before anything
+        # else (a claim that then fails leaves the id this workspace's, which costs no
+        # other caller anything: the id was this caller's choice). The worker claims it
+        # again as it indexes the session, which also covers the ids it is given unchosen.
+        if await state.store.claim_session_id(ws, sid) is IdClaim.FOREIGN:
+            raise session_id_conflict(sid)
 
     claimed = False
     if scope == "single":
@@ -221,6 +227,8 @@ async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: 
         if isinstance(answer, Reply):
             if not answer.ok:
                 await state.store.forget_create(key, record.sid)
+                if answer.code == SESSION_ID_CONFLICT:
+                    raise session_id_conflict(record.sid)
                 raise ApiError(503, answer.error or "the agent could not start", answer.code or "agent_unavailable")
             await note_told(state, ws, record.sid)
             await _keep(state, key, record.sid, record.client_id, record.attached)

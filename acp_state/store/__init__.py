@@ -31,9 +31,11 @@ from .types import (
     CatalogRow,
     CatalogVersion,
     Change,
+    CreateKey,
     CreateRecord,
     DeadClaims,
     EndAdmitted,
+    IdClaim,
     LeaseView,
     ListedSession,
     LoadSnapshot,
@@ -49,7 +51,7 @@ from .types import (
 
 __all__ = [
     "ABANDONED", "SESSION_ID_SLOT", "Admission", "AdmissionStatus", "Applied", "ApplyOutcome", "AttentionCursor", "AttentionEntry", "CatalogRow", "CatalogVersion", "Change",
-    "CreateRecord", "DeadClaims", "Delivery", "EndAdmitted", "Fanout", "LeaseReader", "LeaseView",
+    "CreateKey", "CreateRecord", "DeadClaims", "Delivery", "EndAdmitted", "Fanout", "IdClaim", "LeaseReader", "LeaseView",
     "ListedSession", "LoadSnapshot", "MEMORY", "Mode", "PendingInteraction", "ReaderStore",
     "RedisStore", "ReplyFate", "Retention", "STORE_ERRORS", "SessionView", "Standing", "Store",
     "Subscription", "SweeperStore", "Transition", "UnsuitableRedis", "VoteOutcome",

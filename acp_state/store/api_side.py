@@ -19,7 +19,7 @@ from .batching import PerLoopTurn, Script, pipelined
 from .codec import pack_create_record, unpack_create_record
 from .keys import F
 from .side import INBOX_MAXLEN, INBOX_TTL_MS, REPLY_TTL_S, RedisSide
-from .types import ABANDONED, GIVEN, Admission, AdmissionStatus, CreateRecord, VoteOutcome
+from .types import ABANDONED, GIVEN, Admission, AdmissionStatus, CreateRecord, IdClaim, VoteOutcome
 
 # One BLPOP must end well inside the client's socket read timeout (5 s by default since
 # redis-py 8), or the read fails with TimeoutError instead of returning nil.
@@ -40,6 +40,7 @@ class ApiSide(RedisSide):
         self._take = Script(self.redis, scripts.TAKE)
         self._abandon = Script(self.redis, scripts.ABANDON)
         self._release_single = Script(self.redis, scripts.RELEASE_SINGLE)
+        self._claim_sid = Script(self.redis, scripts.CLAIM_SID)
         self._controls = PerLoopTurn(self._send_controls)
         self._tellings = PerLoopTurn(self._send_tellings)
 
@@ -216,6 +217,11 @@ class ApiSide(RedisSide):
     async def create_record(self, idempotency_key: str) -> CreateRecord | None:
         value = await self.redis.get(keys.create_idempotency(idempotency_key))
         return None if value is None else unpack_create_record(value)
+
+    async def claim_session_id(self, ws: str, sid: str) -> IdClaim:
+        """Claim session id `sid` for workspace `ws` (scripts.CLAIM_SID, in the locator's
+        slot): FOREIGN if another workspace holds it (nothing written)."""
+        return IdClaim(int(await self._claim_sid([keys.locator(sid)], [ws, self.locator_ttl_ms])))
 
     async def mark_told(self, ws: str, sid: str) -> None:
         """A create's answer was taken: its creator knows the session (F.REQUEST goes, and

@@ -202,7 +202,8 @@ def load_claim(ws: str, sid: str) -> str:
 
 
 def locator(sid: str) -> str:
-    """STRING sessionId -> workspaceId, so session-scoped routes find the workspace slot."""
+    """STRING sessionId -> workspaceId, so session-scoped routes find the workspace slot.
+    Written only by CLAIM_SID: a session id belongs to one workspace (unique across them)."""
     return f"{PREFIX}:sid:{{{sid}}}"
 
 
