@@ -19,7 +19,7 @@ from acp_state.commands import Reply
 from acp_state.agents import is_agent_name
 from acp_state.ids import workspace_id
 from acp_state.clock import iso, now_ms
-from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateRecord, IdClaim
+from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateKey, CreateRecord, IdClaim
 
 from . import workspace_ref
 from .auth import principal_of
@@ -45,7 +45,7 @@ def gone(admission: Admission) -> bool:
     return admission.status is AdmissionStatus.GONE
 
 
-async def _keep(state: AppState, key: str, sid: str, client_id: str, attached: bool) -> None:
+async def _keep(state: AppState, key: CreateKey, sid: str, client_id: str, attached: bool) -> None:
     """Keep a create's outcome under its key. The create is done and its answer taken: a
     store that cannot keep the outcome now must not turn that success into a refusal (a
     retry then follows the first create's request instead, as if its API had gone)."""
@@ -98,9 +98,12 @@ async def create_session(request: Request) -> Response:
     ws = workspace_id(cwd)
     client_id = header_client or ids.new_client_id()
     sid = requested or ids.new_id()
-    key = idempotency_key(request)
-    if key is None:
+    given_key = idempotency_key(request)
+    if given_key is None:
         return OrjsonResponse(await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested, agent=agent))
+    # Kept per workspace and per caller: another tenant's (or principal's) same key is
+    # another create, and never learns the first one's session or client id.
+    key = CreateKey(ws, principal_of(request).name, given_key)
     claim_ms = int(state.settings.create_timeout_s * 1000) + 10_000
     first = await state.store.claim_create(key, sid, client_id, claim_ms)
     if first is not None:
@@ -198,7 +201,7 @@ async def _create_or_attach(
     return {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id, "createdAt": reply.created_at}
 
 
-async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: CreateRecord) -> Response:
+async def _repeated_create(state: AppState, key: CreateKey, ws: str, cwd: str, first: CreateRecord) -> Response:
     """The same create again (same Idempotency-Key): the first one's outcome.
 
     A kept outcome is answered at once. A first create still under way (or whose API gave
@@ -248,7 +251,7 @@ async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: 
     return OrjsonResponse(dict(body, createdAt=row["createdAt"] if row else created_at or iso(now_ms())))
 
 
-async def first_create_outcome(state: AppState, key: str, ws: str, first: CreateRecord) -> CreateRecord | None:
+async def first_create_outcome(state: AppState, key: CreateKey, ws: str, first: CreateRecord) -> CreateRecord | None:
     """How a create whose key record lapsed ended: its answer taken here (told, kept), or
     taken by an API that told the session and died before keeping it (kept), or unknown yet
     (the record is written again, so the next retry follows this same create, and the

@@ -217,9 +217,12 @@ def idempotency(ws: str, sid: str, key: str) -> str:
     return f"{PREFIX}:{{{ws}}}:idem:{sid}:{key}"
 
 
-def create_idempotency(key: str) -> str:
-    """STRING: `<sessionId> <clientId>` of the create sent with an `Idempotency-Key`."""
-    return f"{PREFIX}:idem:{{{key}}}"
+def create_idempotency(ws: str, principal: str, key: str) -> str:
+    """STRING: `<sessionId> <clientId> ...` of the create sent to workspace `ws` by
+    `principal` with an `Idempotency-Key` (scoped to both: another workspace's or another
+    principal's same key is another create). The segment `cidem` differs from `idem`, so no
+    command record's name (`idem:<sid>:<key>`) can equal one."""
+    return f"{PREFIX}:{{{ws}}}:cidem:{principal}:{key}"
 
 
 def reply(request: str) -> str:
