@@ -77,15 +77,14 @@ async def create_session(request: Request) -> Response:
         raise ApiError(400, "request body must be a JSON object", "invalid_request")
     header_client = client_id_header(request)
     cwd = body.get("workspaceCwd", body.get("cwd"))
-    if cwd is None:
-        cwd = state.settings.workspaces[0]
-    # The reference canonicalizes the cwd (resolve + realpath) before matching it.
+    if cwd is None:  # the first workspace the caller may see (the primary, if it may)
+        cwd = next(iter(workspace_ref.visible(request).values()), None)
+    # The reference canonicalizes the cwd (resolve + realpath) before matching it. A
+    # workspace the caller may not see is matched by none: answered as an unknown one.
     found = workspace_ref.find(request, cwd) if isinstance(cwd, str) and os.path.isabs(cwd) else None
     if found is None:
         raise workspace_ref.mismatch(request, cwd if isinstance(cwd, str) else "", "id")
     cwd = state.workspaces[found]
-    if not principal_of(request).may(found):
-        raise ApiError(404, "no such workspace", "workspace_not_found", workspaceCwd=cwd)
     scope = body.get("sessionScope", "single")
     if scope not in ("single", "thread"):
         raise ApiError(400, "sessionScope must be 'single' or 'thread'", "invalid_session_scope")
