@@ -481,14 +481,21 @@ def paths() -> Schema:
         },
         "/session/{id}": {
             "delete": operation(
-                "closeSession", "Sessions", "Close a live session",
+                "closeSession", "Sessions", "Close a live session, or delete a listed one that is not live",
                 {
-                    "204": {"description": "Closed."},
+                    "204": {"description": "Closed (a live session: its row stays listed), or deleted (a listed "
+                                           "session that is not live: gone from the listing, a load answers 404)."},
                     "400": BAD_CLIENT,
-                    "404": not_found(NO_SESSION),
+                    "404": not_found("No session with this id, live or listed (unknown, or deleted)."),
+                    "409": error("A load resumed the session (or claimed it) before the delete: the load won "
+                                 "(`session_resumed`); a DELETE now closes it."),
                     "504": error("The worker did not confirm the close in time (`close_timeout`)."),
                 },
                 parameters=[SESSION_ID, CLIENT_ID, IDEMPOTENCY_KEY],
+                description="A live session is closed, as the reference closes it, and stays listed (a load "
+                            "resumes it). A listed session that is not live (its worker died, or it was closed) "
+                            "is deleted, in one step against any load of it: docs/api.md, \"Deleting a session\". "
+                            "503 `session_not_released` while its dead worker is not swept yet.",
             )
         },
         "/session/{id}/prompt": {

@@ -19,7 +19,7 @@ from acp_state.commands import Reply
 from acp_state.agents import is_agent_name
 from acp_state.ids import workspace_id
 from acp_state.clock import iso, now_ms
-from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateKey, CreateRecord, IdClaim
+from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateKey, CreateRecord, DeleteOutcome, IdClaim
 
 from . import workspace_ref
 from .auth import principal_of
@@ -354,11 +354,19 @@ async def cancel(request: Request) -> Response:
 
 
 async def close(request: Request) -> Response:
+    """`DELETE /session/:id`: a live session is closed (the reference's close; its row stays
+    listed, and a load resumes it); a listed session that is not live is deleted
+    (`_delete_listed`: docs/api.md, "Deleting a session")."""
     state = app_state(request)
     sid = request.path_params["id"]
     client_id_header(request)
     key = idempotency_key(request)
-    ref, admission = await live_or_first(request, sid, key)
+    try:
+        ref, admission = await live_or_first(request, sid, key)
+    except ApiError as error:
+        if error.status != 404:
+            raise
+        return await _delete_listed(request, sid, key, error)
     request_id = ids.new_id()
     if ref is not None:
         command = commands.Close(sid=sid, request_id=request_id, reason=commands.CLOSED_BY_CLIENT)
@@ -380,6 +388,44 @@ async def close(request: Request) -> Response:
     if not reply.ok:
         raise not_found(sid)
     return Response(status_code=204)
+
+
+async def _delete_listed(request: Request, sid: str, key: str | None, not_live: ApiError) -> Response:
+    """Delete a listed session that is not live, in one step against a load's (see
+    delete_listed.lua): 204 deleted; 404 no such row (`not_live`); 409 `session_resumed`
+    when a load claimed or resumed it first (the load won: the session is, or is becoming,
+    live, and a DELETE now closes it); 503 `session_not_released` while its dead worker's
+    state is not swept (the sweeper removes it as the lease lapses)."""
+    state = app_state(request)
+    ws = await state.locator.workspace_of(sid, principal_of(request)) if ids.is_token(sid) else None
+    if ws is None or ws not in state.workspaces:
+        raise not_live
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + state.settings.close_timeout_s
+    while True:
+        async with effect(state.store.resends):  # a delete sent may have happened: the key tells
+            outcome = await state.store.delete_listed(ws, sid, key)
+        if outcome in (DeleteOutcome.DELETED, DeleteOutcome.REPEAT):
+            state.locator.cache.changed(ws, sid)
+            return Response(status_code=204)
+        if outcome is DeleteOutcome.MISSING:
+            raise not_live
+        if outcome is DeleteOutcome.LOADING:
+            raise resumed_meanwhile(sid)
+        view = await state.store.session(ws, sid)  # LIVE: resumed since, or a dead owner's
+        if view is not None and await state.registry.is_live(view.owner):
+            raise resumed_meanwhile(sid)
+        if loop.time() >= deadline:
+            raise unavailable("the session's last worker has not been swept yet; retry shortly",
+                              "session_not_released", retry_after_s=1, sessionId=sid)
+        await asyncio.sleep(WAIT_STEP_S)
+
+
+def resumed_meanwhile(sid: str) -> ApiError:
+    return ApiError(
+        409, "a load resumed this session while it was being deleted; it is live (a DELETE now closes it)",
+        "session_resumed", sessionId=sid,
+    )
 
 
 async def _await_gone(request: Request, sid: str) -> None:

@@ -20,6 +20,10 @@ from acp_state.ids import workspace_id
 from bench.redis_server import RedisCluster, free_port
 from tests.harness import Harness
 from tests.helpers import create, eventually, is_type, prompt, watched_session_after_a_turn
+from tests.test_delete_persisted import (  # noqa: F401  (collected here, on the cluster)
+    test_a_delete_and_a_load_race_and_exactly_one_wins,
+    test_a_turn_the_sweeper_ended_answers_worker_lost_after_a_resume,
+)
 from tests.test_events import (  # noqa: F401  (collected here, on the cluster)
     test_cached_status_is_never_older_than_a_delivered_event,
     test_client_of_a_killed_api_resumes_on_another_without_loss,

@@ -346,6 +346,7 @@ async def test_apply_keeps_the_newest_ended_turns_and_current_turn_picks_running
 
 async def test_a_listed_session_keeps_its_ended_turns_for_a_resume_which_drops_the_unended(r: aioredis.Redis) -> None:
     await created(r)
+    await r.hset(keys.catalog(WS), SID, "{}")  # listed
     done, running = TurnRecord.queued("p1", "one", 10, None).finished(20, "end_turn", "a"), TurnRecord.queued("p2", "two", 30, None).started(40)
     await r.hset(SESSION, F.PROMPT + "p2", "1")
     await apply(r, **turn_ops(done, running))
@@ -357,6 +358,41 @@ async def test_a_listed_session_keeps_its_ended_turns_for_a_resume_which_drops_t
     assert await r.hkeys(TURNS) == ["p1"]  # the turn that never ended is no turn of the new life
     last = TurnRecord.unpack(await run(r, "CURRENT_TURN", [SESSION, TURNS, ENDED], []))
     assert (last.prompt_id, last.state) == ("p1", TurnState.COMPLETED)
+
+
+async def test_a_delete_ends_the_turn_records_of_the_prompts_it_ends_and_a_resume_keeps_them(r: aioredis.Redis) -> None:
+    """The sweeper's `worker_lost` (or a close's end) reaches each admitted prompt's turn
+    record, running or queued, in the step that deletes the session; an ended record stays."""
+    await created(r)
+    await r.hset(keys.catalog(WS), SID, "{}")
+    done = TurnRecord.queued("p1", "one", 10, None).finished(20, "end_turn", "a")
+    running, queued = TurnRecord.queued("p2", "two", 30, "c1").started(40), TurnRecord.queued("p3", "thr\u00e9e/3", 1796120194490, None)
+    await r.hset(SESSION, mapping={F.PROMPT + "p2": "1", F.PROMPT + "p3": "1"})
+    await apply(r, **turn_ops(done, running, queued))
+    end = {"message": "lost", "code": "worker_lost", "at": "1796120194999", "keep": 64, "ttl": TTL}
+    await apply(r, mode="delete", endturn=end, orphan=events.body("turn_error", {"promptId": "@PID@"}, "@PID@"))
+    assert await r.lrange(ENDED, 0, -1) == ["p1", "p2", "p3"]
+    meta = orjson.dumps({"sessionId": SID, "workspaceCwd": "/w", "createdAt": "t0"}).decode()
+    assert (await apply(r, mode="create", resumed=True, set={F.META: meta, F.EPOCH: "e2"}))[0] == 1
+    records = {pid: TurnRecord.unpack(await r.hget(TURNS, pid)) for pid in ("p1", "p2", "p3")}
+    assert records["p1"] == done
+    assert records["p2"] == running.failed(1796120194999, "lost", "worker_lost")
+    assert records["p3"] == queued.failed(1796120194999, "lost", "worker_lost")
+    last = TurnRecord.unpack(await run(r, "CURRENT_TURN", [SESSION, TURNS, ENDED], []))
+    assert (last.prompt_id, last.state) == ("p3", TurnState.ERROR)
+
+
+async def test_a_resume_of_a_session_deleted_meanwhile_is_refused(r: aioredis.Redis) -> None:
+    """A resumed CREATE publishes only while the session's row stands: a DELETE of the
+    listed session that won against the load leaves it deleted."""
+    meta = orjson.dumps({"sessionId": SID, "workspaceCwd": "/w", "createdAt": "t0"}).decode()
+    assert (await apply(r, mode="create", resumed=True, set={F.META: meta, F.EPOCH: "e2"}))[0] == -1
+    assert not await r.exists(SESSION) and not await r.sismember(keys.live(WS), SID)
+    await r.hset(keys.catalog(WS), SID, "{}")
+    assert (await apply(r, mode="create", resumed=True, set={F.META: meta, F.EPOCH: "e2"}))[0] == 1
+    # A rewrite after a loss (which may have taken the row too) is no resume of a deleted one.
+    await r.delete(keys.catalog(WS))
+    assert (await apply(r, mode="create", resumed=True, missing_only=True, set={F.META: meta, F.EPOCH: "e3"}))[0] == 2
 
 
 # ---- LIST ------------------------------------------------------------------------------

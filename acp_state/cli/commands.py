@@ -303,6 +303,14 @@ async def _check_redis(url: str) -> None:
 async def _run(runner: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace) -> None:
     await _check_redis(args.redis_url)
     await runner(args)
+    if args.command in ("api", "dev") and args.server == "granian":
+        # Every request, stream and the lifespan have ended: exit here. Dropping granian's
+        # server (with the loop, or at the interpreter's exit) joins its Rust connection
+        # tasks, and one whose client sent part of a request and then nothing waits out the
+        # header read timeout, 30 s (`acp-state dev` once overran a 20 s SIGTERM limit so).
+        sys.stdout.flush()
+        logging.shutdown()
+        os._exit(0)
 
 
 def _resolve_listeners(args: argparse.Namespace) -> None:

@@ -19,7 +19,9 @@ from .batching import PerLoopTurn, Script, pipelined
 from .codec import pack_create_record, unpack_create_record
 from .keys import F
 from .side import INBOX_MAXLEN, INBOX_TTL_MS, REPLY_TTL_S, RedisSide
-from .types import ABANDONED, GIVEN, Admission, AdmissionStatus, CreateKey, CreateRecord, IdClaim, VoteOutcome
+from .types import (
+    ABANDONED, GIVEN, Admission, AdmissionStatus, CreateKey, CreateRecord, DeleteOutcome, IdClaim, LoadClaim, VoteOutcome,
+)
 
 # One BLPOP must end well inside the client's socket read timeout (5 s by default since
 # redis-py 8), or the read fails with TimeoutError instead of returning nil.
@@ -41,6 +43,8 @@ class ApiSide(RedisSide):
         self._abandon = Script(self.redis, scripts.ABANDON)
         self._release_single = Script(self.redis, scripts.RELEASE_SINGLE)
         self._claim_sid = Script(self.redis, scripts.CLAIM_SID)
+        self._claim_load = Script(self.redis, scripts.CLAIM_LOAD)
+        self._delete_listed = Script(self.redis, scripts.DELETE_LISTED)
         self._controls = PerLoopTurn(self._send_controls)
         self._tellings = PerLoopTurn(self._send_tellings)
 
@@ -253,10 +257,25 @@ class ApiSide(RedisSide):
         """Drop a claim that did not turn into a live session (compare-and-delete)."""
         await self._release_single([keys.single(ws)], [sid])
 
-    async def claim_load(self, ws: str, sid: str, request: str, ttl_ms: int) -> str | None:
-        """Claim the one load that resumes a session that is not live; None if claimed
-        here, else the request id of the load under way."""
-        return await self.redis.set(keys.load_claim(ws, sid), request, nx=True, px=ttl_ms, get=True)
+    async def claim_load(self, ws: str, sid: str, request: str, ttl_ms: int) -> LoadClaim:
+        """Claim the one load that resumes a session that is not live (scripts.CLAIM_LOAD):
+        OK claimed here, HELD by a load under way, GONE its catalog row is not there (a
+        delete won)."""
+        result = await self._claim_load([keys.load_claim(ws, sid), keys.catalog(ws)], [sid, request, ttl_ms])
+        return LoadClaim(result[0])
+
+    async def delete_listed(self, ws: str, sid: str, idempotency_key: str | None = None) -> DeleteOutcome:
+        """Delete a listed session that is not live (scripts.DELETE_LISTED): its catalog row,
+        turn records, transcript and replay log, unless a load claimed or resumed it."""
+        key_list = [
+            keys.session(ws, sid), keys.load_claim(ws, sid), keys.live(ws), keys.catalog(ws), keys.catalog_order(ws),
+            keys.turns(ws, sid), keys.turns_ended(ws, sid), keys.transcript(ws, sid), keys.events(ws, sid),
+            keys.invalidations(ws), keys.catalog_version(ws), keys.change_log(ws),
+        ]
+        if idempotency_key is not None:
+            key_list.append(keys.idempotency(ws, sid, idempotency_key))
+        result = await self._delete_listed(key_list, [sid, self.retention.catalog_ms, IDEMPOTENCY_TTL_MS])
+        return DeleteOutcome(result)
 
     async def release_load(self, ws: str, sid: str, request: str) -> None:
         """End our load's claim (kept if another load's claim replaced a lapsed one)."""

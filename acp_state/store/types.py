@@ -69,6 +69,25 @@ class VoteOutcome(enum.StrEnum):
     OPTION = "option"  # not one of the offered option ids
 
 
+class DeleteOutcome(enum.StrEnum):
+    """What a DELETE of a listed session that is not live found (`delete_listed`)."""
+
+    DELETED = "deleted"  # its row (and acp-state's records of it) went in this step
+    REPEAT = "repeat"  # the idempotency key's kept first outcome: deleted before
+    LIVE = "live"  # a session hash is there: live (a load resumed it), or its dead owner's
+    LOADING = "loading"  # a load claimed it: the load wins
+    MISSING = "missing"  # no catalog row (never, deleted, or past its retention)
+
+
+class LoadClaim(enum.StrEnum):
+    """What `claim_load` found: the claim is ours, another load's, or there is no row to
+    resume (deleted: DELETE_LISTED won)."""
+
+    OK = "ok"
+    HELD = "held"
+    GONE = "gone"
+
+
 class Mode(enum.Enum):
     """How a transition treats the session as a whole."""
 
