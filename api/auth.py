@@ -34,6 +34,16 @@ class Principal:
     def may(self, ws: str) -> bool:
         return self.workspaces is None or ws in self.workspaces
 
+    @property
+    def name(self) -> str:
+        """A stable name of who calls, for what is kept per caller (a create's
+        `Idempotency-Key`): the role and the token's workspace scope (`*`: every workspace).
+        Tokens of one role and scope share a name: each may do and see what the other may.
+        No token's secret (nor a digest of one) goes into it, so Redis never holds one. A
+        tokenless loopback API has one caller, `admin.*`, as an unscoped admin token."""
+        scope = "*" if self.workspaces is None else "+".join(sorted(self.workspaces)) or "-"
+        return f"{self.role}.{scope}"
+
 
 TRUSTED_LOOPBACK = Principal("admin")
 

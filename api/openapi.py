@@ -81,7 +81,7 @@ WORKSPACE_ID = path_param(
 )
 WORKSPACE = dict(WORKSPACE_ID, name="workspace")
 PROMPT_ID = path_param("promptId", "Prompt id (as returned by `POST /session/:id/prompt`).")
-BAD_WORKSPACE = "Neither a registered workspace's id nor an absolute path of one (`workspace_mismatch`)."
+BAD_WORKSPACE = "Neither the id nor an absolute path of a registered workspace the caller may see (`workspace_mismatch`)."
 CLIENT_ID = {
     "name": "X-Qwen-Client-Id",
     "in": "header",
@@ -459,7 +459,9 @@ def paths() -> Schema:
         "/metrics": {
             "get": operation(
                 "getMetrics", "Discovery", "Prometheus metrics of this API process",
-                {"200": {"description": "Prometheus text exposition.", "content": {"text/plain": {"schema": string()}}}},
+                {"200": {"description": "Prometheus text exposition.", "content": {"text/plain": {"schema": string()}}},
+                 "403": error("Not an admin token (`forbidden`), or one scoped to a workspace "
+                              "(`deployment_scope_required`: the metrics count every workspace's sessions).")},
             )
         },
         "/capabilities": {
@@ -477,8 +479,9 @@ def paths() -> Schema:
                     **TOO_LARGE,
                     "400": error("Bad body, header, workspace (`workspace_mismatch`), scope, session id, or an "
                                  "agent no worker offers (`unknown_agent`)."),
-                    "404": error("The caller's token is scoped to another workspace (`workspace_not_found`)."),
-                    "409": error("A live session already has the requested `sessionId` (`session_exists`)."),
+                    "409": error("A live session of the workspace already has the requested `sessionId` "
+                                 "(`session_exists`), or a session of another workspace, live or listed, holds it "
+                                 "(`session_id_conflict`: ids are unique across workspaces; which one is not said)."),
                     "503": error("No worker has capacity, no live worker offers the agent named "
                                  "(`no_worker_for_agent`), the shared session is being replaced, or the agent failed "
                                  "to start.", RETRY_AFTER),
@@ -630,7 +633,8 @@ def paths() -> Schema:
                     "200": json_response("One page.", ref("SessionList")),
                     "400": error("Bad `size` (`invalid_size`), `archiveState` or `cursor` (`invalid_cursor`). Or: "
                                  + BAD_WORKSPACE),
-                    "404": not_found("The caller's token is scoped to another workspace (`workspace_not_found`)."),
+                    "404": not_found("No route matches the path (a workspace the caller's token may not see is "
+                                     "answered as an unregistered one: 400 `workspace_mismatch`)."),
                 },
                 parameters=[
                     WORKSPACE_ID,
@@ -647,7 +651,8 @@ def paths() -> Schema:
                     "200": json_response("The live state; `ETag` names it.", ref("LiveState")),
                     "304": {"description": "Unchanged since the `If-None-Match` ETag."},
                     "400": error(BAD_WORKSPACE),
-                    "404": not_found("The caller's token is scoped to another workspace (`workspace_not_found`)."),
+                    "404": not_found("No route matches the path (a workspace the caller's token may not see is "
+                                     "answered as an unregistered one: 400 `workspace_mismatch`)."),
                 },
                 parameters=[WORKSPACE, {"name": "If-None-Match", "in": "header", "required": False,
                                         "description": "An ETag of an earlier answer.", "schema": string()}],
@@ -667,7 +672,8 @@ def paths() -> Schema:
                         "content": {"text/event-stream": {"schema": string()}},
                     },
                     "400": error(BAD_WORKSPACE),
-                    "404": not_found("The caller's token is scoped to another workspace (`workspace_not_found`)."),
+                    "404": not_found("No route matches the path (a workspace the caller's token may not see is "
+                                     "answered as an unregistered one: 400 `workspace_mismatch`)."),
                 },
                 parameters=[
                     WORKSPACE,

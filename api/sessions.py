@@ -19,13 +19,13 @@ from acp_state.commands import Reply
 from acp_state.agents import is_agent_name
 from acp_state.ids import workspace_id
 from acp_state.clock import iso, now_ms
-from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateRecord, DeleteOutcome
+from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateKey, CreateRecord, DeleteOutcome, IdClaim
 
 from . import workspace_ref
 from .auth import principal_of
 from .locator import not_found
 from .outcomes import effect, idempotency_key, outcome_unknown
-from .placement import note_told, place, unknown_agent
+from .placement import SESSION_ID_CONFLICT, note_told, place, session_id_conflict, unknown_agent
 from .responses import ApiError, JSON_TYPE, OrjsonResponse, json_body, unavailable
 from .session_requests import client_id_header, live_or_first
 from .state import AppState, app_state
@@ -45,7 +45,7 @@ def gone(admission: Admission) -> bool:
     return admission.status is AdmissionStatus.GONE
 
 
-async def _keep(state: AppState, key: str, sid: str, client_id: str, attached: bool) -> None:
+async def _keep(state: AppState, key: CreateKey, sid: str, client_id: str, attached: bool) -> None:
     """Keep a create's outcome under its key. The create is done and its answer taken: a
     store that cannot keep the outcome now must not turn that success into a refusal (a
     retry then follows the first create's request instead, as if its API had gone)."""
@@ -77,15 +77,14 @@ async def create_session(request: Request) -> Response:
         raise ApiError(400, "request body must be a JSON object", "invalid_request")
     header_client = client_id_header(request)
     cwd = body.get("workspaceCwd", body.get("cwd"))
-    if cwd is None:
-        cwd = state.settings.workspaces[0]
-    # The reference canonicalizes the cwd (resolve + realpath) before matching it.
+    if cwd is None:  # the first workspace the caller may see (the primary, if it may)
+        cwd = next(iter(workspace_ref.visible(request).values()), None)
+    # The reference canonicalizes the cwd (resolve + realpath) before matching it. A
+    # workspace the caller may not see is matched by none: answered as an unknown one.
     found = workspace_ref.find(request, cwd) if isinstance(cwd, str) and os.path.isabs(cwd) else None
     if found is None:
         raise workspace_ref.mismatch(request, cwd if isinstance(cwd, str) else "", "id")
     cwd = state.workspaces[found]
-    if not principal_of(request).may(found):
-        raise ApiError(404, "no such workspace", "workspace_not_found", workspaceCwd=cwd)
     scope = body.get("sessionScope", "single")
     if scope not in ("single", "thread"):
         raise ApiError(400, "sessionScope must be 'single' or 'thread'", "invalid_session_scope")
@@ -98,9 +97,12 @@ async def create_session(request: Request) -> Response:
     ws = workspace_id(cwd)
     client_id = header_client or ids.new_client_id()
     sid = requested or ids.new_id()
-    key = idempotency_key(request)
-    if key is None:
+    given_key = idempotency_key(request)
+    if given_key is None:
         return OrjsonResponse(await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested, agent=agent))
+    # Kept per workspace and per caller: another tenant's (or principal's) same key is
+    # another create, and never learns the first one's session or client id.
+    key = CreateKey(ws, principal_of(request).name, given_key)
     claim_ms = int(state.settings.create_timeout_s * 1000) + 10_000
     first = await state.store.claim_create(key, sid, client_id, claim_ms)
     if first is not None:
@@ -154,6 +156,12 @@ async def _create_or_attach(
         existing = await state.store.session(ws, sid)
         if existing is not None and await state.registry.is_live(existing.owner):
             raise ApiError(409, f'Session "{sid}" is already live', "session_exists", sessionId=sid)
+        # A session id is unique across workspaces: claimed for this one before anything
+        # else (a claim that then fails leaves the id this workspace's, which costs no
+        # other caller anything: the id was this caller's choice). The worker claims it
+        # again as it indexes the session, which also covers the ids it is given unchosen.
+        if await state.store.claim_session_id(ws, sid) is IdClaim.FOREIGN:
+            raise session_id_conflict(sid)
 
     claimed = False
     if scope == "single":
@@ -192,7 +200,7 @@ async def _create_or_attach(
     return {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id, "createdAt": reply.created_at}
 
 
-async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: CreateRecord) -> Response:
+async def _repeated_create(state: AppState, key: CreateKey, ws: str, cwd: str, first: CreateRecord) -> Response:
     """The same create again (same Idempotency-Key): the first one's outcome.
 
     A kept outcome is answered at once. A first create still under way (or whose API gave
@@ -221,6 +229,8 @@ async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: 
         if isinstance(answer, Reply):
             if not answer.ok:
                 await state.store.forget_create(key, record.sid)
+                if answer.code == SESSION_ID_CONFLICT:
+                    raise session_id_conflict(record.sid)
                 raise ApiError(503, answer.error or "the agent could not start", answer.code or "agent_unavailable")
             await note_told(state, ws, record.sid)
             await _keep(state, key, record.sid, record.client_id, record.attached)
@@ -240,7 +250,7 @@ async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: 
     return OrjsonResponse(dict(body, createdAt=row["createdAt"] if row else created_at or iso(now_ms())))
 
 
-async def first_create_outcome(state: AppState, key: str, ws: str, first: CreateRecord) -> CreateRecord | None:
+async def first_create_outcome(state: AppState, key: CreateKey, ws: str, first: CreateRecord) -> CreateRecord | None:
     """How a create whose key record lapsed ended: its answer taken here (told, kept), or
     taken by an API that told the session and died before keeping it (kept), or unknown yet
     (the record is written again, so the next retry follows this same create, and the

@@ -36,6 +36,11 @@ from tests.test_push import (  # noqa: F401
     test_the_inbox_lists_every_wait_oldest_first_and_pages,
 )
 from tests.test_lease import test_kill9_worker_leaves_live_status_within_its_lease  # noqa: F401
+from tests.test_tenants import (  # noqa: F401
+    test_a_session_id_stays_its_workspaces,
+    test_create_keys_are_per_workspace_and_principal,
+    test_the_worker_claims_the_id_and_never_overwrites_another_workspaces,
+)
 from tests.test_loop_detection import (  # noqa: F401
     test_agent_loop_error_reaches_sse_on_another_api_once,
     test_reload_appends_the_turn_error_until_a_newer_prompt_starts,

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from acp_state import commands
 from acp_state.store import keys
 from acp_state.ids import workspace_id
-from acp_state.store import RedisStore
+from acp_state.store import CreateKey, RedisStore
 from acp_state.worker.creates import RECLAIM_MARGIN_S
 from tests.conftest import RedisServer, free_port
 from tests.harness import ApiProcess, EventWatcher, Harness
@@ -487,8 +487,10 @@ async def test_a_retried_create_delivers_the_answer_its_first_api_left(harness: 
     store = RedisStore.from_url(harness.redis_url)
     try:
         sid, request = await _send_create(store, worker.incarnation, workspace, wait_ms=300)
-        assert await store.claim_create("create-left", sid, "client-1") is None
-        await store.note_create_request("create-left", sid, "client-1", request)
+        # The record a tokenless API keeps for this key (its one caller: `admin.*`).
+        key = CreateKey(workspace_id(workspace), "admin.*", "create-left")
+        assert await store.claim_create(key, sid, "client-1") is None
+        await store.note_create_request(key, sid, "client-1", request)
         retried = await api.client.post("/session", json={"cwd": workspace, "sessionScope": "thread"},
                                         headers={"Idempotency-Key": "create-left"})
         assert retried.status_code == 200, retried.text

@@ -5,12 +5,13 @@ documents them, and checks what the script answers and leaves in Redis. The stor
 tests go through RedisStore; these hold each script to its contract on its own.
 
 Here: the templates, a session's transitions (APPLY, SWEEP), the catalog version and turns,
-listings, TOLD, RELEASE_SINGLE and the registry; the scripts that hand commands to an owner
+listings, TOLD, RELEASE_SINGLE, CLAIM_SID (a session id's locator) and the registry; the scripts that hand commands to an owner
 and answer them are in tests/test_lua_commands.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -435,6 +436,42 @@ async def test_release_single_deletes_only_its_own_claim(r: aioredis.Redis) -> N
     assert await r.get(keys.single(WS)) == SID
     assert await run(r, "RELEASE_SINGLE", [keys.single(WS)], [SID]) == 1
     assert not await r.exists(keys.single(WS))
+
+
+# ---- CLAIM_SID -------------------------------------------------------------------------
+
+
+async def test_claim_sid_takes_a_free_id_and_renews_its_own(r: aioredis.Redis) -> None:
+    """A free id becomes the workspace's (1); the same workspace claims it again (2), which
+    renews the locator's TTL but never shortens it."""
+    locator = keys.locator(SID)
+    assert await run(r, "CLAIM_SID", [locator], [WS, TTL]) == 1
+    assert await r.get(locator) == WS and 0 < await r.pttl(locator) <= TTL
+    await r.pexpire(locator, 1000)
+    assert await run(r, "CLAIM_SID", [locator], [WS, TTL]) == 2
+    assert TTL - 5000 < await r.pttl(locator) <= TTL  # renewed
+    assert await run(r, "CLAIM_SID", [locator], [WS, 1000]) == 2
+    assert await r.pttl(locator) > 1000  # a shorter TTL does not cut it
+
+
+async def test_claim_sid_never_takes_another_workspaces_id(r: aioredis.Redis) -> None:
+    """Issue 37 item 5: the locator was overwritten unconditionally (a W2 create took a live
+    W1 session's id). Now a claim of an id another workspace holds writes nothing."""
+    locator, other = keys.locator(SID), "fedcba9876543210"
+    assert await run(r, "CLAIM_SID", [locator], [WS, TTL]) == 1
+    ttl = await r.pttl(locator)
+    assert await run(r, "CLAIM_SID", [locator], [other, 10 * TTL]) == 0
+    assert await r.get(locator) == WS and await r.pttl(locator) <= ttl  # neither the owner nor its TTL changed
+    await r.delete(locator)  # the id's last session left long ago (the locator lapsed)
+    assert await run(r, "CLAIM_SID", [locator], [other, TTL]) == 1
+    assert await r.get(locator) == other
+
+
+async def test_concurrent_claims_of_one_id_have_one_winner(r: aioredis.Redis) -> None:
+    workspaces = [f"{i:016x}" for i in range(20)]
+    answers = await asyncio.gather(*(run(r, "CLAIM_SID", [keys.locator(SID)], [ws, TTL]) for ws in workspaces))
+    assert sorted(answers) == [0] * 19 + [1]
+    assert await r.get(keys.locator(SID)) == workspaces[answers.index(1)]
 
 
 # ---- the registry ----------------------------------------------------------------------

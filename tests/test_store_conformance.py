@@ -23,8 +23,10 @@ from acp_state.store import (
     AdmissionStatus,
     ApplyOutcome,
     CatalogRow,
+    CreateKey,
     DeleteOutcome,
     EndAdmitted,
+    IdClaim,
     LoadClaim,
     Mode,
     PendingInteraction,
@@ -314,6 +316,34 @@ async def test_attach_and_the_single_slot(store: RedisStore) -> None:
     assert await store.claim_single(s.ws, "other", 60_000) == s.sid
     await store.release_single(s.ws, s.sid)
     assert await store.claim_single(s.ws, "other", 60_000) is None
+
+
+async def test_a_session_id_belongs_to_one_workspace(store: RedisStore) -> None:
+    """Issue 37 item 5: a worker's index write claims the id's locator only if it is free or
+    its own workspace's (it overwrote it), and so does the API's claim of a chosen id."""
+    s, other = Session(), secrets.token_hex(8)
+    assert await store.index_session(s.inc, s.ws, s.sid, True)
+    assert await store.index_session(s.inc, s.ws, s.sid, True)  # the same workspace again (a rewrite)
+    assert await store.claim_session_id(s.ws, s.sid) is IdClaim.OURS
+    assert await store.claim_session_id(other, s.sid) is IdClaim.FOREIGN
+    assert not await store.index_session(s.inc, other, s.sid, True)
+    assert await store.locate(s.sid) == s.ws
+    assert (s.ws, s.sid) in await store.worker_index(s.inc)
+    assert (other, s.sid) not in await store.worker_index(s.inc)  # a refused entry is not indexed
+    fresh = new_id()
+    assert await store.claim_session_id(other, fresh) is IdClaim.NEW and await store.locate(fresh) == other
+
+
+async def test_a_create_key_is_kept_per_workspace_and_principal(store: RedisStore) -> None:
+    """Issue 37 item 5: a create's Idempotency-Key record was one per key for the whole
+    deployment; now each workspace and principal has its own."""
+    ws, other = secrets.token_hex(8), secrets.token_hex(8)
+    mine = CreateKey(ws, "user." + ws, "k-1")
+    assert await store.claim_create(mine, "sid-1", "client-1") is None
+    for elsewhere in (CreateKey(other, "user." + other, "k-1"), CreateKey(ws, "admin.*", "k-1")):
+        assert await store.claim_create(elsewhere, "sid-2", "client-2") is None, elsewhere
+        assert (await store.create_record(elsewhere)).sid == "sid-2"
+    assert (await store.claim_create(mine, "sid-3", "client-3")).sid == "sid-1"
 
 
 async def test_list_pages_newest_first_with_live_summaries(store: RedisStore) -> None:

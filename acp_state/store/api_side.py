@@ -19,7 +19,9 @@ from .batching import PerLoopTurn, Script, pipelined
 from .codec import pack_create_record, unpack_create_record
 from .keys import F
 from .side import INBOX_MAXLEN, INBOX_TTL_MS, REPLY_TTL_S, RedisSide
-from .types import ABANDONED, GIVEN, Admission, AdmissionStatus, CreateRecord, DeleteOutcome, LoadClaim, VoteOutcome
+from .types import (
+    ABANDONED, GIVEN, Admission, AdmissionStatus, CreateKey, CreateRecord, DeleteOutcome, IdClaim, LoadClaim, VoteOutcome,
+)
 
 # One BLPOP must end well inside the client's socket read timeout (5 s by default since
 # redis-py 8), or the read fails with TimeoutError instead of returning nil.
@@ -40,6 +42,7 @@ class ApiSide(RedisSide):
         self._take = Script(self.redis, scripts.TAKE)
         self._abandon = Script(self.redis, scripts.ABANDON)
         self._release_single = Script(self.redis, scripts.RELEASE_SINGLE)
+        self._claim_sid = Script(self.redis, scripts.CLAIM_SID)
         self._claim_load = Script(self.redis, scripts.CLAIM_LOAD)
         self._delete_listed = Script(self.redis, scripts.DELETE_LISTED)
         self._controls = PerLoopTurn(self._send_controls)
@@ -184,40 +187,42 @@ class ApiSide(RedisSide):
     # ---- creates ------------------------------------------------------------------------
 
     async def claim_create(
-        self, idempotency_key: str, sid: str, client_id: str, ttl_ms: int = IDEMPOTENCY_TTL_MS
+        self, idempotency_key: CreateKey, sid: str, client_id: str, ttl_ms: int = IDEMPOTENCY_TTL_MS
     ) -> CreateRecord | None:
-        """Record a create under its idempotency key for `ttl_ms` (the create's own time
-        limit, until its outcome is kept); returns the first one's record if there is one."""
+        """Record a create under its idempotency key (scoped to its workspace and principal)
+        for `ttl_ms` (the create's own time limit, until its outcome is kept); returns the
+        first one's record if there is one."""
         record = CreateRecord(sid, client_id, False, None, kept=False)
-        first = await self.redis.set(
-            keys.create_idempotency(idempotency_key), pack_create_record(record), nx=True, px=ttl_ms, get=True
-        )
+        first = await self.redis.set(_create_key(idempotency_key), pack_create_record(record), nx=True, px=ttl_ms, get=True)
         return None if first is None else unpack_create_record(first)
 
-    async def note_create_request(self, idempotency_key: str, sid: str, client_id: str, request: str) -> None:
+    async def note_create_request(self, idempotency_key: CreateKey, sid: str, client_id: str, request: str) -> None:
         """Before a create is sent to a worker: the request whose answer a retry may take or
         abandon."""
         record = CreateRecord(sid, client_id, False, request, kept=False)
-        await self.redis.set(keys.create_idempotency(idempotency_key), pack_create_record(record), xx=True, keepttl=True)
+        await self.redis.set(_create_key(idempotency_key), pack_create_record(record), xx=True, keepttl=True)
 
-    async def keep_create(self, idempotency_key: str, sid: str, client_id: str, attached: bool) -> None:
+    async def keep_create(self, idempotency_key: CreateKey, sid: str, client_id: str, attached: bool) -> None:
         """The create succeeded (or attached to the workspace's shared session), and its
         creator is told: its key answers with that outcome for a day."""
         record = CreateRecord(sid, client_id, attached, None, kept=True)
-        await self.redis.set(
-            keys.create_idempotency(idempotency_key), pack_create_record(record), px=IDEMPOTENCY_TTL_MS
-        )
+        await self.redis.set(_create_key(idempotency_key), pack_create_record(record), px=IDEMPOTENCY_TTL_MS)
 
-    async def forget_create(self, idempotency_key: str, sid: str) -> None:
+    async def forget_create(self, idempotency_key: CreateKey, sid: str) -> None:
         """A create that failed: its key may be used again (if it is still this create's)."""
-        key = keys.create_idempotency(idempotency_key)
+        key = _create_key(idempotency_key)
         first = await self.redis.get(key)
         if first is not None and first.partition(" ")[0] == sid:
             await self.redis.delete(key)
 
-    async def create_record(self, idempotency_key: str) -> CreateRecord | None:
-        value = await self.redis.get(keys.create_idempotency(idempotency_key))
+    async def create_record(self, idempotency_key: CreateKey) -> CreateRecord | None:
+        value = await self.redis.get(_create_key(idempotency_key))
         return None if value is None else unpack_create_record(value)
+
+    async def claim_session_id(self, ws: str, sid: str) -> IdClaim:
+        """Claim session id `sid` for workspace `ws` (scripts.CLAIM_SID, in the locator's
+        slot): FOREIGN if another workspace holds it (nothing written)."""
+        return IdClaim(int(await self._claim_sid([keys.locator(sid)], [ws, self.locator_ttl_ms])))
 
     async def mark_told(self, ws: str, sid: str) -> None:
         """A create's answer was taken: its creator knows the session (F.REQUEST goes, and
@@ -280,3 +285,7 @@ class ApiSide(RedisSide):
         """End our load's claim (kept if another load's claim replaced a lapsed one)."""
         if await self.redis.get(keys.load_claim(ws, sid)) == request:
             await self.redis.delete(keys.load_claim(ws, sid))
+
+
+def _create_key(key: CreateKey) -> str:
+    return keys.create_idempotency(key.ws, key.principal, key.key)

@@ -81,8 +81,12 @@ ABANDON = load("abandon", "replies")
 TAKE = load("take", "replies")
 RECLAIM = load("reclaim", "replies")
 
+# The session id's locator (KEYS: the locator alone, tagged by the session id).
+CLAIM_SID = load("claim_sid")
+
 ALL = {
     "APPLY": APPLY, "SWEEP": SWEEP, "SEND": SEND, "MOVE": MOVE, "VOTE": VOTE, "ATTACH": ATTACH, "VERSION": VERSION, "TOLD": TOLD, "CURRENT_TURN": CURRENT_TURN, "LIST": LIST,
     "RELEASE_SINGLE": RELEASE_SINGLE, "CLAIM_LOAD": CLAIM_LOAD, "DELETE_LISTED": DELETE_LISTED, "ATTENTION_PAGE": ATTENTION_PAGE, "ATTENTION_OF": ATTENTION_OF, "HEARTBEAT": HEARTBEAT, "CLAIM_DEAD": CLAIM_DEAD,
     "RELEASE": RELEASE, "RESIGN": RESIGN, "REPLY": REPLY, "ABANDON": ABANDON, "TAKE": TAKE, "RECLAIM": RECLAIM,
+    "CLAIM_SID": CLAIM_SID,
 }
