@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable
 from .. import logs
 from ..agents import PRESETS, offered_agents, session_modes, with_presets
 from ..moves import default_state_store
-from ..store import MEMORY, RedisStore, Retention, UnsuitableRedis, check_redis
+from ..store import MEMORY, MissingPermission, RedisStore, Retention, UnsuitableRedis, check_permissions, check_redis
 from ..testing import scripted_agent
 from . import secrets
 from .serving import DEFAULT_SERVER, SERVERS, listen_address, serve_http, settle_heap, started, until_signal, url_host
@@ -312,8 +312,18 @@ async def _check_redis(url: str) -> None:
         raise SystemExit(f"acp-state: {secrets.redacted(url)}: {error}") from None
 
 
+async def _check_permissions(url: str, command: str) -> None:
+    """Refuse at once, naming what is missing, a Redis user that may not run what this
+    process runs (deploy/redis/users.acl), rather than fail later with a traceback."""
+    try:
+        await check_permissions(url, command)
+    except MissingPermission as error:
+        raise SystemExit(f"acp-state: {secrets.redacted(url)}: {error}") from None
+
+
 async def _run(runner: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace) -> None:
     await _check_redis(args.redis_url)
+    await _check_permissions(args.redis_url, args.command)
     await runner(args)
 
 
