@@ -8,18 +8,21 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import AsyncIterator, Iterator
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError
 
 from acp_state.ids import workspace_id
 from acp_state.store import keys, scripts
 from acp_state.store.acl import API, WORKER, script_commands, users_acl
-from bench.redis_server import RedisServer, free_port
+from bench.redis_server import RedisServer, free_cluster_port, free_port
 from tests.harness import ROOT, ApiProcess, Harness, SseClient, WorkerProcess
 from tests.helpers import create, eventually, is_type, prompt
 
@@ -38,6 +41,16 @@ def test_the_shipped_file_is_the_roles_of_the_code() -> None:
     assert "XREAD" not in API.commands and "SSUBSCRIBE" in API.commands
 
 
+def acl_file(folder: str, passwords: dict[str, str]) -> str:
+    """The shipped file with its placeholders replaced by `passwords`, in `folder`."""
+    text = SHIPPED.read_text()
+    for user, password in passwords.items():
+        text = text.replace(f">CHANGE-ME-{user}", f">{password}")
+    path = Path(folder) / "users.acl"
+    path.write_text(text)
+    return str(path)
+
+
 class AclRedis(RedisServer):
     """A redis-server that loads the shipped file, its placeholders replaced by passwords."""
 
@@ -46,19 +59,76 @@ class AclRedis(RedisServer):
         super().__init__(username="admin", password=self.passwords["admin"])
 
     def start(self, extra: list[str] | None = None) -> AclRedis:
-        acl_file = Path(self.dir) / "users.acl"
-        text = SHIPPED.read_text()
-        for user, password in self.passwords.items():
-            text = text.replace(f">CHANGE-ME-{user}", f">{password}")
-        acl_file.write_text(text)
-        super().start(["--aclfile", str(acl_file), *(extra or [])])
+        super().start(["--aclfile", acl_file(self.dir, self.passwords), *(extra or [])])
         return self
 
-    def url_of(self, user: str) -> str:
-        return f"redis://{user}@127.0.0.1:{self.port}/0"  # the password comes from the environment
+    def url_of(self, user: str, password: str = "") -> str:
+        """`user`'s URL; without `password` the process takes it from the environment."""
+        return f"redis://{user}{':' + password if password else ''}@127.0.0.1:{self.port}/0"
 
     def client(self, user: str) -> aioredis.Redis:
         return aioredis.Redis(port=self.port, username=user, password=self.passwords[user], decode_responses=True)
+
+    async def node_client(self, user: str, key: str) -> aioredis.Redis:
+        """A plain client of the node serving `key` (sharded pub/sub stays on that node)."""
+        return self.client(user)
+
+    def admin_clients(self) -> list[aioredis.Redis]:
+        return [self.client("admin")]
+
+
+class AclCluster:
+    """A 3-master Redis Cluster whose every node loads the shipped file (set up by the admin)."""
+
+    def __init__(self) -> None:
+        self.passwords = {user: secrets.token_hex(16) for user in USERS}
+        self.nodes = [RedisServer(port=free_cluster_port(), username="admin", password=self.passwords["admin"])
+                      for _ in range(3)]
+
+    def start(self) -> AclCluster:
+        for node in self.nodes:
+            node.start(["--aclfile", acl_file(node.dir, self.passwords), "--cluster-enabled", "yes",
+                        "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"])
+        subprocess.run(
+            ["redis-cli", "--user", "admin", "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+             "--cluster-replicas", "0", "--cluster-yes"],
+            env={**os.environ, "REDISCLI_AUTH": self.passwords["admin"]}, check=True, capture_output=True, timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        for node in self.nodes:
+            client = redis.Redis(port=node.port, username="admin", password=self.passwords["admin"], decode_responses=True)
+            while "cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+                assert time.monotonic() < deadline, "the cluster did not reach cluster_state:ok"
+                time.sleep(0.05)
+            client.close()
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def url_of(self, user: str, password: str = "") -> str:
+        return f"redis+cluster://{user}{':' + password if password else ''}@127.0.0.1:{self.nodes[0].port}"
+
+    def client(self, user: str) -> aioredis.RedisCluster:
+        return aioredis.RedisCluster(host="127.0.0.1", port=self.nodes[0].port, username=user,
+                                     password=self.passwords[user], decode_responses=True)
+
+    async def node_client(self, user: str, key: str) -> aioredis.Redis:
+        cluster = self.client("admin")
+        try:
+            await cluster.initialize()
+            port = cluster.get_node_from_key(key).port
+        finally:
+            await cluster.aclose()
+        return aioredis.Redis(port=port, username=user, password=self.passwords[user], decode_responses=True)
+
+    def admin_clients(self) -> list[aioredis.Redis]:
+        return [aioredis.Redis(port=n.port, username="admin", password=self.passwords["admin"], decode_responses=True)
+                for n in self.nodes]
+
+
+Deployment = AclRedis | AclCluster
 
 
 @pytest.fixture
@@ -68,17 +138,24 @@ def acl_redis() -> Iterator[AclRedis]:
     server.stop()
 
 
+@pytest.fixture(params=["redis", "cluster"])
+def deployment(request: pytest.FixtureRequest) -> Iterator[Deployment]:
+    server = AclRedis().start() if request.param == "redis" else AclCluster().start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-async def admin_harness(acl_redis: AclRedis, workspace: str) -> AsyncIterator[Harness]:
+async def admin_harness(deployment: Deployment, workspace: str) -> AsyncIterator[Harness]:
     """A harness whose own watcher reads as the admin; the processes get their own users."""
-    h = Harness(f"redis://admin:{acl_redis.passwords['admin']}@127.0.0.1:{acl_redis.port}/0", workspace, free_port)
+    h = Harness(deployment.url_of("admin", deployment.passwords["admin"]), workspace, free_port)
     try:
         yield h
     finally:
         await h.stop_all()
 
 
-async def start_worker(h: Harness, server: AclRedis, *args: str, user: str = "worker") -> WorkerProcess:
+async def start_worker(h: Harness, server: Deployment, *args: str, user: str = "worker") -> WorkerProcess:
     process = WorkerProcess(["worker", "--redis-url", server.url_of(user), "--lease-ms", "3000", *args],
                             h.logs / f"worker-{len(h.processes)}.log",
                             env={"ACP_STATE_REDIS_PASSWORD": server.passwords[user]})
@@ -87,7 +164,7 @@ async def start_worker(h: Harness, server: AclRedis, *args: str, user: str = "wo
     return process
 
 
-async def start_api(h: Harness, server: AclRedis) -> ApiProcess:
+async def start_api(h: Harness, server: Deployment) -> ApiProcess:
     port = free_port()
     process = ApiProcess(["api", "--redis-url", server.url_of("api"), "--port", str(port), "--workspace", h.workspace],
                          h.logs / f"api-{len(h.processes)}.log", port)
@@ -97,7 +174,7 @@ async def start_api(h: Harness, server: AclRedis) -> ApiProcess:
     return process
 
 
-async def run_cli(server: AclRedis, user: str, *argv: str) -> tuple[int, str]:
+async def run_cli(server: Deployment, user: str, *argv: str) -> tuple[int, str]:
     """`acp-state ARGV` as `user`, to its end: (exit code, stdout and stderr)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACP_STATE_")}
     process = await asyncio.create_subprocess_exec(
@@ -119,7 +196,7 @@ async def read_as(client: aioredis.Redis, key: str, key_type: str) -> object:
     return await reads[key_type]()
 
 
-async def dashboard_reads_everything_and_writes_nothing(server: AclRedis, ws: str, sid: str) -> None:
+async def dashboard_reads_everything_and_writes_nothing(server: Deployment, ws: str, sid: str) -> None:
     admin, dashboard = server.client("admin"), server.client("dashboard")
     try:
         # Every key of the deployment, of every type the key schema has, reads the same.
@@ -171,9 +248,9 @@ def scripts_sha(name: str) -> str:
 
 
 async def test_every_process_under_its_own_user_through_the_whole_flow(
-    admin_harness: Harness, acl_redis: AclRedis, workspace: str
+    admin_harness: Harness, deployment: Deployment, workspace: str
 ) -> None:
-    h = admin_harness
+    h, acl_redis = admin_harness, deployment
     ws = workspace_id(workspace)
     first = await start_worker(h, acl_redis, "--drain-grace-s", "20")
     api = await start_api(h, acl_redis)
@@ -182,7 +259,7 @@ async def test_every_process_under_its_own_user_through_the_whole_flow(
     await stream.wait_for(lambda f: f["event"] == "session_snapshot")
 
     # The dashboard follows the workspace's change channel and the session's events.
-    dashboard = acl_redis.client("dashboard")
+    dashboard = await acl_redis.node_client("dashboard", keys.invalidations(ws))
     following = dashboard.pubsub()
     await following.ssubscribe(keys.invalidations(ws), keys.events(ws, sid))
     heard: set[str] = set()
@@ -209,9 +286,15 @@ async def test_every_process_under_its_own_user_through_the_whole_flow(
         await following.aclose()
         await dashboard.aclose()
 
-    # `acp-state status` runs as the dashboard.
+    # `acp-state status` runs as the dashboard; a worker as the dashboard stops at start.
     code, out = await run_cli(acl_redis, "dashboard", "status", "--once")
     assert code == 0 and first.incarnation in out, out
+    code, out = await run_cli(acl_redis, "dashboard", "worker")
+    assert code == 1 and "Traceback" not in out, out
+    assert out.strip().splitlines()[-1].startswith(
+        f"acp-state: {acl_redis.url_of('dashboard', '***')}: the Redis user 'dashboard' may not run what acp-state "
+        "worker needs: DEL, EVALSHA, "
+    ), out
 
     # A drain: SIGTERM to the session's worker with another alive; the session moves.
     second = await start_worker(h, acl_redis)
@@ -226,12 +309,12 @@ async def test_every_process_under_its_own_user_through_the_whole_flow(
     await eventually(lambda: _gone(api, sid), "the API answering 404 for the dead worker's session")
     await stream.close()
     # Nothing was refused along the way.
-    admin = acl_redis.client("admin")
-    try:
-        denials = await admin.acl_log()
-        assert not [d for d in denials if d.get("username") != "dashboard"], denials
-    finally:
-        await admin.aclose()
+    for admin in acl_redis.admin_clients():
+        try:
+            denials = await admin.acl_log()
+            assert not [d for d in denials if d.get("username") != "dashboard"], denials
+        finally:
+            await admin.aclose()
     for process in h.processes:
         assert "NOPERM" not in process.log_path.read_text() and "Traceback" not in process.log_path.read_text()
 
