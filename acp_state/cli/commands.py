@@ -349,6 +349,8 @@ def _read_secrets(args: argparse.Namespace) -> None:
     if args.command in ("api", "dev"):
         args.token_specs = secrets.token_specs(args.token, args.token_file, os.environ)
     secrets.scrub_environment()
+    if args.command in ("worker", "dev") and secrets.url_password(args.redis_url):
+        secrets.shield()  # its agents, of its user, must not read the password out of it
 
 
 def _warn_of_visible_secrets(args: argparse.Namespace, argv: list[str]) -> None:

@@ -16,13 +16,18 @@ and its password from the environment (docs/api.md, "Tokens and secrets").
   when the URL holds none.
 
 Once read, the variables leave the process's environment (`scrub_environment`), so the
-agent children a worker spawns, which inherit its environment, never hold them.
+agent children a worker spawns, which inherit its environment, never hold them. They run as
+the worker's user, though, and could read the worker's own initial environment
+(`/proc/<worker>/environ`, which an unsetenv does not change) or its memory: a worker that
+holds a Redis password makes itself non-dumpable (`shield`), which leaves those to root.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
+import sys
 from urllib.parse import quote, urlsplit, urlunsplit
 
 TOKENS_VARIABLE = "ACP_STATE_TOKENS"
@@ -93,6 +98,14 @@ def redacted(url: str) -> str:
         return url
     user, _, host = parts.netloc.rpartition("@")
     return urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}"))
+
+
+def shield() -> None:
+    """Make this process non-dumpable (Linux): its `/proc/<pid>/environ`, `mem` and the like
+    become root's, and no process of its user (an agent's tool call) may ptrace it. Reset by
+    exec, so the agents it spawns stay ordinary (the reaper reads their environment)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
 
 
 def scrub_environment() -> None:
