@@ -351,3 +351,18 @@ async def test_a_wrong_password_stops_at_start_in_one_line(acl_redis: AclRedis) 
         f"acp-state: redis://worker:***@127.0.0.1:{acl_redis.port}/0: Redis refused the login: "
         "invalid username-password pair or user is disabled."
     )
+
+
+async def test_a_full_redis_is_not_taken_for_a_missing_permission() -> None:
+    """Writes queued on a Redis out of memory answer OOM, not NOPERM: the probe names nothing
+    (the process then meets the full Redis as it would without a probe)."""
+    from acp_state.store import MissingPermission, check_permissions
+
+    server = AclRedis().start(["--maxmemory", "1"])
+    try:
+        for user in ("worker", "api"):
+            await check_permissions(server.url_of(user, server.passwords[user]), user)
+        with pytest.raises(MissingPermission, match="may not run what acp-state worker needs: DEL, EVALSHA, "):
+            await check_permissions(server.url_of("dashboard", server.passwords["dashboard"]), "worker")
+    finally:
+        server.stop()

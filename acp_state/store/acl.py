@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
-from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from . import keys, scripts
 from .connection import MEMORY, connect, is_cluster, node_client
@@ -30,6 +30,8 @@ PROBE_KEY = f"{keys.PREFIX}:{{acl-probe}}:k"
 PROBE_CHANNEL = f"{keys.PREFIX}:{{acl-probe}}:inv"  # the same slot: one node answers both
 NO_SUCH_SCRIPT = "0" * 40
 KEY_PATTERN = f"{keys.PREFIX}:*"
+# A Redis that accepts the connection and then says nothing (stalled) is not waited for here.
+PROBE_TIMEOUT_S = 5.0
 
 # The scripts each role runs (`*_side.py`: the worker also sweeps, the API also sweeps).
 SWEEPER_SCRIPTS = ("CLAIM_DEAD", "SWEEP")
@@ -196,39 +198,40 @@ async def _probe(conn: Any, role: Role) -> list[tuple[str, str]]:
         await conn.send_command(*argv)
         return await conn.read_response(push_request=push)  # a subscription answers a push on RESP3
 
-    async def attempt(argv: tuple[Any, ...]) -> None:
+    async def attempt(argv: tuple[Any, ...], label: str | None = None) -> bool:
+        """Run it: True if it ran or was refused for want of a permission (noted); False if
+        Redis answered another error (loading, out of memory): the probe stops there, and
+        the process goes on to meet that state as it would without a probe."""
         try:
-            await call(*argv)
+            await call(*argv, push=argv[0] == "SSUBSCRIBE")
+            return True
         except ResponseError as error:
             if _is_noperm(error):
-                missing.append((_label(argv), str(error)))
+                missing.append((label or _label(argv), str(error)))
+                return True
+            return False
 
     for name in sorted(role.commands & _READS.keys()):
         await attempt(_READS[name])
     if role.commands & {"MULTI", "EXEC"}:
-        try:  # an empty transaction: MULTI and EXEC, nothing run
-            await call("MULTI")
-            await call("EXEC")
-        except ResponseError as error:
-            missing.append(("MULTI / EXEC", str(error)))
+        # An empty transaction: MULTI and EXEC, nothing run. Refused, the probe ends (the
+        # connection may be left inside the MULTI; it is closed after).
+        before = len(missing)
+        if not await attempt(("MULTI",), "MULTI") or len(missing) > before:
+            return missing
+        if not await attempt(("EXEC",), "EXEC") or len(missing) > before:
             return missing
     writes = sorted(role.commands & _WRITES.keys())
     if writes:
-        try:
-            await call("MULTI")
-        except ResponseError as error:
-            return [*missing, *((_label(_WRITES[w]), str(error)) for w in writes)]
+        before = len(missing)
+        if not await attempt(("MULTI",), "MULTI (to probe writes)") or len(missing) > before:
+            return missing
         for name in writes:
-            await attempt(_WRITES[name])  # QUEUED, or NOPERM now
-        try:
-            await call("DISCARD")
-        except ResponseError as error:
-            missing.append(("DISCARD", str(error)))
+            await attempt(_WRITES[name])  # QUEUED, or NOPERM now (another error: not probed)
+        if not await attempt(("DISCARD",), "DISCARD"):
+            return missing
     if role.subscribes:
-        try:  # last: the connection is closed after it, subscribed
-            await call("SSUBSCRIBE", PROBE_CHANNEL, push=True)
-        except ResponseError as error:
-            missing.append(("SSUBSCRIBE", str(error)))
+        await attempt(("SSUBSCRIBE", PROBE_CHANNEL), "SSUBSCRIBE")  # last: the connection is closed after it
     return missing
 
 
@@ -242,12 +245,13 @@ async def check_permissions(url: str, role_name: str) -> None:
     role = ROLES[role_name]
     unknown = role.commands - _READS.keys() - _WRITES.keys() - _UNPROBED
     assert not unknown, f"no probe for {sorted(unknown)}"
-    client = connect(url)
+    client = connect(url, socket_timeout=PROBE_TIMEOUT_S)
     probe_client = client
     try:
         if is_cluster(client):
             await client.initialize()
             probe_client = node_client(client.get_node_from_key(PROBE_KEY))
+            probe_client.connection_pool.connection_kwargs["socket_timeout"] = PROBE_TIMEOUT_S
         username = probe_client.connection_pool.connection_kwargs.get("username") or "default"
         conn = await probe_client.connection_pool.get_connection()
         try:
@@ -260,9 +264,9 @@ async def check_permissions(url: str, role_name: str) -> None:
     except ResponseError as error:  # a cluster client's slot map or command table refused
         if _is_noperm(error):
             raise MissingPermission(f"the Redis user may not set up a cluster client: {error}") from None
-        raise
-    except (RedisConnectionError, OSError):
-        return  # unreachable: the process waits for it
+        return  # another state (loading, ...): the process meets it as it would without a probe
+    except (RedisError, OSError):
+        return  # unreachable or silent: the process waits for it
     finally:
         if probe_client is not client:
             await probe_client.aclose()
