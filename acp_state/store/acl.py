@@ -11,7 +11,7 @@ with nothing written: the reads it runs on a key no acp-state process uses
 (`acp:{acl-probe}:k`), a script by a digest no script has (NOSCRIPT: allowed; NOPERM: not),
 writes that do nothing on that key (a DEL, a PEXPIRE, an XADD NOMKSTREAM), the other writes
 it queues in a MULTI it then DISCARDs (Redis checks a queued command's ACL when
-it queues it), and the sharded subscription it makes and takes back.
+it queues it), and a sharded subscription (the connection is closed after).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
-from redis.exceptions import RedisError
 
 from . import keys, scripts
 from .connection import MEMORY, connect, is_cluster, node_client
@@ -39,15 +38,15 @@ WORKER_SCRIPTS = ("APPLY", "MOVE", "REPLY", "RECLAIM", "HEARTBEAT", "RELEASE", "
 API_SCRIPTS = ("SEND", "VOTE", "ATTACH", "TOLD", "TAKE", "ABANDON", "RELEASE_SINGLE", "LIST", "VERSION",
                "CURRENT_TURN", "ATTENTION_PAGE", "ATTENTION_OF", *SWEEPER_SCRIPTS)
 
-# What every client of a Redis runs: the health check, the version check, a connection's
-# handshake, and on a cluster the slot map, the command table,
-# ASKING during a slot's migration, UNWATCH / DISCARD of redis-py's pipeline.
+# What every client of a Redis runs: the health check and the version check; on a cluster
+# the slot map, the command table and ASKING during a slot's migration. (AUTH and HELLO need
+# no permission.)
 CONNECTION = ("PING", "INFO")
 CLUSTER = ("CLUSTER|SLOTS", "CLUSTER|SHARDS", "COMMAND", "ASKING")
 # The commands a role's code calls itself (`*_side.py`, `command_streams`, `fanout`,
 # `batching`), beside its scripts.
 SCRIPTING = ("EVALSHA", "SCRIPT|LOAD")
-TRANSACTIONS = ("MULTI", "EXEC", "DISCARD")
+TRANSACTIONS = ("MULTI", "EXEC", "DISCARD", "UNWATCH")  # UNWATCH: redis-py's cluster pipeline, on an error
 # The sweeper (both sides run it): its index, its forgetting, the lease view.
 SWEEPER_DIRECT = ("SMEMBERS", "EXISTS", "DEL", "ZREM", "TIME", "ZRANGE", "HMGET")
 WORKER_DIRECT = (
