@@ -1,7 +1,8 @@
-"""Redis ACL roles (issue 37 item 7): deploy/redis/users.acl on a real redis-server, every
-process under its own user through the whole flow (create, prompt, a vote, a drain, a
-sweep); the dashboard user reads every key and follows the change channels but may not
-write or run scripts; a process whose user lacks a permission stops at start, naming it."""
+"""Redis ACL roles (issue 37 item 7): deploy/redis/users.acl on a real redis-server and a
+cluster, every process under its own user through the whole flow (create, prompt, a vote, a
+drain, a sweep, a resume, the reads, a close); the dashboard user reads every key and follows
+the change channels but may not write or run scripts; a process whose user lacks a
+permission stops at start, naming it."""
 
 from __future__ import annotations
 
@@ -308,6 +309,22 @@ async def test_every_process_under_its_own_user_through_the_whole_flow(
     await stream.wait_for(lambda f: f["event"] == "session_died", timeout=60)
     await eventually(lambda: _gone(api, sid), "the API answering 404 for the dead worker's session")
     await stream.close()
+
+    # A resume on a new worker; the API's other routes; a keyed prompt, a cancel, a close.
+    await start_worker(h, acl_redis)
+    resumed = await api.client.post(f"/session/{sid}/load", json={})
+    assert resumed.status_code == 200 and resumed.json()["attached"] is False, resumed.text
+    slow = {"prompt": [{"type": "text", "text": "#slow 30"}]}
+    keyed = [await api.client.post(f"/session/{sid}/prompt", json=slow, headers={"Idempotency-Key": "acl-1"})
+             for _ in range(2)]
+    assert [r.status_code for r in keyed] == [202, 202] and keyed[0].json() == keyed[1].json()
+    assert (await api.client.post(f"/session/{sid}/cancel")).status_code == 204
+    for path in (f"/workspace/{ws}/sessions", f"/workspaces/{ws}/sessions/live-state", "/attention", "/workers",
+                 f"/session/{sid}/transcript", f"/session/{sid}/turns/current", "/capabilities", "/health/ready"):
+        assert (await api.client.get(path)).status_code == 200, path
+    assert (await api.client.post("/sessions/catalog", json={"workspaces": "all"})).status_code == 200
+    assert (await api.client.post("/sessions/live-state", json={"workspaces": [ws]})).status_code == 200
+    assert (await api.client.delete(f"/session/{sid}")).status_code == 204
     # Nothing was refused along the way.
     for admin in acl_redis.admin_clients():
         try:
