@@ -160,9 +160,10 @@ def test_spec_lines_and_the_password_put_in() -> None:
     assert secrets.redacted("redis://h:1/0") == "redis://h:1/0"
 
 
-def test_a_worker_with_a_redis_password_shields_its_memory_from_its_agents() -> None:
-    """Its agents run as its user: non-dumpable, its /proc/<pid>/environ (which still holds
-    the variables it was started with) and its memory are root's alone."""
+def test_a_process_holding_secrets_shields_its_memory_from_its_users_other_processes() -> None:
+    """A worker's agents run as its user: non-dumpable, its /proc/<pid>/environ (which still
+    holds the variables it was started with) and its memory are root's alone. So an API's,
+    when it holds tokens."""
     import subprocess
 
     probe = (
@@ -171,9 +172,14 @@ def test_a_worker_with_a_redis_password_shields_its_memory_from_its_agents() -> 
         "print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)))[1]; commands.main(sys.argv[1:])"
     )
     base = {k: v for k, v in os.environ.items() if not k.startswith("ACP_STATE_")}
-    for env, expected in (({"ACP_STATE_REDIS_PASSWORD": PASSWORD}, "0"), ({}, "1")):
+    for command, env, expected in (
+        ("worker", {"ACP_STATE_REDIS_PASSWORD": PASSWORD}, "0"),
+        ("worker", {}, "1"),
+        ("api", {"ACP_STATE_TOKENS": ENV_TOKEN}, "0"),
+        ("api", {}, "1"),
+    ):
         done = subprocess.run(
-            [sys.executable, "-c", probe, "worker", "--redis-url", "redis://worker@127.0.0.1:1/0"],
+            [sys.executable, "-c", probe, command, "--redis-url", "redis://worker@127.0.0.1:1/0"],
             env={**base, "PYTHONPATH": str(ROOT), **env}, cwd=str(ROOT), capture_output=True, text=True, timeout=60,
         )
         assert done.stdout.strip() == expected, (done.stdout, done.stderr)  # PR_GET_DUMPABLE

@@ -349,8 +349,11 @@ def _read_secrets(args: argparse.Namespace) -> None:
     if args.command in ("api", "dev"):
         args.token_specs = secrets.token_specs(args.token, args.token_file, os.environ)
     secrets.scrub_environment()
-    if args.command in ("worker", "dev") and secrets.url_password(args.redis_url):
-        secrets.shield()  # its agents, of its user, must not read the password out of it
+    # A worker's agents run as its user, and so may other processes of the host: a process
+    # that holds a Redis password or tokens keeps its environment and memory to root.
+    if args.command in ("worker", "api", "dev") and (secrets.url_password(args.redis_url)
+                                                      or getattr(args, "token_specs", None)):
+        secrets.shield()
 
 
 def _warn_of_visible_secrets(args: argparse.Namespace, argv: list[str]) -> None:
