@@ -83,10 +83,15 @@ def free_port(host: str = "127.0.0.1", ports: range | None = None) -> int:
 
 
 class RedisServer:
-    def __init__(self, port: int | None = None, folder: str | None = None) -> None:
+    def __init__(self, port: int | None = None, folder: str | None = None,
+                 username: str | None = None, password: str | None = None) -> None:
         self.port = port or free_port()
         self.dir = folder or tempfile.mkdtemp(prefix="acp-redis-")
         self.process: subprocess.Popen[bytes] | None = None
+        # The credentials this object's own readiness check logs in with, when the server's
+        # `extra` options (an `--aclfile`, `--requirepass`) shut the default user out.
+        self.username = username
+        self.password = password
 
     @property
     def url(self) -> str:
@@ -107,7 +112,7 @@ class RedisServer:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        client = redis.Redis(port=self.port)
+        client = redis.Redis(port=self.port, username=self.username, password=self.password)
         deadline = time.monotonic() + 10
         while True:
             try:
