@@ -29,24 +29,27 @@ from . import (
     metrics,
     permissions,
     sessions,
+    stream_tickets,
     turns,
     web,
     workers,
     workspaces,
 )
-from .auth import Authenticator, AuthMiddleware
+from .auth import TICKET_PRINCIPAL, Authenticator, AuthMiddleware
 from .cache import StateCache
 from .etag import ETagMiddleware
 from .locator import SessionLocator
 from .metrics import RequestCounts, RequestMetrics
 from .placement import LiveReports
 from .openapi import openapi_json
+from .origins import Edge, cors_send
 from .responses import (
     ApiError,
     api_error_handler,
     internal_error_handler,
     store_error_handler,
 )
+from .stream_tickets import TicketError, Tickets
 from .settings import Settings
 from .state import AppState
 
@@ -83,6 +86,7 @@ ROUTES = [
     Route("/permission/{requestId}", permissions.vote_legacy, methods=["POST"]),
     Route("/openapi.json", openapi_json, methods=["GET"]),
     Route("/metrics", metrics.metrics, methods=["GET"]),
+    Route("/stream-tickets", stream_tickets.create_ticket, methods=["POST"]),
     Route("/", web.index, methods=["GET"]),  # the Web Shell
     Mount("/static", web.static_files, name="static"),
 ]
@@ -104,16 +108,32 @@ class ApiApp(Starlette):
     this process's cache (`hot_reads`), and whose session event streams run below it
     (`event_stream.answer`); every other request goes through the stack."""
 
-    def __init__(self, authenticator: Authenticator, counts: RequestCounts, **kwargs: Any) -> None:
+    def __init__(self, authenticator: Authenticator, counts: RequestCounts, edge: Edge, tickets: Tickets,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.authenticator = authenticator
         self.counts = counts
+        self.edge = edge  # the Host and Origin checks, and the CORS answers (`origins`)
+        self.tickets = tickets  # the event streams' single-use tickets (`stream_tickets`)
         # What the lifespan set up (also `state.acp`, for the routes), read here without
         # Starlette's `State.__getattr__`, which raises and catches an AttributeError on
         # every request: a tenth of a kept read's whole cost.
         self.acp: AppState | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            # First, for every path (the hot reads and the streams below the stack too): the
+            # Host and Origin checks, and an event stream's ticket.
+            checked = self.edge.check(scope)
+            if checked is not None:
+                if not isinstance(checked, bytes):  # refused, or an allowed origin's preflight
+                    await checked(scope, receive, send)
+                    return
+                send = cors_send(send, checked)
+            if b"ticket=" in scope["query_string"]:
+                ticket = stream_tickets.presented(scope)
+                if ticket is not None and not await self._redeemed(scope, receive, send, ticket):
+                    return
         state = self.acp
         if await hot_reads.answer(state, self.authenticator, self.counts, scope, send):
             return
@@ -130,6 +150,21 @@ class ApiApp(Starlette):
         # cross five wrappers for nothing.
         scope[event_stream.DIRECT_SEND] = send
         await super().__call__(scope, receive, send)
+
+    async def _redeemed(self, scope: Scope, receive: Receive, send: Send, ticket: str) -> bool:
+        """Spend the stream ticket and keep its principal in the scope for the stream; False:
+        refused (401, or a store error's 503), answered."""
+        if self.acp is None:
+            return True  # not started: the app answers (and a ticket opens nothing without a principal)
+        try:
+            scope[TICKET_PRINCIPAL] = await stream_tickets.redeem(self.tickets, self.acp.store, scope, ticket)
+        except TicketError as refused:
+            await refused.response()(scope, receive, send)
+            return False
+        except STORE_ERRORS as error:
+            await (await store_error_handler(Request(scope, receive), error))(scope, receive, send)
+            return False
+        return True
 
     async def _live_feed(self, state: AppState | None, scope: Scope, receive: Receive, send: Send) -> bool:
         """Serve `GET /workspaces/:workspace/sessions/live-state/events` below Starlette's
@@ -218,9 +253,12 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> ApiApp:
                 await own_store.close()
 
     authenticator, counts = Authenticator(settings.tokens), RequestCounts()
+    edge = Edge(settings.host, settings.allow_origins, has_token=bool(settings.tokens))
     return ApiApp(
         authenticator,
         counts,
+        edge,
+        Tickets(settings.tokens),
         routes=ROUTES,
         lifespan=lifespan,
         exception_handlers={

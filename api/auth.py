@@ -10,7 +10,6 @@ from __future__ import annotations
 import ipaddress
 import secrets
 from dataclasses import dataclass
-from urllib.parse import unquote_to_bytes
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -23,6 +22,8 @@ ROLES = ("user", "channel", "admin")
 # Served to anyone: the probes and the Web Shell's files (the page asks for a token itself).
 OPEN_PATHS = ("/health", "/health/ready", "/")
 OPEN_PREFIXES = ("/static/",)
+# Where `stream_tickets` keeps the principal of a redeemed stream ticket in the scope.
+TICKET_PRINCIPAL = "acp.ticket_principal"
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,16 @@ class Principal:
 
     def may(self, ws: str) -> bool:
         return self.workspaces is None or ws in self.workspaces
+
+    @property
+    def name(self) -> str:
+        """A stable name of who calls, for what is kept per caller (a create's
+        `Idempotency-Key`): the role and the token's workspace scope (`*`: every workspace).
+        Tokens of one role and scope share a name: each may do and see what the other may.
+        No token's secret (nor a digest of one) goes into it, so Redis never holds one. A
+        tokenless loopback API has one caller, `admin.*`, as an unscoped admin token."""
+        scope = "*" if self.workspaces is None else "+".join(sorted(self.workspaces)) or "-"
+        return f"{self.role}.{scope}"
 
 
 TRUSTED_LOOPBACK = Principal("admin")
@@ -81,13 +92,14 @@ class Authenticator:
         self.tokens = [(t.secret.encode(), t.principal()) for t in tokens]
 
     def principal(self, scope: Scope) -> Principal | None:
+        ticketed = scope.get(TICKET_PRINCIPAL)
+        if ticketed is not None:  # an event stream opened with a stream ticket (`stream_tickets`)
+            return ticketed
         if not self.tokens:
             return TRUSTED_LOOPBACK
         header = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, presented = header.partition(b" ")
-        if scheme.lower() != b"bearer":
-            presented = _query_token(scope)
-        if not presented:
+        if scheme.lower() != b"bearer" or not presented:
             return None
         found = None
         for secret, principal in self.tokens:  # compare with every token: no timing oracle
@@ -119,17 +131,6 @@ class AuthMiddleware:
             return
         scope.setdefault("state", {})["principal"] = principal or Principal("user", frozenset())
         await self.app(scope, receive, send)
-
-
-def _query_token(scope: Scope) -> bytes:
-    """`?access_token=` on the event stream only: a browser's EventSource cannot send headers."""
-    if scope["method"] != "GET" or not scope["path"].endswith("/events"):
-        return b""
-    for pair in scope.get("query_string", b"").split(b"&"):
-        name, _, value = pair.partition(b"=")
-        if name == b"access_token":
-            return unquote_to_bytes(value)
-    return b""
 
 
 def principal_of(request: Request) -> Principal:

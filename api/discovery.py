@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from acp_state.agents import offers
 
-from .auth import principal_of
+from . import workspace_ref
 from .responses import MAX_BODY_BYTES, OrjsonResponse
 from .attention import MAX_SIZE as MAX_ATTENTION_PAGE
 from .live_state import MAX_WORKSPACES
@@ -103,11 +103,13 @@ async def agents_on_offer(request: Request) -> list[dict[str, object]]:
 
 
 async def capabilities(request: Request) -> Response:
-    """The reference's envelope; `workspaces` lists those this caller's token may see, the
-    first registered one primary; `agents` the agents a create may name (acp-state's own)."""
+    """The reference's envelope; `workspaces` lists those this caller's token may see, and
+    `workspaceCwd` names the first of them, primary (the first registered one, for a caller
+    that sees every workspace; "" for one that sees none here): no answer names a workspace
+    the caller may not see. `agents` are the agents a create may name (acp-state's own)."""
     state = app_state(request)
-    principal = principal_of(request)
-    primary = state.settings.workspaces[0]
+    seen = workspace_ref.visible(request)
+    primary = next(iter(seen.values()), "")
     return OrjsonResponse(
         {
             "v": 1,
@@ -130,8 +132,7 @@ async def capabilities(request: Request) -> Response:
             },
             "workspaces": [
                 {"id": ws, "cwd": cwd, "primary": cwd == primary, "trusted": True, "workflowsEnabled": False}
-                for ws, cwd in state.workspaces.items()
-                if principal.may(ws)
+                for ws, cwd in seen.items()
             ],
             "agents": await agents_on_offer(request),
         }

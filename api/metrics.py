@@ -62,8 +62,11 @@ class RequestMetrics:
 
 
 async def metrics(request: Request) -> Response:
-    if principal_of(request).role != "admin":
+    principal = principal_of(request)
+    if principal.role != "admin":
         raise ApiError(403, "metrics need an admin token", "forbidden")
+    if principal.workspaces is not None:  # counts of every workspace's sessions, as /workers
+        raise ApiError(403, "the deployment's metrics are not for a workspace-scoped token", "deployment_scope_required")
     state = app_state(request)
     live = await state.registry.live()
     reports = await state.store.worker_reports(live)

@@ -81,7 +81,7 @@ WORKSPACE_ID = path_param(
 )
 WORKSPACE = dict(WORKSPACE_ID, name="workspace")
 PROMPT_ID = path_param("promptId", "Prompt id (as returned by `POST /session/:id/prompt`).")
-BAD_WORKSPACE = "Neither a registered workspace's id nor an absolute path of one (`workspace_mismatch`)."
+BAD_WORKSPACE = "Neither the id nor an absolute path of a registered workspace the caller may see (`workspace_mismatch`)."
 CLIENT_ID = {
     "name": "X-Qwen-Client-Id",
     "in": "header",
@@ -132,6 +132,12 @@ def not_found(description: str) -> Schema:
     return response
 
 
+TICKET = {
+    "name": "ticket", "in": "query", "required": False, "schema": {"type": "string"},
+    "description": "A stream ticket (`POST /stream-tickets`) in place of `Authorization`: it opens this stream once, "
+    "within 60 s; used, expired or for another stream, the answer is 401 (`ticket_used`, `ticket_expired`, "
+    "`ticket_invalid`).",
+}
 TOO_LARGE = {"413": error(f"The body exceeds {MAX_BODY_BYTES} bytes (`body_too_large`).")}
 
 
@@ -140,6 +146,10 @@ def json_body(schema: Schema, required: bool = True) -> Schema:
 
 
 UNAUTHORIZED = error("A bearer token is required (any bind but a tokenless loopback one) and was missing or wrong.")
+EDGE_REFUSED = (
+    "A page of another origin than the API's own and `--allow-origin`'s (`origin_not_allowed`), or, on a loopback "
+    "bind, a `Host` that names no loopback host (`host_not_allowed`)."
+)
 STORE_DOWN = (
     "Redis is unreachable (`store_unavailable`) or out of memory (`store_full`): nothing was taken, retry after "
     "`Retry-After`. Or Redis did not confirm the outcome (`outcome_unknown`): retry with the same `Idempotency-Key`."
@@ -160,6 +170,8 @@ def operation(operation_id: str, tag: str, summary: str, responses: Schema, *, p
     if body is not None:
         op["requestBody"] = body
     op["responses"] = {**responses, "401": UNAUTHORIZED} if auth else dict(responses)
+    forbidden = op["responses"].get("403", {}).get("description")
+    op["responses"]["403"] = error(f"{forbidden} Or: {EDGE_REFUSED}" if forbidden else EDGE_REFUSED)
     bad = op["responses"].get("400", {"description": "The HTTP server rejected a malformed request.", "content": {}})
     op["responses"]["400"] = {**bad, "content": {**bad["content"], "text/plain": {"schema": string()}}}
     if not auth:
@@ -447,7 +459,9 @@ def paths() -> Schema:
         "/metrics": {
             "get": operation(
                 "getMetrics", "Discovery", "Prometheus metrics of this API process",
-                {"200": {"description": "Prometheus text exposition.", "content": {"text/plain": {"schema": string()}}}},
+                {"200": {"description": "Prometheus text exposition.", "content": {"text/plain": {"schema": string()}}},
+                 "403": error("Not an admin token (`forbidden`), or one scoped to a workspace "
+                              "(`deployment_scope_required`: the metrics count every workspace's sessions).")},
             )
         },
         "/capabilities": {
@@ -465,8 +479,9 @@ def paths() -> Schema:
                     **TOO_LARGE,
                     "400": error("Bad body, header, workspace (`workspace_mismatch`), scope, session id, or an "
                                  "agent no worker offers (`unknown_agent`)."),
-                    "404": error("The caller's token is scoped to another workspace (`workspace_not_found`)."),
-                    "409": error("A live session already has the requested `sessionId` (`session_exists`)."),
+                    "409": error("A live session of the workspace already has the requested `sessionId` "
+                                 "(`session_exists`), or a session of another workspace, live or listed, holds it "
+                                 "(`session_id_conflict`: ids are unique across workspaces; which one is not said)."),
                     "503": error("No worker has capacity, no live worker offers the agent named "
                                  "(`no_worker_for_agent`), the shared session is being replaced, or the agent failed "
                                  "to start.", RETRY_AFTER),
@@ -478,14 +493,21 @@ def paths() -> Schema:
         },
         "/session/{id}": {
             "delete": operation(
-                "closeSession", "Sessions", "Close a live session",
+                "closeSession", "Sessions", "Close a live session, or delete a listed one that is not live",
                 {
-                    "204": {"description": "Closed."},
+                    "204": {"description": "Closed (a live session: its row stays listed), or deleted (a listed "
+                                           "session that is not live: gone from the listing, a load answers 404)."},
                     "400": BAD_CLIENT,
-                    "404": not_found(NO_SESSION),
+                    "404": not_found("No session with this id, live or listed (unknown, or deleted)."),
+                    "409": error("A load resumed the session (or claimed it) before the delete: the load won "
+                                 "(`session_resumed`); a DELETE now closes it."),
                     "504": error("The worker did not confirm the close in time (`close_timeout`)."),
                 },
                 parameters=[SESSION_ID, CLIENT_ID, IDEMPOTENCY_KEY],
+                description="A live session is closed, as the reference closes it, and stays listed (a load "
+                            "resumes it). A listed session that is not live (its worker died, or it was closed) "
+                            "is deleted, in one step against any load of it: docs/api.md, \"Deleting a session\". "
+                            "503 `session_not_released` while its dead worker is not swept yet.",
             )
         },
         "/session/{id}/prompt": {
@@ -535,6 +557,7 @@ def paths() -> Schema:
                     query_param("eventEpoch", "The epoch the client's `Last-Event-ID` belongs to.", string()),
                     query_param("maxQueued", "Live events buffered for a slow reader (16-2048).",
                                 string(pattern="^[0-9]+$")),
+                    TICKET,
                 ],
             )
         },
@@ -610,7 +633,8 @@ def paths() -> Schema:
                     "200": json_response("One page.", ref("SessionList")),
                     "400": error("Bad `size` (`invalid_size`), `archiveState` or `cursor` (`invalid_cursor`). Or: "
                                  + BAD_WORKSPACE),
-                    "404": not_found("The caller's token is scoped to another workspace (`workspace_not_found`)."),
+                    "404": not_found("No route matches the path (a workspace the caller's token may not see is "
+                                     "answered as an unregistered one: 400 `workspace_mismatch`)."),
                 },
                 parameters=[
                     WORKSPACE_ID,
@@ -627,7 +651,8 @@ def paths() -> Schema:
                     "200": json_response("The live state; `ETag` names it.", ref("LiveState")),
                     "304": {"description": "Unchanged since the `If-None-Match` ETag."},
                     "400": error(BAD_WORKSPACE),
-                    "404": not_found("The caller's token is scoped to another workspace (`workspace_not_found`)."),
+                    "404": not_found("No route matches the path (a workspace the caller's token may not see is "
+                                     "answered as an unregistered one: 400 `workspace_mismatch`)."),
                 },
                 parameters=[WORKSPACE, {"name": "If-None-Match", "in": "header", "required": False,
                                         "description": "An ETag of an earlier answer.", "schema": string()}],
@@ -647,7 +672,8 @@ def paths() -> Schema:
                         "content": {"text/event-stream": {"schema": string()}},
                     },
                     "400": error(BAD_WORKSPACE),
-                    "404": not_found("The caller's token is scoped to another workspace (`workspace_not_found`)."),
+                    "404": not_found("No route matches the path (a workspace the caller's token may not see is "
+                                     "answered as an unregistered one: 400 `workspace_mismatch`)."),
                 },
                 parameters=[
                     WORKSPACE,
@@ -658,6 +684,7 @@ def paths() -> Schema:
                                 "wins).", string(pattern="^[0-9]+(-[0-9A-Za-z]+)?$")),
                     query_param("generation", "The generation of a bare revision (a generation in the id wins).",
                                 string()),
+                    TICKET,
                 ],
             )
         },
@@ -692,7 +719,25 @@ def paths() -> Schema:
                      "value opens a fresh stream (a snapshot)."},
                     query_param("lastEventId", "As `Last-Event-ID`, for clients that cannot send it (the header "
                                 "wins).", string(pattern="^[0-9]+(-[0-9A-Za-z]+)?$")),
+                    TICKET,
                 ],
+            )
+        },
+        "/stream-tickets": {
+            "post": operation(
+                "createStreamTicket", "Prompts and events",
+                "A single-use ticket that opens one event stream, for clients that cannot send `Authorization`",
+                {
+                    "200": json_response(
+                        "The ticket: pass it as `?ticket=` to the stream at `path` within 60 s (`expiresAt`, epoch "
+                        "ms); it opens that stream once, as the caller.",
+                        obj({"ticket": string(), "expiresAt": integer(minimum=0), "path": string()}),
+                    ),
+                    "400": error("Not JSON (`invalid_json`), or `path` names no event stream (`invalid_stream_path`)."),
+                    **TOO_LARGE,
+                },
+                body=json_body(obj({"path": string()})),
+                store=False,
             )
         },
         "/workers": {

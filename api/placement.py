@@ -108,6 +108,17 @@ def not_resumable(sid: str) -> ApiError:
                     "not_resumable", sessionId=sid)
 
 
+# A worker's refusal of a create whose session id another workspace holds (worker/creates.py).
+SESSION_ID_CONFLICT = "session_id_conflict"
+
+
+def session_id_conflict(sid: str) -> ApiError:
+    """409: a session id is unique across workspaces, and this one is held by a session
+    (live or listed) of a workspace other than the create's. Which one is not said: the
+    caller may not see it."""
+    return ApiError(409, f'Session id "{sid}" is taken; choose another', SESSION_ID_CONFLICT, sessionId=sid)
+
+
 def unknown_agent(agent: Any) -> ApiError:
     return ApiError(400, f"no worker offers an agent named {agent!r} (see /capabilities)", "unknown_agent", agent=agent)
 
@@ -152,6 +163,8 @@ async def place(
         code = reply.code or "agent_unavailable"
         if code == "not_resumable":
             raise not_resumable(command.sid)
+        if code == SESSION_ID_CONFLICT:
+            raise session_id_conflict(command.sid)
         if code not in ("worker_full", "agent_not_offered", "worker_draining"):
             raise ApiError(503, reply.error or "the agent could not start", code)
     raise unavailable("no live worker has spare capacity", "no_worker_capacity", retry_after_s=2)

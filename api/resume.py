@@ -13,13 +13,14 @@ import asyncio
 
 from acp_state import commands, ids
 from acp_state.moves import Carry
+from acp_state.store import LoadClaim
 
 from .auth import Principal
 from .cache import CachedSession
 from .locator import not_found
 from .outcomes import effect
 from .placement import not_resumable, place
-from .responses import unavailable
+from .responses import ApiError, unavailable
 from .state import AppState
 
 WAIT_STEP_S = 0.05
@@ -28,7 +29,8 @@ WAIT_STEP_S = 0.05
 async def resume(state: AppState, sid: str, principal: Principal, client_id: str) -> tuple[CachedSession, bool]:
     """Make the persisted session `sid` live again; answers it as `locator.live` does, and
     whether this call resumed it (the others attached to the session it resumed).
-    404: unknown here; 409 `not_resumable`: its agent cannot load sessions; 503: no live
+    404: unknown here, or deleted (before this load claimed it: a delete and a load race in
+    one slot, and exactly one wins); 409 `not_resumable`: its agent cannot load sessions; 503: no live
     worker can resume it now (`no_worker_for_state_store`, `no_worker_for_agent`), or its
     dead worker's state is not swept yet (`session_not_released`)."""
     ws = await state.locator.workspace_of(sid, principal) if ids.is_token(sid) else None
@@ -45,7 +47,10 @@ async def resume(state: AppState, sid: str, principal: Principal, client_id: str
         view = await state.store.session(ws, sid)
         if view is not None and await state.registry.is_live(view.owner):
             return await state.locator.live(sid, principal), False  # resumed elsewhere meanwhile
-        if view is None and await state.store.claim_load(ws, sid, request, claim_ms) is None:
+        claim = await state.store.claim_load(ws, sid, request, claim_ms) if view is None else None
+        if claim is LoadClaim.GONE:
+            raise not_found(sid)  # deleted meanwhile (DELETE /session/:id won the race)
+        if claim is LoadClaim.OK:
             try:
                 await _load(state, ws, sid, row, client_id)
             finally:
@@ -74,5 +79,12 @@ async def _load(state: AppState, ws: str, sid: str, row: dict, client_id: str) -
             load=carry.history, agent_sid=row.get("agentSessionId"), carry=carry.pack(),
         )
 
-    async with effect(state.store.resends):  # a load sent to a worker may have happened
-        await place(state, create, agent=row.get("agent"), state_store=row.get("stateStore"))
+    try:
+        async with effect(state.store.resends):  # a load sent to a worker may have happened
+            await place(state, create, agent=row.get("agent"), state_store=row.get("stateStore"))
+    except ApiError as error:
+        # The worker's publish was refused: the session was deleted meanwhile (a delete
+        # that came after this load's claim lapsed), or is another's.
+        if error.body.get("code") == "session_conflict" and await state.store.catalog_row(ws, sid) is None:
+            raise not_found(sid) from error
+        raise

@@ -19,13 +19,13 @@ from acp_state.commands import Reply
 from acp_state.agents import is_agent_name
 from acp_state.ids import workspace_id
 from acp_state.clock import iso, now_ms
-from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateRecord
+from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateKey, CreateRecord, DeleteOutcome, IdClaim
 
 from . import workspace_ref
 from .auth import principal_of
 from .locator import not_found
 from .outcomes import effect, idempotency_key, outcome_unknown
-from .placement import note_told, place, unknown_agent
+from .placement import SESSION_ID_CONFLICT, note_told, place, session_id_conflict, unknown_agent
 from .responses import ApiError, JSON_TYPE, OrjsonResponse, json_body, unavailable
 from .session_requests import client_id_header, live_or_first
 from .state import AppState, app_state
@@ -45,7 +45,7 @@ def gone(admission: Admission) -> bool:
     return admission.status is AdmissionStatus.GONE
 
 
-async def _keep(state: AppState, key: str, sid: str, client_id: str, attached: bool) -> None:
+async def _keep(state: AppState, key: CreateKey, sid: str, client_id: str, attached: bool) -> None:
     """Keep a create's outcome under its key. The create is done and its answer taken: a
     store that cannot keep the outcome now must not turn that success into a refusal (a
     retry then follows the first create's request instead, as if its API had gone)."""
@@ -77,15 +77,14 @@ async def create_session(request: Request) -> Response:
         raise ApiError(400, "request body must be a JSON object", "invalid_request")
     header_client = client_id_header(request)
     cwd = body.get("workspaceCwd", body.get("cwd"))
-    if cwd is None:
-        cwd = state.settings.workspaces[0]
-    # The reference canonicalizes the cwd (resolve + realpath) before matching it.
+    if cwd is None:  # the first workspace the caller may see (the primary, if it may)
+        cwd = next(iter(workspace_ref.visible(request).values()), None)
+    # The reference canonicalizes the cwd (resolve + realpath) before matching it. A
+    # workspace the caller may not see is matched by none: answered as an unknown one.
     found = workspace_ref.find(request, cwd) if isinstance(cwd, str) and os.path.isabs(cwd) else None
     if found is None:
         raise workspace_ref.mismatch(request, cwd if isinstance(cwd, str) else "", "id")
     cwd = state.workspaces[found]
-    if not principal_of(request).may(found):
-        raise ApiError(404, "no such workspace", "workspace_not_found", workspaceCwd=cwd)
     scope = body.get("sessionScope", "single")
     if scope not in ("single", "thread"):
         raise ApiError(400, "sessionScope must be 'single' or 'thread'", "invalid_session_scope")
@@ -98,9 +97,12 @@ async def create_session(request: Request) -> Response:
     ws = workspace_id(cwd)
     client_id = header_client or ids.new_client_id()
     sid = requested or ids.new_id()
-    key = idempotency_key(request)
-    if key is None:
+    given_key = idempotency_key(request)
+    if given_key is None:
         return OrjsonResponse(await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested, agent=agent))
+    # Kept per workspace and per caller: another tenant's (or principal's) same key is
+    # another create, and never learns the first one's session or client id.
+    key = CreateKey(ws, principal_of(request).name, given_key)
     claim_ms = int(state.settings.create_timeout_s * 1000) + 10_000
     first = await state.store.claim_create(key, sid, client_id, claim_ms)
     if first is not None:
@@ -154,6 +156,12 @@ async def _create_or_attach(
         existing = await state.store.session(ws, sid)
         if existing is not None and await state.registry.is_live(existing.owner):
             raise ApiError(409, f'Session "{sid}" is already live', "session_exists", sessionId=sid)
+        # A session id is unique across workspaces: claimed for this one before anything
+        # else (a claim that then fails leaves the id this workspace's, which costs no
+        # other caller anything: the id was this caller's choice). The worker claims it
+        # again as it indexes the session, which also covers the ids it is given unchosen.
+        if await state.store.claim_session_id(ws, sid) is IdClaim.FOREIGN:
+            raise session_id_conflict(sid)
 
     claimed = False
     if scope == "single":
@@ -192,7 +200,7 @@ async def _create_or_attach(
     return {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id, "createdAt": reply.created_at}
 
 
-async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: CreateRecord) -> Response:
+async def _repeated_create(state: AppState, key: CreateKey, ws: str, cwd: str, first: CreateRecord) -> Response:
     """The same create again (same Idempotency-Key): the first one's outcome.
 
     A kept outcome is answered at once. A first create still under way (or whose API gave
@@ -221,6 +229,8 @@ async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: 
         if isinstance(answer, Reply):
             if not answer.ok:
                 await state.store.forget_create(key, record.sid)
+                if answer.code == SESSION_ID_CONFLICT:
+                    raise session_id_conflict(record.sid)
                 raise ApiError(503, answer.error or "the agent could not start", answer.code or "agent_unavailable")
             await note_told(state, ws, record.sid)
             await _keep(state, key, record.sid, record.client_id, record.attached)
@@ -240,7 +250,7 @@ async def _repeated_create(state: AppState, key: str, ws: str, cwd: str, first: 
     return OrjsonResponse(dict(body, createdAt=row["createdAt"] if row else created_at or iso(now_ms())))
 
 
-async def first_create_outcome(state: AppState, key: str, ws: str, first: CreateRecord) -> CreateRecord | None:
+async def first_create_outcome(state: AppState, key: CreateKey, ws: str, first: CreateRecord) -> CreateRecord | None:
     """How a create whose key record lapsed ended: its answer taken here (told, kept), or
     taken by an API that told the session and died before keeping it (kept), or unknown yet
     (the record is written again, so the next retry follows this same create, and the
@@ -344,11 +354,19 @@ async def cancel(request: Request) -> Response:
 
 
 async def close(request: Request) -> Response:
+    """`DELETE /session/:id`: a live session is closed (the reference's close; its row stays
+    listed, and a load resumes it); a listed session that is not live is deleted
+    (`_delete_listed`: docs/api.md, "Deleting a session")."""
     state = app_state(request)
     sid = request.path_params["id"]
     client_id_header(request)
     key = idempotency_key(request)
-    ref, admission = await live_or_first(request, sid, key)
+    try:
+        ref, admission = await live_or_first(request, sid, key)
+    except ApiError as error:
+        if error.status != 404:
+            raise
+        return await _delete_listed(request, sid, key, error)
     request_id = ids.new_id()
     if ref is not None:
         command = commands.Close(sid=sid, request_id=request_id, reason=commands.CLOSED_BY_CLIENT)
@@ -370,6 +388,44 @@ async def close(request: Request) -> Response:
     if not reply.ok:
         raise not_found(sid)
     return Response(status_code=204)
+
+
+async def _delete_listed(request: Request, sid: str, key: str | None, not_live: ApiError) -> Response:
+    """Delete a listed session that is not live, in one step against a load's (see
+    delete_listed.lua): 204 deleted; 404 no such row (`not_live`); 409 `session_resumed`
+    when a load claimed or resumed it first (the load won: the session is, or is becoming,
+    live, and a DELETE now closes it); 503 `session_not_released` while its dead worker's
+    state is not swept (the sweeper removes it as the lease lapses)."""
+    state = app_state(request)
+    ws = await state.locator.workspace_of(sid, principal_of(request)) if ids.is_token(sid) else None
+    if ws is None or ws not in state.workspaces:
+        raise not_live
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + state.settings.close_timeout_s
+    while True:
+        async with effect(state.store.resends):  # a delete sent may have happened: the key tells
+            outcome = await state.store.delete_listed(ws, sid, key)
+        if outcome in (DeleteOutcome.DELETED, DeleteOutcome.REPEAT):
+            state.locator.cache.changed(ws, sid)
+            return Response(status_code=204)
+        if outcome is DeleteOutcome.MISSING:
+            raise not_live
+        if outcome is DeleteOutcome.LOADING:
+            raise resumed_meanwhile(sid)
+        view = await state.store.session(ws, sid)  # LIVE: resumed since, or a dead owner's
+        if view is not None and await state.registry.is_live(view.owner):
+            raise resumed_meanwhile(sid)
+        if loop.time() >= deadline:
+            raise unavailable("the session's last worker has not been swept yet; retry shortly",
+                              "session_not_released", retry_after_s=1, sessionId=sid)
+        await asyncio.sleep(WAIT_STEP_S)
+
+
+def resumed_meanwhile(sid: str) -> ApiError:
+    return ApiError(
+        409, "a load resumed this session while it was being deleted; it is live (a DELETE now closes it)",
+        "session_resumed", sessionId=sid,
+    )
 
 
 async def _await_gone(request: Request, sid: str) -> None:

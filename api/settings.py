@@ -21,6 +21,7 @@ class Settings:
     sweep_interval_s: float = 5.0
     tokens: list[Token] = field(default_factory=list)
     sse_send_timeout_s: float = 10.0
+    allow_origins: list[str] = field(default_factory=list)  # --allow-origin: pages of other origins that may call
 
     def workspace_cwds(self) -> dict[str, str]:
         """Registered workspaces by id (first 16 hex chars of sha256 of the cwd)."""

@@ -26,19 +26,29 @@ def canonical(path: str) -> str:
 
 def resolve(request: Request, param: str) -> str:
     """The id of the registered workspace the path parameter `param` names (a 400 the
-    reference's way when none; a 404 when this caller's token may not see it)."""
+    reference's way when none). A workspace the caller's token may not see is none: it is
+    answered exactly as one that is not registered, so no answer tells a scoped token which
+    paths or ids are another tenant's."""
     selector = request.path_params[param]
     ws = find(request, selector)
     if ws is None:
         raise mismatch(request, selector, param)
-    if not principal_of(request).may(ws):
-        raise ApiError(404, f'No workspace with id "{ws}"', "workspace_not_found", workspaceId=ws)
     return ws
 
 
-def find(request: Request, selector: str) -> str | None:
-    """The registered workspace `selector` names by id or by absolute path, if any."""
+def visible(request: Request) -> dict[str, str]:
+    """The registered workspaces (id -> cwd, in registration order) the caller may see."""
     workspaces = app_state(request).workspaces
+    principal = principal_of(request)
+    if principal.workspaces is None:
+        return workspaces
+    return {ws: cwd for ws, cwd in workspaces.items() if principal.may(ws)}
+
+
+def find(request: Request, selector: str) -> str | None:
+    """The registered workspace the caller may see that `selector` names by id or by
+    absolute path, if any."""
+    workspaces = visible(request)
     if selector in workspaces:
         return selector
     if not os.path.isabs(selector):
@@ -52,26 +62,37 @@ def find(request: Request, selector: str) -> str | None:
 
 def mismatch(request: Request, selector: str, param: str) -> ApiError:
     """The reference's answers: a selector that is neither an id nor an absolute path, and
-    an absolute path of no registered workspace (worded per route family, as it does)."""
+    an absolute path of no registered workspace (worded per route family, as it does).
+
+    They name the workspaces the daemon is bound to, so they name only those the caller may
+    see (a scoped token's own), count only those, and echo the requested path without
+    reading the file system for it (its real path could name another tenant's directory)."""
     if not os.path.isabs(selector):
         return ApiError(400, f"`:{param}` must decode to a workspace id or absolute path", MISMATCH)
-    settings = app_state(request).settings
+    bound_to = list(visible(request).values())
+    scoped = principal_of(request).workspaces is not None
+    requested = os.path.normpath(selector) if scoped else canonical(selector)
     if param == "workspace":
         return ApiError(
             400, "Workspace mismatch: the requested workspace is not registered with this daemon.", MISMATCH,
-            workspaceCount=len(settings.workspaces),
+            workspaceCount=len(bound_to),
         )
-    bound = settings.workspaces[0]
-    if len(settings.workspaces) > 1:
+    if not bound_to:
+        return ApiError(
+            400, "Workspace mismatch: the requested workspace is not registered with this daemon.", MISMATCH,
+            workspaceCount=0, requestedWorkspace=requested,
+        )
+    bound = bound_to[0]
+    if len(bound_to) > 1:
         return ApiError(
             400,
-            f"Workspace mismatch: daemon is bound to {len(settings.workspaces)} workspaces; "
+            f"Workspace mismatch: daemon is bound to {len(bound_to)} workspaces; "
             "none matched the requested workspace.",
-            MISMATCH, boundWorkspace=bound, workspaceCount=len(settings.workspaces), requestedWorkspace=canonical(selector),
+            MISMATCH, boundWorkspace=bound, workspaceCount=len(bound_to), requestedWorkspace=requested,
         )
     return ApiError(
         400, f'Workspace mismatch: daemon is bound to "{bound}"', MISMATCH,
-        boundWorkspace=bound, requestedWorkspace=canonical(selector),
+        boundWorkspace=bound, requestedWorkspace=requested,
     )
 
 

@@ -34,7 +34,7 @@ from acp_state.store import RedisStore
 
 from . import chaos_check, chaos_network
 from .chaos_faults import Faults
-from .chaos_history import WORKER_NAME, RecordedProcess, Recorder, log, now
+from .chaos_history import WORKER_NAME, LeaseWatch, RecordedProcess, Recorder, log, now, record_agent_writes
 from .chaos_load import HOSTS_TOKEN, Load
 from .chaos_redis import ChaosRedis, ChaosRedisCluster
 from .chaos_schedule import (
@@ -183,6 +183,8 @@ class Chaos:
             raise
         log(f"Redis up on {self.redis.ports}")
         load: Load | None = None
+        # Every lease deadline and declared death, from before the first worker registers.
+        watch = LeaseWatch(self.rec, self.redis.alive_ports, self.lease_ms / 12000, asyncio.get_running_loop()).start()
         try:
             for slot in range(WORKERS):
                 await self.start_worker(slot)
@@ -219,7 +221,11 @@ class Chaos:
                 await load.close()
             await self.terminate_all("worker", [p for p in self.workers + self.faults.drained if p is not None and p.alive])
             await self.terminate_all("api", self.apis)
-            log("processes stopped; scanning acp:* keys for TTLs")
+            await asyncio.to_thread(watch.stop)
+            await asyncio.sleep(0)  # the watch's last records
+            written = record_agent_writes(self.rec, self.agent_home / ".acp-state-scripted")
+            log(f"processes stopped; {watch.reads} registry reads, {written} agent history writes recorded; "
+                "scanning acp:* keys for TTLs")
             try:
                 await self.scan_ttls()
             finally:

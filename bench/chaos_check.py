@@ -25,6 +25,17 @@ The history is JSON lines, one record each, in the order the run wrote them (`se
               `worker_drain`, t_start is when it was told to drain and `detail` has
               `grace_s`, `via` (sigterm | cli), `replacement`, `exit`, `killed_at` (if it had
               to be killed).
+``lease``     {inc, deadline, redis_ms, t}: the registry's deadline of an incarnation changed
+              (its last accepted renewal + its lease, epoch ms of Redis's clock), read by the
+              run's lease watch every twelfth of a lease.
+``lease_dead`` {inc, at, redis_ms, t}: the incarnation showed among the tombstones; `at` is
+              when it was declared dead (epoch ms, Redis's clock).
+``agent_write`` {sid, inc, t, end, prior, pid, text}: one turn the scripted agent wrote to the
+              session's shared history (its `writes.log`, read at the end): the incarnation
+              that sent the turn, the wall-clock time right after the write, the file's size
+              after it, the turns the writing process knew of before it, the prompt text.
+``agent_history`` {sid, size, texts}: a session's history as left at the end (what a resume
+              replays): the file's size and its turns' prompt texts.
 ``listing``   {t, sids}: every session id the workspace listing showed at the end.
 ``keys``      {node, t, keys: [[key, type, pttl], ...]}: the final TTL scan of one node.
 ``end``       {t}
@@ -37,7 +48,9 @@ c nothing visible after its death, d acknowledged prompts reach exactly one term
 e winning votes reach the agent, f no live session swept by a store outage, g unknown
 outcomes are said and retries are consistent, h every `acp:` key has a TTL at the end,
 i a drain moves sessions (the old owner writes nothing after a move; drain stops and
-closes only where they must happen).
+closes only where they must happen), j dead stays dead down to the agent (no history write
+of an incarnation after a sweeper may declare it dead; a resumed conversation holds no turn
+told `worker_lost` and loses none of the resumer's).
 
 A move (`session_moved`, written by the new owner in the step that makes it the owner) is
 not an end: the session keeps its id, its log and its epoch, and its owner changes there.
@@ -66,12 +79,14 @@ INVARIANTS = {
     "g": "unknown outcomes are said; retries consistent with effects",
     "h": "every acp: key has a TTL at the end",
     "i": "a move hands a session over whole; drains stop and close only where they must",
+    "j": "dead stays dead down to the agent: no history write past the lease",
 }
 
-# Faults that stop a worker from reaching Redis for a while: SIGSTOP, and across hosts
+# Faults that stop a worker from reaching Redis for a while: SIGSTOP (of the worker alone
+# for `worker_stop_alone`: its agents run on, to be stopped by its fence), and across hosts
 # (bench/chaos_network.py) a cut of the worker's host from Redis. Past its lease either one
 # is declared dead: its sessions may die `worker_lost`, as a killed worker's do.
-STOPPING = ("worker_stop", "host_partition", "host_partition_oneway", "half_open", "link_down")
+STOPPING = ("worker_stop", "worker_stop_alone", "host_partition", "host_partition_oneway", "half_open", "link_down")
 TERMINALS = ("turn_complete", "turn_error")
 ENDINGS = ("session_died", "session_closed")
 # A drain handed the session to another worker: not an end (worker/drain.py).
@@ -1054,6 +1069,120 @@ def check_h_ttls(h: History, report: Report) -> None:
     report.counts["keys scanned"] = scanned
 
 
+def check_j_dead_down_to_the_agent(h: History, report: Report) -> None:
+    """Dead stays dead down to the agent. Against the history the agents wrote (`agent_write`,
+    `agent_history`, both named by the agent's own session id, which the prompts' `k=` tags
+    tie to the session) and the leases the registry held (`lease`, `lease_dead`):
+
+    * no write stamped with incarnation I comes after I's deadline, the moment from which a
+      sweeper may declare I dead (its last accepted renewal + its lease, Redis's clock; the
+      agent stamps a write right after it, on the same machine's clock);
+    * a history (what a resume replays) holds no turn whose clients were told it ended
+      `worker_lost`, unless the agent wrote it before its worker's deadline (the turn ended
+      at the agent while the lease held, and its end was lost with the worker: noted);
+    * every turn a client was told completed (`end_turn`) is in a history, and each write
+      knew of every turn the file held before it (`prior` equals its place): a child that
+      kept a session while another wrote to it would lose the resumer's turns."""
+    writes = [r for r in h.records if r.get("kind") == "agent_write"]
+    histories = {r["sid"]: r for r in h.records if r.get("kind") == "agent_history"}
+    if not writes and not histories:
+        return  # a run that recorded no agent history (older histories)
+    deadlines: dict[str, float] = {}
+    for r in h.records:
+        if r.get("kind") == "lease" and r.get("inc") and r.get("deadline") is not None:
+            deadlines[r["inc"]] = max(deadlines.get(r["inc"], 0.0), r["deadline"] / 1000)
+    declared = {r["inc"]: r["at"] / 1000 for r in h.records if r.get("kind") == "lease_dead" and r.get("inc")}
+    report.counts["agent history writes"] = len(writes)
+    report.counts["incarnations declared dead"] = len(declared)
+
+    # Each prompt by its key (the `k=` tag of its text): its session, and what its clients
+    # were told of its end.
+    acked = acknowledged_prompts(h)
+    asked = {tag: answer for answer in acked.values() for tag in TAG.findall(answer.get("text") or "")[:1]}
+    told: dict[str, dict[str, Any]] = {}
+    for e in h.events_of_type(*TERMINALS):
+        answer = acked.get(envelope_prompt_id(e["env"]) or "")
+        for tag in TAG.findall(answer.get("text") or "")[:1] if answer else []:
+            told.setdefault(tag, {"promptId": envelope_prompt_id(e["env"]), "sid": answer.get("sid"), "env": e["env"]})
+
+    def session_of(text: str | None) -> str | None:
+        return next((asked[tag].get("sid") for tag in TAG.findall(text or "") if tag in asked), None)
+
+    def late_by(w: dict[str, Any]) -> float | None:
+        deadline = deadlines.get(w.get("inc") or "")
+        return None if deadline is None else w["t"] - deadline
+
+    for w in writes:
+        report.checks["j"] += 1
+        if not w.get("inc"):
+            report.unverifiable["j: a write no incarnation sent"] += 1
+            continue
+        late = late_by(w)
+        if late is None:
+            report.unverifiable["j: a write of an incarnation whose lease was never read"] += 1
+        elif late > 0:
+            report.violation(
+                "j", "the agent wrote to the history after its worker's lease ended (a sweeper could declare it dead)",
+                sessionId=session_of(w.get("text")), agentSessionId=w["sid"], incarnation=w["inc"],
+                written_at=w["t"], deadline=deadlines[w["inc"]], late_by_s=round(late, 3),
+                declared_dead_at=declared.get(w["inc"]), agent_pid=w.get("pid"), text=w.get("text"),
+            )
+
+    writes_by_tag: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for w in writes:
+        for tag in TAG.findall(w.get("text") or ""):
+            writes_by_tag[(w["sid"], tag)].append(w)
+    in_histories: set[str] = set()
+    for agent_sid, history in histories.items():
+        for text in history.get("texts") or []:
+            for tag in TAG.findall(text):
+                in_histories.add(tag)
+                end = told.get(tag)
+                data = (end or {}).get("env", {}).get("data") or {}
+                if end is None or end["env"].get("type") != "turn_error" or data.get("code") != "worker_lost":
+                    continue
+                report.checks["j"] += 1
+                found = writes_by_tag.get((agent_sid, tag), [])
+                late = [late_by(w) for w in found]
+                if found and all(x is not None and x <= 0 for x in late):
+                    report.notes["j: a turn told worker_lost in the history, written while its lease held"] += 1
+                    continue
+                report.violation(
+                    "j", "a resumed conversation holds a turn its clients were told ended worker_lost",
+                    sessionId=end["sid"], agentSessionId=agent_sid, promptId=end["promptId"], text=text,
+                    written=[{"inc": w.get("inc"), "t": w["t"], "late_by_s": None if x is None else round(x, 3)}
+                             for w, x in zip(found, late, strict=True)],
+                )
+    for tag, end in told.items():
+        env = end["env"]
+        if env.get("type") != "turn_complete" or (env.get("data") or {}).get("stopReason") != "end_turn":
+            continue
+        report.checks["j"] += 1
+        if tag not in in_histories:
+            report.violation("j", "a turn its client was told completed is not in the session's history",
+                             sessionId=end["sid"], promptId=end["promptId"], key=tag)
+    by_session: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for w in writes:
+        by_session[w["sid"]].append(w)
+    for agent_sid, found in by_session.items():
+        found.sort(key=lambda w: w["end"])
+        for place, w in enumerate(found):
+            report.checks["j"] += 1
+            if w["prior"] < place:
+                report.violation(
+                    "j",
+                    "an agent wrote a turn without knowing turns the history held before it (it lost the resumer's turns)",
+                    sessionId=session_of(w.get("text")), agentSessionId=agent_sid, incarnation=w.get("inc"),
+                    agent_pid=w.get("pid"), written_at=w["t"], knew=w["prior"], history_held=place,
+                    missed=[o.get("text") for o in found[w["prior"]:place]], text=w.get("text"),
+                )
+            elif w["prior"] > place:
+                report.notes["j: a write that knew of turns not logged before it"] += 1
+        size = (histories.get(agent_sid) or {}).get("size")
+        if size is not None and found and size != found[-1]["end"]:
+            report.notes["j: a history whose last write was not logged"] += 1
+
+
 CHECKS = (
     check_a_one_winner,
     check_b_event_order,
@@ -1064,6 +1193,7 @@ CHECKS = (
     check_g_outcomes,
     check_h_ttls,
     check_i_moves,
+    check_j_dead_down_to_the_agent,
 )
 
 

@@ -1,5 +1,6 @@
 """How the chaos run injects each fault of its schedule (bench/chaos_schedule.py): on the
-processes (kill -9, SIGSTOP, a drain by SIGTERM or `acp-state drain`), on Redis (DEBUG
+processes (kill -9, SIGSTOP of a worker or of the worker alone, a drain by SIGTERM or
+`acp-state drain`), on Redis (DEBUG
 SLEEP, CLIENT PAUSE, a restart empty, maxmemory, killed pub/sub clients, a cluster
 failover) and, across hosts, on the network (bench/chaos_network.py). Each fault goes to
 the history with what was done and when; docs/chaos.md's table says what each does.
@@ -27,6 +28,28 @@ if TYPE_CHECKING:
 # How long a drained worker may take to exit (its grace, every hand-off, the shutdown)
 # before it is killed; the fault records the kill (the checker then counts it killed).
 DRAIN_EXIT_TIMEOUT_S = 90.0
+
+
+def children_of(pid: int) -> list[dict[str, Any]]:
+    """The live children of a process (from /proc): pid, state letter (R, S, T stopped, Z)
+    and the command line's start."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+            # `pid (comm) state ppid ...`: comm may hold spaces and parentheses.
+            state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+            if int(ppid) != pid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        found.append({"pid": int(entry), "state": state, "cmd": command[:120]})
+    return sorted(found, key=lambda c: c["pid"])
 
 
 class Faults:
@@ -79,6 +102,12 @@ class Faults:
                         await asyncio.sleep(params["stop_s"])
                     finally:
                         process.signal(signal.SIGCONT)
+            elif kind == "worker_stop_alone":
+                process = self.run.workers[target]
+                assert process is not None
+                record["incarnations"] = list(process.incarnations)
+                record["pid"] = process.pid
+                await self.stop_alone(process, params, detail)
             elif kind == "worker_drain":
                 process = self.run.workers[target]
                 assert process is not None
@@ -165,11 +194,40 @@ class Faults:
             detail["error"] = repr(error)
         if kind == "worker_drain" and "signalled_at" in detail:
             start = detail["signalled_at"]  # the drain began then (the replacement came after)
+        if kind == "worker_stop_alone" and "stopped_at" in detail:
+            start = detail["stopped_at"]  # the stop began then (its turn was started before)
         record.update(t_start=start, t_end=now(), detail=detail)
         self.run.rec("fault", **record)
         self.log.append(record)
         log(f"fault {kind} target={target}: {round(record['t_end'] - start, 2)} s {json.dumps(detail, default=str)[:200]}")
         return record
+
+    async def stop_alone(self, process: RecordedProcess, params: dict[str, Any], detail: dict[str, Any]) -> None:
+        """SIGSTOP to the worker process only (never its process group: its agents and its
+        watchdog run on), held `stop_s` (longer than the lease), then SIGCONT. Right before
+        it, a turn as long as the stop starts on the worker (`detail.turn`, `Load.turn_on`).
+        The fault's `t_start` is the SIGSTOP. Its children
+        (each agent, the watchdog) are recorded with their state (`ps` letters: T is
+        stopped) at the stop, a lease into it (when a sweeper may declare the worker dead)
+        and at the SIGCONT: whether its fence stopped the agents in time."""
+        if self.run.load is not None:
+            # An agent mid-turn as its worker stops (the issue's `#slow 10`): the turn runs on
+            # past the worker's deadline unless the fence stops the agent.
+            try:
+                detail["turn"] = await asyncio.wait_for(self.run.load.turn_on(process.inc, params["stop_s"]), 60)
+            except asyncio.TimeoutError:
+                detail["turn"] = {"error": "no turn started on it within 60 s"}
+        detail["children"] = children_of(process.pid)
+        process.signal(signal.SIGSTOP)
+        detail["stopped_at"] = now()
+        try:
+            await asyncio.sleep(params["lease_s"])
+            detail["children_at_lease"] = children_of(process.pid)
+            await asyncio.sleep(max(0.0, params["stop_s"] - params["lease_s"]))
+            detail["children_at_cont"] = children_of(process.pid)
+        finally:
+            process.signal(signal.SIGCONT)
+            detail["continued_at"] = now()
 
     async def drain_worker(self, process: RecordedProcess, params: dict[str, Any], detail: dict[str, Any]) -> None:
         """Drain a worker (SIGTERM, or `acp-state drain <incarnation>`), start its replacement

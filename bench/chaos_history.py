@@ -1,21 +1,34 @@
 """The chaos run's history: the recorder (one JSON line per record, numbered in the order
 written) and the run's processes, whose starts, incarnations, signals and exits it records.
 
+It also records what the lease meant for each incarnation (`LeaseWatch`: every deadline the
+registry held and every death it declared, on Redis's clock) and, at the end, what the agents
+wrote to the sessions' shared history (`record_agent_writes`: the scripted agent's
+`writes.log` and each history file), so the checker can hold the agents to the lease too
+(invariant j: no history write of an incarnation after a sweeper may declare it dead).
+
 bench/chaos_check.py reads the history back (its docstring lists every kind of record);
 bench/rolling_deploy.py records its run the same way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import orjson
+import redis
 
+from acp_state.store import keys
+from acp_state.testing.scripted_agent import LOGGED_TEXT_CHARS, read_writes
+
+from .chaos_redis import client as redis_client
 from .procs import API_BANNER, WORKER_BANNER, AcpProcess
 
 READY_TIMEOUT_S = 45
@@ -111,3 +124,107 @@ class RecordedProcess(AcpProcess):
             assert self.proc is not None
             self.rec("worker", slot=self.slot, pid=self.pid, inc=self.inc, t=now(), event="stopped",
                      code=self.proc.returncode)
+
+
+class LeaseWatch:
+    """Reads the registry every `interval_s` (on every live node: only the registry's master
+    answers) and records what changed: `lease` {inc, deadline, redis_ms, t} when an
+    incarnation's deadline (its last accepted renewal + its lease, epoch ms of Redis's
+    clock) is new or moved, and `lease_dead` {inc, at, t} when it first shows among the
+    tombstones (`at`: when it was declared dead, Redis's clock). A renewal extends the
+    deadline by a whole lease, so a read at least every lease sees the last one before a
+    death (unless Redis itself stalls then; it also holds the sweep). It runs in a thread
+    of its own (a stalled node holds a read up to its timeout), and hands its records to
+    the event loop, the recorder's only writer."""
+
+    def __init__(self, rec: Recorder, ports: Callable[[], list[int]], interval_s: float,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.rec = rec
+        self.ports = ports
+        self.interval_s = interval_s
+        self.loop = loop
+        self.deadlines: dict[str, int] = {}
+        self.dead: set[str] = set()
+        self.reads = 0
+        self._stop = threading.Event()
+        self._clients: dict[int, redis.Redis] = {}
+        self._thread = threading.Thread(target=self._run, name="lease-watch", daemon=True)
+
+    def start(self) -> LeaseWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def read(self) -> tuple[int, dict[str, int], dict[str, int]] | None:
+        """(Redis's time in ms, deadline by incarnation, declared-dead time by incarnation)
+        from the node that holds the registry, or None when none answered."""
+        for port in self.ports():
+            c = self._clients.get(port) or self._clients.setdefault(
+                port, redis_client(port, socket_timeout=1, socket_connect_timeout=0.5))
+            try:
+                pipe = c.pipeline(transaction=False)
+                pipe.time()
+                pipe.zrange(keys.WORKERS, 0, -1, withscores=True)
+                pipe.zrange(keys.DEAD, 0, -1, withscores=True)
+                (sec, usec), workers, dead = pipe.execute()
+            except redis.RedisError:  # not the registry's node (MOVED), down, or stalled
+                continue
+            return (int(sec) * 1000 + int(usec) // 1000, {inc: int(score) for inc, score in workers},
+                    {inc: int(score) for inc, score in dead})
+        return None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                read = self.read()
+            except Exception as error:  # noqa: BLE001 - the watch goes on; the checker sees gaps as unknown
+                log(f"lease watch: {error!r}")
+                read = None
+            if read is not None:
+                self.reads += 1
+                self._note(*read)
+            self._stop.wait(self.interval_s)
+
+    def _note(self, redis_ms: int, workers: dict[str, int], dead: dict[str, int]) -> None:
+        t = now()
+        for inc, deadline in workers.items():
+            if self.deadlines.get(inc) != deadline:
+                self.deadlines[inc] = deadline
+                self._record("lease", inc=inc, deadline=deadline, redis_ms=redis_ms, t=t)
+        for inc, at in dead.items():
+            if inc not in self.dead:
+                self.dead.add(inc)
+                self._record("lease_dead", inc=inc, at=at, redis_ms=redis_ms, t=t)
+
+    def _record(self, kind: str, **fields: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(lambda: self.rec(kind, **fields))
+        except RuntimeError:  # the loop is closed: the run is over
+            pass
+
+
+def record_agent_writes(rec: Recorder, state_dir: Path) -> int:
+    """The scripted agent's history writes (`agent_write` {sid, inc, t, end, prior, pid, text}:
+    its `writes.log`, one `acp_state.testing.scripted_agent.HistoryWrite` a line) and each
+    session's history as it is left (`agent_history` {sid, size, texts}: the file's size and
+    its turns' prompt texts, cut as the log cuts them). Returns the writes recorded."""
+    writes = read_writes(str(state_dir))
+    for w in writes:
+        rec("agent_write", sid=w.session_id, inc=w.incarnation, t=w.t, end=w.end, prior=w.prior, pid=w.pid,
+            text=w.text)
+    sessions = state_dir / "sessions"
+    for path in sorted(sessions.glob("*.jsonl")) if sessions.is_dir() else []:
+        data = path.read_bytes()
+        texts = []
+        for line in data.splitlines():
+            try:
+                message = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(message, dict) and message.get("role") == "user" and isinstance(message.get("text"), str):
+                texts.append(message["text"][:LOGGED_TEXT_CHARS])
+        rec("agent_history", sid=path.stem, size=len(data), texts=texts, t=now())
+    return len(writes)

@@ -394,6 +394,55 @@ class Load:
             return body.get("promptId")
         return None
 
+    async def turn_on(self, inc: str | None, seconds: float, tries: int = 3) -> dict[str, Any]:
+        """A turn running on worker incarnation `inc` now (for `worker_stop_alone`: the
+        issue's split brain needs an agent mid-turn when its worker stops), `#slow
+        <seconds>`, returned once the agent has started it. On a session of its own, with a
+        reader, created until one lands on `inc` (the others are deleted, as an actor would);
+        placement favours the emptier worker, so after `tries` creates, on the most recent
+        live session `inc` owns (with a reader of its own; the prompt may queue behind the
+        actor's turn for a moment)."""
+        assert self.store is not None
+        rng = random.Random(f"turn-on-{self.chaos.seed}-{next(self.ids)}")
+        ws = workspace_id(self.chaos.workspace)
+
+        async def owner(sid: str) -> str | None:
+            try:
+                view = await asyncio.wait_for(self.store.session(ws, sid), 3)  # type: ignore[union-attr]
+            except Exception:  # noqa: BLE001 - Redis may be away: not this one
+                return None
+            return view.owner if view is not None else None
+
+        async def run_on(sid: str, reader: Reader, how: str, attempt: int) -> dict[str, Any]:
+            pid = await self.prompt(sid, f"#slow {seconds}", rng)
+            started = pid is not None and await reader.wait_for(
+                lambda f: f.get("promptId") == pid and (f.get("data") or {}).get("update", {}).get(
+                    "sessionUpdate") == "agent_message_chunk", 8) is not None
+            return {"sid": sid, "promptId": pid, "started": started, "how": how, "tries": attempt, "seconds": seconds}
+
+        for attempt in range(1, tries + 1):
+            sid = await self.create(rng)
+            if sid is None:
+                continue
+            reader = Reader(self, sid, f"r{next(self.ids)}", rng.randrange(APIS)).start()
+            self.readers.append(reader)
+            found = await owner(sid)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(reader.snapshot.wait(), 10)
+            if found == inc and reader.snapshot.is_set():
+                return await run_on(sid, reader, "created", attempt)
+            await self.delete(sid, rng)
+        for sid in [s for s in reversed(dict.fromkeys(self.sessions)) if s not in self.dead][:40]:
+            if await owner(sid) != inc:
+                continue
+            reader = Reader(self, sid, f"r{next(self.ids)}", rng.randrange(APIS)).start()
+            self.readers.append(reader)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(reader.snapshot.wait(), 10)
+            if reader.snapshot.is_set() and sid not in self.dead:
+                return await run_on(sid, reader, "live session", tries)
+        return {"sid": None, "tries": tries}
+
     # ---- actors -------------------------------------------------------------------------
 
     async def run(self) -> None:

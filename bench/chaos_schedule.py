@@ -30,8 +30,8 @@ WARMUP_S = 4.0
 DRAIN_GRACE_S = 2.0
 
 FAULTS_SINGLE = (
-    "worker_kill9", "worker_stop", "worker_drain", "redis_sleep_2x", "redis_sleep_5x", "client_pause_all",
-    "client_pause_write", "redis_restart_empty", "maxmemory", "api_kill9", "pubsub_kill",
+    "worker_kill9", "worker_stop", "worker_stop_alone", "worker_drain", "redis_sleep_2x", "redis_sleep_5x",
+    "client_pause_all", "client_pause_write", "redis_restart_empty", "maxmemory", "api_kill9", "pubsub_kill",
 )
 FAULTS_CLUSTER = tuple(k for k in FAULTS_SINGLE if k != "redis_restart_empty") + ("cluster_failover",)
 # A run across hosts (--hosts) draws these too (bench/chaos_network.py), and runs a lane of
@@ -75,6 +75,14 @@ def make_schedule(
             if kind == "worker_stop":
                 params["stop_s"] = round(2 * lease, 3)
             est = params.get("stop_s", 0) + 3.0
+        elif kind == "worker_stop_alone":
+            # SIGSTOP of the worker process alone, its agents left running, for longer than
+            # the lease (1.5-3 leases): a sweeper declares it dead meanwhile, and only the
+            # worker's own fence (its watchdog) can stop the agents before they write on.
+            target = rng.randrange(WORKERS)
+            params["stop_s"] = round(lease * rng.uniform(1.5, 3.0), 3)
+            params["lease_s"] = lease
+            est = params["stop_s"] + 6.0  # and a session on it with a turn running, first
         elif kind == "worker_drain":
             # SIGTERM, or `acp-state drain <incarnation>` (a Drain command on its control
             # stream): the same drain, started from the worker's host or from anywhere.

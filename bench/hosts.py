@@ -271,11 +271,9 @@ class TestBed:
 
 
 def _free_port() -> int:
-    import socket
+    from .redis_server import free_port
 
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return s.getsockname()[1]
+    return free_port("0.0.0.0")
 
 
 def _free_subnet() -> str:

@@ -80,7 +80,7 @@ async def run(rounds: int, reads: int) -> dict[str, Any]:
     try:
         app = create_app(Settings(redis_url=server.url, workspaces=[workspace]))
         async with app.router.lifespan_context(app):
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
                 sid = (await client.post("/session", json={"cwd": workspace}, timeout=60)).json()["sessionId"]
                 status = await client.get(f"/session/{sid}/status")  # read once: kept from now on
             state = app.acp

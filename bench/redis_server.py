@@ -6,6 +6,9 @@ No persistence, its own folder; never the machine's shared Redis on 6379.
 from __future__ import annotations
 
 import ctypes
+import fcntl
+import os
+import random
 import shutil
 import signal
 import socket
@@ -13,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import redis
 
@@ -23,17 +27,71 @@ def die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Ports handed out by this process, each held by an exclusive lock on a file of its own until
+# this process ends: the parallel test runners and bench processes of one machine never hand
+# out the same port, and a crashed process's locks go with it.
+PORT_LOCKS = Path(tempfile.gettempdir()) / "acp-state-ports"
+_held_ports: dict[int, int] = {}  # port -> the fd holding its lock
+
+
+def _unshared_ports() -> range:
+    """Ports the kernel never picks for an outgoing connection: below its ephemeral range
+    (or above it, when the range starts low). A server restarted on a port from there finds it
+    free; one from the ephemeral range may meanwhile be any client's local port (CI saw an API
+    slot of the cluster chaos run refused its own port after a kill -9 so)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    if low - 1024 >= 4096:
+        return range(max(1024, low - 12_000), low)
+    return range(high + 1, 65536)
+
+
+def _reserve(port: int, host: str) -> bool:
+    """Lock `port` for this process if no other process of the test bed holds it and nothing
+    is bound to it now."""
+    if port in _held_ports:
+        return False
+    fd = os.open(PORT_LOCKS / str(port), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False  # another process's
+    try:
+        with socket.socket() as probe:
+            probe.bind((host, port))
+    except OSError:
+        os.close(fd)  # taken by something outside the test bed
+        return False
+    _held_ports[port] = fd
+    return True
+
+
+def free_port(host: str = "127.0.0.1", ports: range | None = None) -> int:
+    """A port nothing listens on or holds now, outside the kernel's ephemeral range, reserved
+    for this process (never handed out twice on this machine while it lives)."""
+    ports = ports or _unshared_ports()
+    PORT_LOCKS.mkdir(exist_ok=True)
+    start = random.randrange(len(ports))
+    for step in range(len(ports)):
+        port = ports[(start + step) % len(ports)]
+        if _reserve(port, host):
+            return port
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 class RedisServer:
-    def __init__(self, port: int | None = None, folder: str | None = None) -> None:
+    def __init__(self, port: int | None = None, folder: str | None = None,
+                 username: str | None = None, password: str | None = None) -> None:
         self.port = port or free_port()
         self.dir = folder or tempfile.mkdtemp(prefix="acp-redis-")
         self.process: subprocess.Popen[bytes] | None = None
+        # The credentials this object's own readiness check logs in with, when the server's
+        # `extra` options (an `--aclfile`, `--requirepass`) shut the default user out.
+        self.username = username
+        self.password = password
 
     @property
     def url(self) -> str:
@@ -54,7 +112,7 @@ class RedisServer:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        client = redis.Redis(port=self.port)
+        client = redis.Redis(port=self.port, username=self.username, password=self.password)
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -75,17 +133,14 @@ class RedisServer:
 
 
 def free_cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too."""
+    """A free port whose cluster bus port (+10000) is free too, both outside the ephemeral
+    range: a node restarted on them (bench.chaos) finds both free."""
+    ports = _unshared_ports()
+    below_bus = range(ports.start, min(ports.stop, 65536) - 10_000)
     while True:
-        port = free_port()
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
+        port = free_port(ports=below_bus)
+        if _reserve(port + 10_000, "127.0.0.1"):
+            return port
 
 
 class RedisCluster:

@@ -118,7 +118,7 @@ async def heap(streams: int) -> dict[str, Any]:
         app = create_app(Settings(redis_url=server.url, workspaces=[workspace]))
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
                 sids = [(await client.post("/session", json={"cwd": workspace}, timeout=60)).json()["sessionId"]
                         for _ in range(SESSIONS)]
             result["through_the_stack"] = await held_per_stream(app, sids, streams, below_stack=False)

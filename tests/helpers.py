@@ -138,6 +138,6 @@ async def app_in_process(redis_url: str, workspace: str) -> AsyncIterator[tuple[
 
     app = create_app(Settings(redis_url=redis_url, workspaces=[workspace]))
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
             sid = (await client.post("/session", json={"cwd": workspace}, timeout=60)).json()["sessionId"]
         yield app, sid

@@ -66,23 +66,30 @@ async def test_tokens_roles_and_workspace_scopes(harness: Harness, workspace: st
     vote = {"outcome": {"outcome": "cancelled"}}
     assert (await client.post(f"/session/{theirs}/permission/x", json=vote, headers=scoped_headers)).status_code == 404
     assert (await client.get(f"/session/{theirs}/transcript", headers=scoped_headers)).status_code == 404
-    assert (await client.get(f"/workspace/{workspace_id(other)}/sessions", headers=scoped_headers)).status_code == 404
+    # A workspace it may not see answers as one that is not registered (the reference's 400),
+    # naming only the token's own (tests/test_tenants.py holds every route to it).
+    foreign = await client.get(f"/workspace/{workspace_id(other)}/sessions", headers=scoped_headers)
+    unknown = await client.get("/workspace/0123456789abcdef/sessions", headers=scoped_headers)
+    assert foreign.status_code == unknown.status_code == 400
+    assert foreign.json() == unknown.json() and foreign.json()["code"] == "workspace_mismatch"
     assert (await client.get(f"/workspace/{workspace_id(workspace)}/sessions", headers=scoped_headers)).status_code == 200
     made = await client.post("/session", json={"cwd": other}, headers=scoped_headers)
-    assert made.status_code == 404
+    assert made.status_code == 400 and made.json()["code"] == "workspace_mismatch"
+    assert made.json()["boundWorkspace"] == workspace and other not in made.json().get("error", "")
     sse = SseClient(api, theirs)
     api.client.headers.update(scoped_headers)
     await sse.start()
     assert sse.status == 404
     api.client.headers.pop("Authorization")
 
-    # The Web Shell's files are open (the page asks for a token); EventSource, which cannot
-    # send headers, may pass it as `access_token`, on the event stream only.
+    # The Web Shell's files are open (the page asks for a token). A token never goes in a
+    # URL: EventSource, which cannot send headers, opens a stream with a ticket instead
+    # (tests/test_stream_tickets.py), and `?access_token=` opens nothing, as in the reference.
     assert (await client.get("/")).status_code == 200
     assert (await client.get("/static/js/api.js")).status_code == 200
     via_query = SseClient(api, mine, query="?access_token=scoped-token-0123456789")
     await via_query.start()
-    assert via_query.status == 200
+    assert via_query.status == 401
     await via_query.close()
     leaked = await client.get(f"/session/{mine}/status?access_token=scoped-token-0123456789")
     assert leaked.status_code == 401

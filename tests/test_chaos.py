@@ -4,7 +4,9 @@ creates sessions, prompts, votes, answers, cancels, deletes, polls status and re
 streams; the recorded history must show no violation of any invariant
 (bench/chaos_check.py). Among the faults, a worker drain (its sessions move to the other
 worker). A third runs across hosts (`--hosts`, network namespaces; skipped where they are
-not available) with the network faults among them. Select them with `-k chaos`.
+not available) with the network faults among them. Each draws a SIGSTOP of a worker alone
+(`worker_stop_alone`: its agents run on), which invariant j holds to "dead stays dead down to
+the agent". Select them with `-k chaos`.
 
 The summary, history and process logs of a run stay in the test's tmp folder; a failure
 message names them.
@@ -23,9 +25,9 @@ import pytest
 from bench.hosts import UNAVAILABLE_EXIT
 
 ROOT = Path(__file__).resolve().parent.parent
-SEED = 339  # its schedules: pub/sub kill, a drain by SIGTERM, restart-empty, kill -9,
-# pause (all) / on the cluster: a failover, a drain by `acp-state drain`, maxmemory, kill -9,
-# pub/sub kill
+SEED = 391  # its schedules: pub/sub kill, API kill -9, a drain, a SIGSTOP of a worker alone
+# (its agents run on, one of them mid-turn), restart-empty / on the cluster: a failover,
+# pub/sub kill, a drain, a SIGSTOP of a worker alone
 RUN_TIMEOUT_S = 170
 # Fewer actors than a bench run's 24: each actor sends its next request as soon as the last
 # is answered, so a run takes all the CPU it is given, and in the suite it shares the machine
@@ -56,7 +58,7 @@ def assert_clean(summary: dict, done: subprocess.CompletedProcess[str]) -> None:
     acknowledged = {"create 200", "prompt 202", "vote 200", "cancel 204", "delete 204", "status 200"}
     assert acknowledged <= set(summary["requests_by_route_and_status"]), summary["requests_by_route_and_status"]
     assert summary["events"]["distinct_events"] > 0
-    assert all(summary["checks"][k] > 0 for k in "abcdegh"), summary["checks"]
+    assert all(summary["checks"][k] > 0 for k in "abcdeghj"), summary["checks"]
     examples = "\n".join(
         f"  {inv}: {json.dumps(items[0], default=str)[:500]}" for inv, items in summary["violations"].items() if items
     )
@@ -70,25 +72,25 @@ def assert_clean(summary: dict, done: subprocess.CompletedProcess[str]) -> None:
 
 def test_chaos_single_redis(tmp_path: Path) -> None:
     summary, done = run_chaos(tmp_path)
-    assert {"redis_restart_empty", "worker_drain"} <= set(summary["faults_injected_by_kind"])
+    assert {"redis_restart_empty", "worker_drain", "worker_stop_alone"} <= set(summary["faults_injected_by_kind"])
     assert_moved(summary)
     assert_clean(summary, done)
 
 
 def test_chaos_cluster(tmp_path: Path) -> None:
     summary, done = run_chaos(tmp_path, "--cluster")
-    assert {"cluster_failover", "worker_drain"} <= set(summary["faults_injected_by_kind"])
+    assert {"cluster_failover", "worker_drain", "worker_stop_alone"} <= set(summary["faults_injected_by_kind"])
     assert_moved(summary)
     assert_clean(summary, done)
 
 
-HOSTS_SEED = 1  # its first minute: a worker's link down and its partition (each two
-# leases), a worker's connections black-holed, a worker's replies dropped (one way)
+HOSTS_SEED = 4198  # its first minute: a worker's host partitioned, its replies dropped (one
+# way), an API's connections black-holed, a SIGSTOP of a worker alone, an API's link down
 
 
 def test_chaos_across_hosts(tmp_path: Path) -> None:
     summary, done = run_chaos(tmp_path, "--hosts", seed=HOSTS_SEED)
-    cuts = {"host_partition", "host_partition_oneway", "half_open", "link_down"}
+    cuts = {"host_partition", "host_partition_oneway", "half_open", "link_down", "worker_stop_alone"}
     assert cuts <= set(summary["faults_injected_by_kind"]), summary["faults_injected_by_kind"]
     assert summary["conditions_by_kind"], "no link condition was put on"
     assert summary["checks"]["f"] > 0  # sessions of a worker cut off past its lease died

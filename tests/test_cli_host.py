@@ -58,7 +58,9 @@ async def test_api_refuses_a_taken_port_in_one_line(redis_server: RedisServer) -
     )
     assert code == 2, stderr
     port = redis_server.port
-    assert stderr == f"acp-state: --host: cannot listen on localhost (127.0.0.1) port {port}: Address already in use\n"
+    # It names who holds the port: the test's own redis-server.
+    assert stderr == (f"acp-state: --host: cannot listen on localhost (127.0.0.1) port {port}: Address already in use"
+                      f" (held by pid {redis_server.process.pid} (redis-server))\n")
 
 
 async def test_worker_metrics_on_localhost(harness: Harness) -> None:

@@ -20,6 +20,10 @@ from acp_state.ids import workspace_id
 from bench.redis_server import RedisCluster, free_port
 from tests.harness import Harness
 from tests.helpers import create, eventually, is_type, prompt, watched_session_after_a_turn
+from tests.test_delete_persisted import (  # noqa: F401  (collected here, on the cluster)
+    test_a_delete_and_a_load_race_and_exactly_one_wins,
+    test_a_turn_the_sweeper_ended_answers_worker_lost_after_a_resume,
+)
 from tests.test_events import (  # noqa: F401  (collected here, on the cluster)
     test_cached_status_is_never_older_than_a_delivered_event,
     test_client_of_a_killed_api_resumes_on_another_without_loss,
@@ -32,6 +36,11 @@ from tests.test_push import (  # noqa: F401
     test_the_inbox_lists_every_wait_oldest_first_and_pages,
 )
 from tests.test_lease import test_kill9_worker_leaves_live_status_within_its_lease  # noqa: F401
+from tests.test_tenants import (  # noqa: F401
+    test_a_session_id_stays_its_workspaces,
+    test_create_keys_are_per_workspace_and_principal,
+    test_the_worker_claims_the_id_and_never_overwrites_another_workspaces,
+)
 from tests.test_loop_detection import (  # noqa: F401
     test_agent_loop_error_reaches_sse_on_another_api_once,
     test_reload_appends_the_turn_error_until_a_newer_prompt_starts,

@@ -100,7 +100,7 @@ async def client(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
     # raise_app_exceptions=False: the server's view (Starlette re-raises a 500 for it to log).
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(
-        transport=transport, base_url="http://api", headers={"Authorization": f"Bearer {TOKEN}"}
+        transport=transport, base_url="http://localhost", headers={"Authorization": f"Bearer {TOKEN}"}
     ) as c:
         yield c
 

@@ -117,7 +117,7 @@ async def test_slow_sse_client_is_dropped_without_slowing_others(harness: Harnes
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", api.port))
     reader, writer = await asyncio.open_connection(sock=sock)
-    writer.write(f"GET /session/{sid}/events HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    writer.write(f"GET /session/{sid}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
     await writer.drain()
     await reader.readuntil(b"session_snapshot")
     healthy = await SseClient(api, sid).start()

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from acp_state import commands
 from acp_state.store import keys
 from acp_state.ids import workspace_id
-from acp_state.store import RedisStore
+from acp_state.store import CreateKey, RedisStore
 from acp_state.worker.creates import RECLAIM_MARGIN_S
 from tests.conftest import RedisServer, free_port
 from tests.harness import ApiProcess, EventWatcher, Harness
@@ -93,11 +93,11 @@ async def test_a_worker_frozen_past_its_lease_stays_dead_when_it_wakes(
     fresh = await eventually(lambda: _new_incarnation_of(redis_client, victim.pid, old), "the woken worker's rejoin")
     assert old not in await registered(redis_client)
 
-    # Nothing of the dead incarnation came back: status, prompt, vote and close agree.
+    # Nothing of the dead incarnation came back: status and prompt agree, and a DELETE finds
+    # only the listed row it left (which it deletes: docs/api.md, "Deleting a session").
     for sid in (running, waiting, idle):
         assert (await api.client.get(f"/session/{sid}/status")).status_code == 404
         assert (await api.client.post(f"/session/{sid}/prompt", json=text("x"))).status_code == 404
-        assert (await api.client.delete(f"/session/{sid}")).status_code == 404
         assert not await redis_client.exists(keys.session(workspace_id(workspace), sid))
     vote = await api.client.post(
         f"/session/{waiting}/permission/{request['data']['requestId']}",
@@ -361,7 +361,13 @@ async def test_a_repeated_idempotency_key_returns_the_first_outcome(harness: Har
 
     close = {"Idempotency-Key": "close-1"}
     assert (await api.client.delete(f"/session/{sid}", headers=close)).status_code == 204
-    assert (await api.client.delete(f"/session/{sid}", headers=close)).status_code == 204
+    assert (await api.client.delete(f"/session/{sid}", headers=close)).status_code == 204  # the close, once
+    assert (await api.client.get(f"/session/{sid}/status")).status_code == 404
+    # The closed session is listed: a DELETE with another key deletes it, and its retry is
+    # answered the same, once the session is gone.
+    delete = {"Idempotency-Key": "delete-1"}
+    assert (await api.client.delete(f"/session/{sid}", headers=delete)).status_code == 204
+    assert (await api.client.delete(f"/session/{sid}", headers=delete)).status_code == 204
     assert (await api.client.delete(f"/session/{sid}")).status_code == 404
     repeated = await api.client.post(f"/session/{sid}/prompt", json=text("#permission"), headers=key)
     assert repeated.json() == one.json()
@@ -481,8 +487,10 @@ async def test_a_retried_create_delivers_the_answer_its_first_api_left(harness: 
     store = RedisStore.from_url(harness.redis_url)
     try:
         sid, request = await _send_create(store, worker.incarnation, workspace, wait_ms=300)
-        assert await store.claim_create("create-left", sid, "client-1") is None
-        await store.note_create_request("create-left", sid, "client-1", request)
+        # The record a tokenless API keeps for this key (its one caller: `admin.*`).
+        key = CreateKey(workspace_id(workspace), "admin.*", "create-left")
+        assert await store.claim_create(key, sid, "client-1") is None
+        await store.note_create_request(key, sid, "client-1", request)
         retried = await api.client.post("/session", json={"cwd": workspace, "sessionScope": "thread"},
                                         headers={"Idempotency-Key": "create-left"})
         assert retried.status_code == 200, retried.text

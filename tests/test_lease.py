@@ -143,10 +143,10 @@ async def test_a_session_a_rewrite_could_not_index_is_indexed_at_the_next_heartb
     failures = [RedisConnectionError("Connection closed by server.")]
     index_session = store.index_session
 
-    async def flaky_index(*args: object) -> None:
+    async def flaky_index(*args: object) -> bool:
         if failures:
             raise failures.pop()
-        await index_session(*args)  # type: ignore[arg-type]
+        return await index_session(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(store, "index_session", flaky_index)
     await bridge._rewrite([session])  # type: ignore[list-item]

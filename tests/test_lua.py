@@ -5,12 +5,13 @@ documents them, and checks what the script answers and leaves in Redis. The stor
 tests go through RedisStore; these hold each script to its contract on its own.
 
 Here: the templates, a session's transitions (APPLY, SWEEP), the catalog version and turns,
-listings, TOLD, RELEASE_SINGLE and the registry; the scripts that hand commands to an owner
+listings, TOLD, RELEASE_SINGLE, CLAIM_SID (a session id's locator) and the registry; the scripts that hand commands to an owner
 and answer them are in tests/test_lua_commands.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -345,6 +346,7 @@ async def test_apply_keeps_the_newest_ended_turns_and_current_turn_picks_running
 
 async def test_a_listed_session_keeps_its_ended_turns_for_a_resume_which_drops_the_unended(r: aioredis.Redis) -> None:
     await created(r)
+    await r.hset(keys.catalog(WS), SID, "{}")  # listed
     done, running = TurnRecord.queued("p1", "one", 10, None).finished(20, "end_turn", "a"), TurnRecord.queued("p2", "two", 30, None).started(40)
     await r.hset(SESSION, F.PROMPT + "p2", "1")
     await apply(r, **turn_ops(done, running))
@@ -356,6 +358,41 @@ async def test_a_listed_session_keeps_its_ended_turns_for_a_resume_which_drops_t
     assert await r.hkeys(TURNS) == ["p1"]  # the turn that never ended is no turn of the new life
     last = TurnRecord.unpack(await run(r, "CURRENT_TURN", [SESSION, TURNS, ENDED], []))
     assert (last.prompt_id, last.state) == ("p1", TurnState.COMPLETED)
+
+
+async def test_a_delete_ends_the_turn_records_of_the_prompts_it_ends_and_a_resume_keeps_them(r: aioredis.Redis) -> None:
+    """The sweeper's `worker_lost` (or a close's end) reaches each admitted prompt's turn
+    record, running or queued, in the step that deletes the session; an ended record stays."""
+    await created(r)
+    await r.hset(keys.catalog(WS), SID, "{}")
+    done = TurnRecord.queued("p1", "one", 10, None).finished(20, "end_turn", "a")
+    running, queued = TurnRecord.queued("p2", "two", 30, "c1").started(40), TurnRecord.queued("p3", "thr\u00e9e/3", 1796120194490, None)
+    await r.hset(SESSION, mapping={F.PROMPT + "p2": "1", F.PROMPT + "p3": "1"})
+    await apply(r, **turn_ops(done, running, queued))
+    end = {"message": "lost", "code": "worker_lost", "at": "1796120194999", "keep": 64, "ttl": TTL}
+    await apply(r, mode="delete", endturn=end, orphan=events.body("turn_error", {"promptId": "@PID@"}, "@PID@"))
+    assert await r.lrange(ENDED, 0, -1) == ["p1", "p2", "p3"]
+    meta = orjson.dumps({"sessionId": SID, "workspaceCwd": "/w", "createdAt": "t0"}).decode()
+    assert (await apply(r, mode="create", resumed=True, set={F.META: meta, F.EPOCH: "e2"}))[0] == 1
+    records = {pid: TurnRecord.unpack(await r.hget(TURNS, pid)) for pid in ("p1", "p2", "p3")}
+    assert records["p1"] == done
+    assert records["p2"] == running.failed(1796120194999, "lost", "worker_lost")
+    assert records["p3"] == queued.failed(1796120194999, "lost", "worker_lost")
+    last = TurnRecord.unpack(await run(r, "CURRENT_TURN", [SESSION, TURNS, ENDED], []))
+    assert (last.prompt_id, last.state) == ("p3", TurnState.ERROR)
+
+
+async def test_a_resume_of_a_session_deleted_meanwhile_is_refused(r: aioredis.Redis) -> None:
+    """A resumed CREATE publishes only while the session's row stands: a DELETE of the
+    listed session that won against the load leaves it deleted."""
+    meta = orjson.dumps({"sessionId": SID, "workspaceCwd": "/w", "createdAt": "t0"}).decode()
+    assert (await apply(r, mode="create", resumed=True, set={F.META: meta, F.EPOCH: "e2"}))[0] == -1
+    assert not await r.exists(SESSION) and not await r.sismember(keys.live(WS), SID)
+    await r.hset(keys.catalog(WS), SID, "{}")
+    assert (await apply(r, mode="create", resumed=True, set={F.META: meta, F.EPOCH: "e2"}))[0] == 1
+    # A rewrite after a loss (which may have taken the row too) is no resume of a deleted one.
+    await r.delete(keys.catalog(WS))
+    assert (await apply(r, mode="create", resumed=True, missing_only=True, set={F.META: meta, F.EPOCH: "e3"}))[0] == 2
 
 
 # ---- LIST ------------------------------------------------------------------------------
@@ -399,6 +436,42 @@ async def test_release_single_deletes_only_its_own_claim(r: aioredis.Redis) -> N
     assert await r.get(keys.single(WS)) == SID
     assert await run(r, "RELEASE_SINGLE", [keys.single(WS)], [SID]) == 1
     assert not await r.exists(keys.single(WS))
+
+
+# ---- CLAIM_SID -------------------------------------------------------------------------
+
+
+async def test_claim_sid_takes_a_free_id_and_renews_its_own(r: aioredis.Redis) -> None:
+    """A free id becomes the workspace's (1); the same workspace claims it again (2), which
+    renews the locator's TTL but never shortens it."""
+    locator = keys.locator(SID)
+    assert await run(r, "CLAIM_SID", [locator], [WS, TTL]) == 1
+    assert await r.get(locator) == WS and 0 < await r.pttl(locator) <= TTL
+    await r.pexpire(locator, 1000)
+    assert await run(r, "CLAIM_SID", [locator], [WS, TTL]) == 2
+    assert TTL - 5000 < await r.pttl(locator) <= TTL  # renewed
+    assert await run(r, "CLAIM_SID", [locator], [WS, 1000]) == 2
+    assert await r.pttl(locator) > 1000  # a shorter TTL does not cut it
+
+
+async def test_claim_sid_never_takes_another_workspaces_id(r: aioredis.Redis) -> None:
+    """Issue 37 item 5: the locator was overwritten unconditionally (a W2 create took a live
+    W1 session's id). Now a claim of an id another workspace holds writes nothing."""
+    locator, other = keys.locator(SID), "fedcba9876543210"
+    assert await run(r, "CLAIM_SID", [locator], [WS, TTL]) == 1
+    ttl = await r.pttl(locator)
+    assert await run(r, "CLAIM_SID", [locator], [other, 10 * TTL]) == 0
+    assert await r.get(locator) == WS and await r.pttl(locator) <= ttl  # neither the owner nor its TTL changed
+    await r.delete(locator)  # the id's last session left long ago (the locator lapsed)
+    assert await run(r, "CLAIM_SID", [locator], [other, TTL]) == 1
+    assert await r.get(locator) == other
+
+
+async def test_concurrent_claims_of_one_id_have_one_winner(r: aioredis.Redis) -> None:
+    workspaces = [f"{i:016x}" for i in range(20)]
+    answers = await asyncio.gather(*(run(r, "CLAIM_SID", [keys.locator(SID)], [ws, TTL]) for ws in workspaces))
+    assert sorted(answers) == [0] * 19 + [1]
+    assert await r.get(keys.locator(SID)) == workspaces[answers.index(1)]
 
 
 # ---- the registry ----------------------------------------------------------------------

@@ -431,6 +431,20 @@ async def restore_scenario(t: Target, restart: Callable[[], Awaitable[None]]) ->
     await t.call("restored, turn ended", "GET /session/:id/status", "GET", f"{s}/status")
 
 
+def steps_of(t: Target) -> list[str]:
+    """What each step answered (status, or why it could not run, and the start of its body):
+    the trace a failure prints."""
+    return [
+        f"  {e.step} | {e.method} {e.url} -> {e.status if e.status is not None else e.note} {str(e.body)[:300]}"
+        for e in t.exchanges
+    ]
+
+
+def reference_log_tail(tmp_path: Path, lines: int = 40) -> str:
+    log = tmp_path / "reference" / "serve.log"
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no log)"
+
+
 def model_history_of(fake: FakeOpenAI, t: Target) -> list[str] | None:
     """The texts of the messages the scripted LLM was sent before `t`'s question after the
     restore (None: it was never asked)."""
@@ -478,7 +492,9 @@ async def test_a_restored_session_answers_like_the_reference(
     # Both agents were sent the conversation from before the restart with the question after it.
     for target in (reference, ours):
         history = model_history_of(fake_llm, target)
-        assert history is not None, f"{target.name}: the question after the restore never reached the model"
+        assert history is not None, (
+            f"{target.name}: the question after the restore never reached the model; its steps:\n"
+            + "\n".join(steps_of(target)) + f"\nthe reference's log ends:\n{reference_log_tail(tmp_path)}")
         assert any(fact_of(target) in text for text in history), (
             f"{target.name}: the model was not sent the fact told before the restart: {history}")
 

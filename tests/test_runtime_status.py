@@ -305,6 +305,9 @@ async def test_close_removes_live_state_but_keeps_the_catalog_row(harness: Harne
         "isArchived": False,
         "resumable": True,  # acp-state's own: a load resumes it (its agent can load sessions)
     }
+    # A DELETE of the listed session that is not live deletes its row; then it is unknown.
+    assert (await api.client.delete(f"/session/{sid}")).status_code == 204
+    assert (await api.client.get(f"/workspace/{ws}/sessions")).json()["sessions"] == []
     assert (await api.client.delete(f"/session/{sid}")).status_code == 404
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
@@ -538,3 +539,73 @@ async def test_state_dir_defaults_to_home(tmp_path: Path) -> None:
     finally:
         await process.close()
     assert (tmp_path / ".acp-state-scripted" / "sessions" / f"{session_id}.jsonl").exists()
+
+
+async def test_every_history_write_is_logged_with_the_incarnation_that_sent_the_turn(tmp_path: Path) -> None:
+    """`<state dir>/writes.log`: one `HistoryWrite` per turn written, stamped with the prompt's
+    `_meta["acpState.incarnation"]` (else `$ACP_STATE_INCARNATION`), the time right after the
+    write, its place in the file and the turns the writer knew of: a child that kept a
+    session while another wrote to it (a stale child) is seen to lose that turn."""
+    from acp_state.testing.scripted_agent import HistoryWrite, read_writes
+
+    first = await AgentProcess.start(env=scripted_env(tmp_path, ACP_STATE_INCARNATION="w-env"))
+    second = await AgentProcess.start(env=scripted_env(tmp_path))
+    try:
+        for process in (first, second):
+            await process.call("initialize", {"protocolVersion": 1})
+        session_id = await first.new_session()
+        meta = {"sessionId": session_id, "prompt": [{"type": "text", "text": "one k=a"}], "_meta": {
+            "acpState.incarnation": "w-1", "other": True}}
+        before = time.time()
+        await first.until_response(await first.request("session/prompt", meta))
+        await first.until_response(await first.prompt(session_id, "#fail"))  # an error: no write
+        await first.until_response(await first.prompt(session_id, "two"))  # no _meta: the environment's
+        await load(second, session_id)
+        third = {**meta, "prompt": [{"type": "text", "text": "three"}], "_meta": {"acpState.incarnation": "w-2"}}
+        await second.until_response(await second.request("session/prompt", third))
+        # The first child still hosts the session, and never heard of turn three.
+        await first.until_response(await first.prompt(session_id, "four"))
+    finally:
+        await first.close()
+        await second.close()
+    writes = read_writes(str(tmp_path))
+    assert [(w.incarnation, w.text, w.prior, w.session_id) for w in writes] == [
+        ("w-1", "one k=a", 0, session_id), ("w-env", "two", 1, session_id), ("w-2", "three", 2, session_id),
+        ("w-env", "four", 2, session_id),
+    ]
+    assert [w.pid for w in writes] == [first.proc.pid, first.proc.pid, second.proc.pid, first.proc.pid]
+    history = (tmp_path / "sessions" / f"{session_id}.jsonl").read_bytes()
+    ends = [w.end for w in writes]
+    assert ends == sorted(ends) and ends[-1] == len(history)  # each write's place in the file
+    # Turn "four" is the file's fourth, but its writer knew of two turns before it: it lost one.
+    assert [sum(1 for other in writes if other.end < w.end) for w in writes] == [0, 1, 2, 3]
+    assert before <= writes[0].t <= writes[1].t <= writes[2].t <= writes[3].t
+    # The format: one compact JSON line per write, read back as it was packed.
+    lines = (tmp_path / "writes.log").read_text().splitlines()
+    assert [HistoryWrite.unpack(line) for line in lines] == writes
+    assert json.loads(lines[0]).keys() == {"s", "by", "t", "end", "prior", "pid", "text"}
+    assert HistoryWrite.unpack('{"s": "x", "by"') is None
+    long = HistoryWrite("s", None, 1.5, 10, 0, 1, "x" * 1000)
+    assert HistoryWrite.unpack(long.pack()) == HistoryWrite("s", None, 1.5, 10, 0, 1, "x" * 200)
+
+
+async def test_a_worker_names_the_incarnation_that_sends_each_turn(harness: Any, workspace: str) -> None:
+    """Through a real worker: the prompt's `_meta["acpState.incarnation"]` is the worker's
+    incarnation (whatever the client's `_meta` said), so the agent's write log names it."""
+    from acp_state.testing.scripted_agent import read_writes
+    from tests.helpers import create
+
+    worker = await harness.worker()
+    api = await harness.api()
+    watcher = await harness.events()
+    sid = (await create(api, workspace))["sessionId"]
+    text = f"note k={uuid.uuid4()}"
+    body = {"prompt": [{"type": "text", "text": text}], "_meta": {"acpState.incarnation": "a client's claim"}}
+    response = await api.client.post(f"/session/{sid}/prompt", json=body)
+    assert response.status_code == 202, response.text
+    prompt_id = response.json()["promptId"]
+    done = await watcher.wait_for(lambda e: e["type"] in ("turn_complete", "turn_error")
+                                  and e["data"].get("promptId") == prompt_id)
+    assert done["type"] == "turn_complete"
+    (written,) = [w for w in read_writes(os.environ["ACP_SCRIPTED_STATE_DIR"]) if w.text == text]
+    assert written.incarnation == worker.incarnation and written.prior == 0

@@ -23,7 +23,11 @@ from acp_state.store import (
     AdmissionStatus,
     ApplyOutcome,
     CatalogRow,
+    CreateKey,
+    DeleteOutcome,
     EndAdmitted,
+    IdClaim,
+    LoadClaim,
     Mode,
     PendingInteraction,
     RedisStore,
@@ -314,6 +318,34 @@ async def test_attach_and_the_single_slot(store: RedisStore) -> None:
     assert await store.claim_single(s.ws, "other", 60_000) is None
 
 
+async def test_a_session_id_belongs_to_one_workspace(store: RedisStore) -> None:
+    """Issue 37 item 5: a worker's index write claims the id's locator only if it is free or
+    its own workspace's (it overwrote it), and so does the API's claim of a chosen id."""
+    s, other = Session(), secrets.token_hex(8)
+    assert await store.index_session(s.inc, s.ws, s.sid, True)
+    assert await store.index_session(s.inc, s.ws, s.sid, True)  # the same workspace again (a rewrite)
+    assert await store.claim_session_id(s.ws, s.sid) is IdClaim.OURS
+    assert await store.claim_session_id(other, s.sid) is IdClaim.FOREIGN
+    assert not await store.index_session(s.inc, other, s.sid, True)
+    assert await store.locate(s.sid) == s.ws
+    assert (s.ws, s.sid) in await store.worker_index(s.inc)
+    assert (other, s.sid) not in await store.worker_index(s.inc)  # a refused entry is not indexed
+    fresh = new_id()
+    assert await store.claim_session_id(other, fresh) is IdClaim.NEW and await store.locate(fresh) == other
+
+
+async def test_a_create_key_is_kept_per_workspace_and_principal(store: RedisStore) -> None:
+    """Issue 37 item 5: a create's Idempotency-Key record was one per key for the whole
+    deployment; now each workspace and principal has its own."""
+    ws, other = secrets.token_hex(8), secrets.token_hex(8)
+    mine = CreateKey(ws, "user." + ws, "k-1")
+    assert await store.claim_create(mine, "sid-1", "client-1") is None
+    for elsewhere in (CreateKey(other, "user." + other, "k-1"), CreateKey(ws, "admin.*", "k-1")):
+        assert await store.claim_create(elsewhere, "sid-2", "client-2") is None, elsewhere
+        assert (await store.create_record(elsewhere)).sid == "sid-2"
+    assert (await store.claim_create(mine, "sid-3", "client-3")).sid == "sid-1"
+
+
 async def test_list_pages_newest_first_with_live_summaries(store: RedisStore) -> None:
     ws, inc = secrets.token_hex(8), "w-lister"
     sids = []
@@ -483,11 +515,84 @@ async def test_a_moving_session_parks_its_commands_for_the_owner_that_takes_it_o
     assert view is not None and view.owner == target and not view.moving and view.admitted == 2
 
 
+async def listed(store: RedisStore, s: Session) -> None:
+    """`s` as a listed session that is not live (closed, its row kept)."""
+    await s.create(store)
+    closed = Transition(mode=Mode.DELETE, catalog=CatalogRow("2020-01-01T00:00:00Z", "2020-01-01T00:00:00Z", 2000),
+                        events=[events.body("session_closed", {"sessionId": s.sid})])
+    assert (await store.apply(s.ws, s.sid, s.inc, closed)).applied is ApplyOutcome.APPLIED
+
+
 async def test_one_load_claims_a_persisted_session(store: RedisStore) -> None:
     s = Session()
-    assert await store.claim_load(s.ws, s.sid, "r1", 10_000) is None
-    assert await store.claim_load(s.ws, s.sid, "r2", 10_000) == "r1"
+    assert await store.claim_load(s.ws, s.sid, "r0", 10_000) is LoadClaim.GONE  # no row: nothing to resume
+    await listed(store, s)
+    assert await store.claim_load(s.ws, s.sid, "r1", 10_000) is LoadClaim.OK
+    assert await store.claim_load(s.ws, s.sid, "r2", 10_000) is LoadClaim.HELD
     await store.release_load(s.ws, s.sid, "r2")  # not its claim: kept
-    assert await store.claim_load(s.ws, s.sid, "r3", 10_000) == "r1"
+    assert await store.claim_load(s.ws, s.sid, "r3", 10_000) is LoadClaim.HELD
     await store.release_load(s.ws, s.sid, "r1")
-    assert await store.claim_load(s.ws, s.sid, "r3", 10_000) is None
+    assert await store.claim_load(s.ws, s.sid, "r3", 10_000) is LoadClaim.OK
+
+
+async def test_a_listed_session_is_deleted_unless_a_load_claimed_it_first(store: RedisStore) -> None:
+    """DELETE_LISTED and CLAIM_LOAD decide a delete's race with a load in one slot: exactly
+    one wins; a deleted session leaves no row, turns or transcript, and is resumed by no
+    late publish."""
+    s = Session()
+    await s.create(store)
+    assert await store.delete_listed(s.ws, s.sid) is DeleteOutcome.LIVE  # a live one is closed, not deleted
+    sent = await store.send(s.ws, s.inc, prompt(s.sid, "p1"), admit_limit=6)
+    assert sent.status is AdmissionStatus.OK
+    closed = Transition(mode=Mode.DELETE, end_admitted=EndAdmitted("session_closed", "closed"),
+                        catalog=CatalogRow("2020-01-01T00:00:00Z", "2020-01-01T00:00:00Z", 2000),
+                        events=[events.body("session_closed", {"sessionId": s.sid})])
+    assert (await store.apply(s.ws, s.sid, s.inc, closed)).applied is ApplyOutcome.APPLIED
+    assert await store.catalog_row(s.ws, s.sid) is not None
+    assert await store.claim_load(s.ws, s.sid, "r1", 10_000) is LoadClaim.OK
+    assert await store.delete_listed(s.ws, s.sid) is DeleteOutcome.LOADING  # the load claimed it first: it wins
+    await store.release_load(s.ws, s.sid, "r1")
+    before = await store.catalog_version(s.ws)
+    assert await store.delete_listed(s.ws, s.sid, "k1") is DeleteOutcome.DELETED
+    assert (await store.catalog_version(s.ws)).revision == before.revision + 1  # readers are told
+    assert await store.delete_listed(s.ws, s.sid, "k1") is DeleteOutcome.REPEAT
+    assert (await store.first_outcome(s.ws, s.sid, "k1")) is not None
+    assert await store.delete_listed(s.ws, s.sid) is DeleteOutcome.MISSING
+    assert await store.catalog_row(s.ws, s.sid) is None
+    assert [row.sid for row in await store.list_page(s.ws, 0, 10)] == []
+    assert await store.turn(s.ws, s.sid, "p1") is None
+    assert await store.transcript_page(s.ws, s.sid, None, 10) == ([], None)
+    assert await store.claim_load(s.ws, s.sid, "r2", 10_000) is LoadClaim.GONE  # the delete won: no load
+    # A resume whose claim lapsed before its publish is not revived by it.
+    resumed = Transition(mode=Mode.CREATE, meta={"sessionId": s.sid, "workspaceCwd": "/w", "createdAt": "2020-01-01T00:00:00Z"},
+                         epoch="e2", resumed=True, catalog=CatalogRow("2020-01-01T00:00:00Z", "2020-01-01T00:00:00Z", 3000))
+    assert (await store.apply(s.ws, s.sid, "w-resumer", resumed)).applied is ApplyOutcome.FOREIGN
+    assert await store.session(s.ws, s.sid) is None and await store.catalog_row(s.ws, s.sid) is None
+
+
+async def test_a_turn_the_sweeper_ended_answers_its_worker_lost_end_after_a_resume(store: RedisStore) -> None:
+    """A swept session keeps its row and its turn records: each turn the sweep ended
+    (running or queued) is recorded ended `worker_lost`, and a resume keeps it."""
+    from acp_state.store import SESSION_ID_SLOT
+    from acp_state.store.sweeper import died
+    from acp_state.turns import TurnRecord, TurnState
+
+    s = Session()
+    await s.create(store)
+    for pid in ("p1", "p2"):
+        assert (await store.send(s.ws, s.inc, prompt(s.sid, pid), admit_limit=6)).status is AdmissionStatus.OK
+    running = (await store.turn(s.ws, s.sid, "p1")).started(5000)  # type: ignore[union-attr]
+    assert (await store.apply(s.ws, s.sid, s.inc, Transition(active=True, turns=[running]))).applied is ApplyOutcome.APPLIED
+    await store.mark_told(s.ws, s.sid)
+    assert await store.sweep(s.ws, s.inc, [s.sid], died(SESSION_ID_SLOT)) == [ApplyOutcome.APPLIED]
+    resumed = Transition(mode=Mode.CREATE, meta={"sessionId": s.sid, "workspaceCwd": "/w", "createdAt": "2020-01-01T00:00:00Z"},
+                         epoch="e2", resumed=True, catalog=CatalogRow("2020-01-01T00:00:00Z", "2020-01-01T00:00:00Z", 3000))
+    assert (await store.apply(s.ws, s.sid, "w-resumer", resumed)).applied is ApplyOutcome.APPLIED
+    for pid, started in (("p1", 5000), ("p2", None)):
+        record = await store.turn(s.ws, s.sid, pid)
+        assert isinstance(record, TurnRecord) and record.state is TurnState.ERROR, record
+        assert record.error is not None and record.error["code"] == "worker_lost"
+        assert record.started_at == started and record.ended_at is not None and record.ended_at >= record.queued_at
+        assert record.prompt_text == "hi"
+    current = await store.current_turn(s.ws, s.sid)
+    assert current is not None and current.prompt_id == "p2" and current.state is TurnState.ERROR

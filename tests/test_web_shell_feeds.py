@@ -262,7 +262,7 @@ async def test_feed_rows_over_the_listing_and_the_inbox_order(harness: Harness, 
 async def test_a_workspace_token_follows_its_feed_and_inbox_but_not_the_workers(
     harness: Harness, workspace: str, open_page: OpenPage, tmp_path: Path
 ) -> None:
-    """EventSource sends no headers: both streams carry the token in `access_token`."""
+    """EventSource sends no headers: both streams open with stream tickets the token got."""
     other = tmp_path / "other"
     other.mkdir()
     scoped = "scoped-token-0123456789"
@@ -274,7 +274,7 @@ async def test_a_workspace_token_follows_its_feed_and_inbox_but_not_the_workers(
     api.client.headers["Authorization"] = "Bearer admin-token-0123456789"
 
     async def sign_in(page: Page) -> None:
-        await page.add_init_script(f"localStorage.setItem('acp-shell.token', {scoped!r})")
+        await page.add_init_script(f"sessionStorage.setItem('acp-shell.token', {scoped!r})")
 
     page = await open_page(api, "en-US", "/#/deployment", prepare=sign_in)
     await expect(page.locator(".panel-workers")).to_contain_text("This token sees only its own workspaces")

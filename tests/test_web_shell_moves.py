@@ -205,13 +205,21 @@ async def test_a_drained_session_shows_moving_then_the_move_and_the_stopped_turn
     await expect(deployment.locator(".workers-table tbody tr")).to_have_count(1)  # the drained worker left
     await expect(deployment.locator('.workers-table tr[data-draining="true"]')).to_have_count(0)
 
+    # Loaded again (a new tab; a stream that resumed past a gap reloads the same way), the
+    # session still explains the stopped turn: the drain keeps its turn_error for the
+    # reload's refresh-append. (It did not: a page that reloaded during the move lost it.)
+    reloaded = await open_page(api, "en-US", f"/#/session/{sid}")
+    await expect(reloaded.locator(".conn")).to_have_attribute("data-state", "live")
+    await expect(reloaded.locator(".turn-error")).to_have_attribute("data-error-code", "worker_draining")
+    await expect(reloaded.locator(".turn-error")).to_contain_text(TEXT["en"]["draining_text"])
+
     await send_from_page(page, "en", "#recall")  # the conversation goes on, on the other worker
     await expect(agent_says(page, "recall: remember OSPREY")).to_be_visible()
     await expect(moved).to_be_visible()
     await expect(error).to_have_count(0)  # the new turn supersedes the stopped one
     await expect(sessions["zh-CN"].locator(".notice-moved")).to_have_text(TEXT["zh-CN"]["moved_note"])
     await expect(sessions["zh-CN"].locator(".banner-moving")).to_be_hidden()
-    for view in (*rows.values(), *sessions.values(), deployment):
+    for view in (*rows.values(), *sessions.values(), deployment, reloaded):
         assert view.errors == []  # type: ignore[attr-defined]
 
 

@@ -40,6 +40,8 @@ log = logging.getLogger("worker")
 RECLAIM_MARGIN_S = 5.0
 DEFAULT_REPLY_WAIT_MS = 60_000
 RECLAIM_TICK_S = 1.0
+# A create's answer when its session id is another workspace's (ids are unique across them).
+SESSION_ID_CONFLICT = "session_id_conflict"
 
 # An answered create, until its answer is known taken: (deadline, tie-break, request id,
 # answer, session), a heap by deadline.
@@ -127,7 +129,21 @@ class Creates:
         # From here on the store is told, retrying while it is away: the sweeper's index
         # first, then the session, then the API's answer. A session nobody was told of (the
         # answer could not be given, or the API stopped waiting) is undone.
-        indexed = await _stored(lambda: store.index_session(session.incarnation, session.ws, sid, True))
+        ours: list[bool] = []
+
+        async def index() -> None:
+            ours[:] = [await store.index_session(session.incarnation, session.ws, sid, True)]
+
+        indexed = await _stored(index)
+        if indexed and not ours[0]:
+            if command.move_from is None:  # another workspace holds the id: nothing was written
+                log.warning("the session id is another workspace's; refusing the create", extra={"sessionId": sid})
+                await session.close("conflict", publish=False)
+                with contextlib.suppress(Exception):
+                    await store.reply(command.request_id, Reply(ok=False, code=SESSION_ID_CONFLICT))
+                return
+            # (Only a store that lost the locator and let another workspace claim the id meanwhile.)
+            log.error("a moved session's id is another workspace's; it moves all the same", extra={"sessionId": sid})
         if command.move_from is not None:
             await self._arrive(session, command, carry, indexed)
             return

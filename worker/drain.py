@@ -308,6 +308,11 @@ class MovableSession:
         transition.turns.append(prompt.turn)
         data = {"sessionId": self.sid, "message": message, "code": code, "promptId": prompt.prompt_id}
         transition.events.append(events.body("turn_error", data, prompt.prompt_id))
+        # Kept for refresh-append, as every turn error is: a client that reloads (or whose
+        # stream resumed past a gap, which reloads) still sees why the turn stopped. The
+        # status's `turnError` stays unset: the session itself did not fail.
+        self.turn_error_event = True
+        transition.keep_turn_error_event = len(transition.events)
         await self._write(transition)
         if prompt.sent and self._runner is not None:
             # The agent answers the cancelled prompt once it has recorded the turn: the

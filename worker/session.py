@@ -347,7 +347,10 @@ class LiveSession(PermissionRequests, MovableSession):
             self.has_history = True
             self._sent = prompt
             try:
-                response = await self.agent.prompt(self.agent_sid, prompt.blocks, prompt.meta)
+                # `_meta` names the incarnation that sends the turn (the scripted agent logs its
+                # history writes with it: docs/chaos.md, invariant j), over any client's claim.
+                meta = {**(prompt.meta or {}), "acpState.incarnation": self.incarnation}
+                response = await self.agent.prompt(self.agent_sid, prompt.blocks, meta)
             except ConnectionError:
                 return  # the child died; AgentProcess ends every prompt with channel_closed
             except Exception as error:  # the agent answered with a JSON-RPC error

@@ -354,7 +354,11 @@ class Worker:
             if session.closed or session.moving:  # (a moving session is the drain's)
                 return
             try:
-                await self.store.index_session(session.incarnation, session.ws, session.sid, True)
+                if not await self.store.index_session(session.incarnation, session.ws, session.sid, True):
+                    # Another workspace claimed the id while the store had lost its locator:
+                    # the session is rewritten all the same (API processes that cached its
+                    # workspace still find it); docs/api.md, "Tenants".
+                    log.error("a rewritten session's id is another workspace's", extra={"sessionId": session.sid})
             except Exception as error:  # (redis-py can fail oddly on a connection torn mid-write)
                 log.warning("could not index a session to rewrite (%r); again at the next heartbeat", error,
                             extra={"sessionId": session.sid})

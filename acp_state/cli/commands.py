@@ -16,8 +16,9 @@ from typing import Any, Awaitable, Callable
 from .. import logs
 from ..agents import PRESETS, offered_agents, session_modes, with_presets
 from ..moves import default_state_store
-from ..store import MEMORY, RedisStore, Retention, UnsuitableRedis, check_redis
+from ..store import MEMORY, MissingPermission, RedisStore, Retention, UnsuitableRedis, check_permissions, check_redis
 from ..testing import scripted_agent
+from . import secrets
 from .serving import DEFAULT_SERVER, SERVERS, listen_address, serve_http, settle_heap, started, until_signal, url_host
 
 EXIT_SHUTDOWN_OVERRAN = 70  # EX_SOFTWARE: stopped, but a step of the shutdown overran (logged)
@@ -29,12 +30,15 @@ def _api_settings(args: argparse.Namespace) -> Any:
     from acp_state.api.settings import Settings
 
     workspaces = [os.path.abspath(w) for w in (args.workspace or [os.getcwd()])]
+    tokens = _tokens(args)
+    _check_origins(args.allow_origin, bool(tokens))
     return Settings(
         redis_url=args.redis_url,
         host=args.host,
         port=args.port,
         workspaces=workspaces,
-        tokens=_tokens(args),
+        tokens=tokens,
+        allow_origins=args.allow_origin,
         sse_send_timeout_s=args.sse_send_timeout_s,
         create_timeout_s=args.create_timeout_s,
     )
@@ -44,13 +48,22 @@ def _tokens(args: argparse.Namespace) -> list[Any]:
     from acp_state.api.auth import Token, is_loopback
 
     try:
-        tokens = [Token.parse(spec) for spec in args.token]
+        tokens = [Token.parse(spec) for spec in args.token_specs]
         tokens += [Token.parse(f"{secret},role=channel") for secret in args.channel_token]
     except ValueError as error:
         raise SystemExit(f"acp-state: bad --token: {error}") from None
     if not tokens and not is_loopback(args.host):
         raise SystemExit(f"acp-state: refusing to serve {args.host} without a bearer token (--token)")
     return tokens
+
+
+def _check_origins(origins: list[str], has_token: bool) -> None:
+    from acp_state.api.origins import OriginError, parse_allowed
+
+    try:
+        parse_allowed(origins, has_token)
+    except OriginError as error:
+        raise SystemExit(f"acp-state: {error}") from None
 
 
 def _worker_config(args: argparse.Namespace) -> Any:
@@ -129,7 +142,7 @@ async def run_worker(args: argparse.Namespace) -> None:
         await asyncio.wait([running, ready], return_when=asyncio.FIRST_COMPLETED)
         if ready.done():
             settle_heap()
-            print(f"acp-state worker {worker.incarnation} serving {args.redis_url}", flush=True)
+            print(f"acp-state worker {worker.incarnation} serving {secrets.redacted(args.redis_url)}", flush=True)
         else:
             ready.cancel()
         await running
@@ -212,7 +225,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     def api_options(p: argparse.ArgumentParser, redis_default: str | None) -> None:
-        p.add_argument("--redis-url", required=redis_default is None, default=redis_default)
+        redis_url_option(p, redis_default)
         p.add_argument("--host", default="127.0.0.1")
         p.add_argument("--port", type=int, default=4170)
         p.add_argument("--server", choices=SERVERS, default=os.environ.get("ACP_STATE_SERVER", DEFAULT_SERVER),
@@ -220,14 +233,28 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--workspace", action="append", help="a workspace cwd (repeatable; default: .)")
         p.add_argument("--token", action="append", default=[], metavar="SECRET[,role=R][,workspace=PATH]",
                        help="a bearer token (repeatable); role user (default), channel or admin; "
-                            "workspace scopes it to one workspace. Required off loopback.")
+                            "workspace scopes it to one workspace. Required off loopback. `ps` shows it: "
+                            "prefer --token-file or $ACP_STATE_TOKENS")
+        p.add_argument("--token-file", action="append", default=[], metavar="PATH",
+                       help="token specs, one a line as --token takes them (# comments); a file its "
+                            "group or others may read is refused (repeatable)")
         p.add_argument("--channel-token", action="append", default=[],
                        help="a bearer token of the channel role (may mark prompts as channel prompts)")
+        p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                       help="a web origin (scheme://host[:port]) whose pages may call this API (repeatable; "
+                       "'*' any, with a token only); other origins' requests answer 403")
         p.add_argument("--sse-send-timeout-s", type=float, default=10.0,
                        help="drop an SSE client whose socket stays full this long")
         p.add_argument("--create-timeout-s", type=float, default=60.0,
                        help="how long a create waits for its worker's answer (an answer nobody took "
                             "is taken back this long plus 5 s after it was given, and the session undone)")
+
+    def redis_url_option(p: argparse.ArgumentParser, default: str | None = None) -> None:
+        p.set_defaults(redis_fallback=default)
+        p.add_argument("--redis-url", metavar="URL",
+                       help=f"default: ${secrets.REDIS_URL_VARIABLE}" + (f", else {default}" if default else "")
+                       + f"; the password of its user may come from ${secrets.REDIS_PASSWORD_VARIABLE} "
+                       "(`ps` shows a URL's password)")
 
     def worker_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--agent", action="append", metavar="[NAME=]COMMAND",
@@ -271,18 +298,18 @@ def _parser() -> argparse.ArgumentParser:
     api = commands.add_parser("api", help="run a stateless API process")
     api_options(api, None)
     worker = commands.add_parser("worker", help="run a bridge worker")
-    worker.add_argument("--redis-url", required=True)
+    redis_url_option(worker)
     worker.add_argument("--metrics-port", type=int, help="serve GET /metrics on this port")
     worker.add_argument("--metrics-host", default="127.0.0.1",
                         help="the address of --metrics-port, an IP or a name (default: 127.0.0.1)")
     worker_options(worker)
     status = commands.add_parser("status", help="a live table of workers and sessions by state")
-    status.add_argument("--redis-url", required=True)
+    redis_url_option(status)
     status.add_argument("--once", action="store_true", help="print one table and exit")
     status.add_argument("--interval", type=float, default=1.0)
     drain = commands.add_parser("drain", help="move a worker's sessions to other workers, then stop it")
     drain.add_argument("incarnation", help="the worker's incarnation (acp-state status lists them)")
-    drain.add_argument("--redis-url", required=True)
+    redis_url_option(drain)
     drain.add_argument("--grace-s", type=float, help="how long its running turns may finish (default: its own)")
     drain.add_argument("--no-wait", action="store_true", help="do not wait for the worker to be gone")
     dev = commands.add_parser("dev", help="API + worker in one process on embedded Redis")
@@ -297,12 +324,30 @@ async def _check_redis(url: str) -> None:
     try:
         await check_redis(url)
     except UnsuitableRedis as error:
-        raise SystemExit(f"acp-state: {url}: {error}") from None
+        raise SystemExit(f"acp-state: {secrets.redacted(url)}: {error}") from None
+
+
+async def _check_permissions(url: str, command: str) -> None:
+    """Refuse at once, naming what is missing, a Redis user that may not run what this
+    process runs (deploy/redis/users.acl), rather than fail later with a traceback."""
+    try:
+        await check_permissions(url, command)
+    except MissingPermission as error:
+        raise SystemExit(f"acp-state: {secrets.redacted(url)}: {error}") from None
 
 
 async def _run(runner: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace) -> None:
     await _check_redis(args.redis_url)
+    await _check_permissions(args.redis_url, args.command)
     await runner(args)
+    if args.command in ("api", "dev") and args.server == "granian":
+        # Every request, stream and the lifespan have ended: exit here. Dropping granian's
+        # server (with the loop, or at the interpreter's exit) joins its Rust connection
+        # tasks, and one whose client sent part of a request and then nothing waits out the
+        # header read timeout, 30 s (`acp-state dev` once overran a 20 s SIGTERM limit so).
+        sys.stdout.flush()
+        logging.shutdown()
+        os._exit(0)
 
 
 def _resolve_listeners(args: argparse.Namespace) -> None:
@@ -317,15 +362,44 @@ def _resolve_listeners(args: argparse.Namespace) -> None:
         raise ValueError(f"{option}: {error}") from None
 
 
+def _read_secrets(args: argparse.Namespace) -> None:
+    """The Redis URL and the tokens, from the options, files and environment variables that
+    keep them out of `ps` (`secrets`); then those variables leave the environment, so no
+    agent child inherits them."""
+    args.redis_url = secrets.redis_url(args.redis_url, os.environ) or args.redis_fallback
+    if args.redis_url is None:
+        raise secrets.SecretError(f"--redis-url (or ${secrets.REDIS_URL_VARIABLE}) is required")
+    if args.command in ("api", "dev"):
+        args.token_specs = secrets.token_specs(args.token, args.token_file, os.environ)
+    secrets.scrub_environment()
+    # A worker's agents run as its user, and so may other processes of the host: a process
+    # that holds a Redis password or tokens keeps its environment and memory to root.
+    if args.command in ("worker", "api", "dev") and (secrets.url_password(args.redis_url)
+                                                      or getattr(args, "token_specs", None)):
+        secrets.shield()
+
+
+def _warn_of_visible_secrets(args: argparse.Namespace, argv: list[str]) -> None:
+    if any(a == "--redis-url" or a.startswith("--redis-url=") for a in argv) and secrets.url_password(args.redis_url):
+        logging.warning("the Redis password is on the command line, where `ps` shows it: give it in $%s "
+                        "(or the whole URL in $%s)", secrets.REDIS_PASSWORD_VARIABLE, secrets.REDIS_URL_VARIABLE)
+    if getattr(args, "token", None) or getattr(args, "channel_token", None):
+        logging.warning("bearer tokens are on the command line, where `ps` shows them: give them in "
+                        "--token-file or $%s", secrets.TOKENS_VARIABLE)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = _parser()
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     try:
         _resolve_listeners(args)
+        _read_secrets(args)
     except ValueError as error:
         parser.exit(2, f"acp-state: {error}\n")  # a usage error, like argparse's own: exit code 2
     default_format = "json" if args.command in ("api", "worker") else "text"
     logs.configure(args.log_level, args.log_format or default_format)
+    _warn_of_visible_secrets(args, argv)
     runner = {"api": run_api, "worker": run_worker, "dev": run_dev, "status": run_status, "drain": run_drain}[args.command]
     try:
         import uvloop

@@ -4,12 +4,15 @@ granian (embedded) or uvicorn, the address they listen on, and the signals that 
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import ipaddress
 import logging
 import signal
 import socket
 from typing import Any, Awaitable, Callable
+
+from .port_holders import port_holders
 
 log = logging.getLogger("acp_state")
 
@@ -55,6 +58,8 @@ def listen_address(host: str, port: int | None) -> str:
                 probe.bind((address, port))
         except (OSError, OverflowError) as error:
             reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            if isinstance(error, OSError) and error.errno == errno.EADDRINUSE and (holders := port_holders(port)):
+                reason += f" (held by {', '.join(holders)})"
             shown = host if host == address else f"{host} ({address})"
             raise ValueError(f"cannot listen on {shown} port {port}: {reason}") from None
     return address
@@ -110,6 +115,7 @@ class GranianServer:
                 port = probe.getsockname()[1]
         self.app, self.host, self.port, self.started = app, host, port, False
         self._draining: asyncio.Future[None] | None = None
+        self._stopping = asyncio.Event()
         self._server = Server(
             app, address=host, port=port, interface=Interfaces.ASGINL, http=HTTPModes.http1, websockets=False,
             # No cap on concurrent requests below the kernel's (uvicorn has none): an SSE stream holds one.
@@ -132,12 +138,32 @@ class GranianServer:
         probe = asyncio.ensure_future(self._probe())
         try:
             if not self.stopped:  # (a stop during the lifespan startup: do not serve at all)
-                await self._server.serve()  # returns once every connection is closed
+                serving = asyncio.ensure_future(self._server.serve())  # ends once every connection is closed
+                stopping = asyncio.ensure_future(self._stopping.wait())
+                await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                stopping.cancel()
+                await self._until_served(serving)
         finally:
             probe.cancel()
             if self._draining is not None:
                 await self._draining
             await lifespan.shutdown()
+
+    async def _until_served(self, serving: asyncio.Future[None]) -> None:
+        """Granian ends once its connections close, and one whose client sent part of a
+        request and then nothing is closed only by the header read timeout (30 s). So once
+        stopped, and the running requests have had their grace, such connections get
+        `GRACE_S` more and are then left to the process's exit (`acp-state` exits at once
+        after serving: see `cli.commands._run`); `acp-state dev` once overran a 20 s
+        SIGTERM limit waiting on one."""
+        if self._draining is not None:
+            await self._draining
+            await asyncio.wait({serving}, timeout=self.GRACE_S)
+        if serving.done():
+            serving.result()
+        else:
+            log.warning("the HTTP server still holds a connection %.0f s after it stopped; not waiting for it",
+                        self.GRACE_S)
 
     async def _probe(self) -> None:
         target = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
@@ -159,6 +185,7 @@ class GranianServer:
         self._server.stop()  # no new connections; granian waits for the open ones to close
         if self._draining is None:
             self._draining = asyncio.ensure_future(self._drain())
+            self._stopping.set()
 
     async def _drain(self) -> None:
         """Running requests get the grace period, then are cancelled (an SSE stream only

@@ -19,7 +19,9 @@ from .batching import PerLoopTurn, Script, pipelined
 from .codec import pack_create_record, unpack_create_record
 from .keys import F
 from .side import INBOX_MAXLEN, INBOX_TTL_MS, REPLY_TTL_S, RedisSide
-from .types import ABANDONED, GIVEN, Admission, AdmissionStatus, CreateRecord, VoteOutcome
+from .types import (
+    ABANDONED, GIVEN, Admission, AdmissionStatus, CreateKey, CreateRecord, DeleteOutcome, IdClaim, LoadClaim, VoteOutcome,
+)
 
 # One BLPOP must end well inside the client's socket read timeout (5 s by default since
 # redis-py 8), or the read fails with TimeoutError instead of returning nil.
@@ -40,6 +42,9 @@ class ApiSide(RedisSide):
         self._take = Script(self.redis, scripts.TAKE)
         self._abandon = Script(self.redis, scripts.ABANDON)
         self._release_single = Script(self.redis, scripts.RELEASE_SINGLE)
+        self._claim_sid = Script(self.redis, scripts.CLAIM_SID)
+        self._claim_load = Script(self.redis, scripts.CLAIM_LOAD)
+        self._delete_listed = Script(self.redis, scripts.DELETE_LISTED)
         self._controls = PerLoopTurn(self._send_controls)
         self._tellings = PerLoopTurn(self._send_tellings)
 
@@ -182,40 +187,42 @@ class ApiSide(RedisSide):
     # ---- creates ------------------------------------------------------------------------
 
     async def claim_create(
-        self, idempotency_key: str, sid: str, client_id: str, ttl_ms: int = IDEMPOTENCY_TTL_MS
+        self, idempotency_key: CreateKey, sid: str, client_id: str, ttl_ms: int = IDEMPOTENCY_TTL_MS
     ) -> CreateRecord | None:
-        """Record a create under its idempotency key for `ttl_ms` (the create's own time
-        limit, until its outcome is kept); returns the first one's record if there is one."""
+        """Record a create under its idempotency key (scoped to its workspace and principal)
+        for `ttl_ms` (the create's own time limit, until its outcome is kept); returns the
+        first one's record if there is one."""
         record = CreateRecord(sid, client_id, False, None, kept=False)
-        first = await self.redis.set(
-            keys.create_idempotency(idempotency_key), pack_create_record(record), nx=True, px=ttl_ms, get=True
-        )
+        first = await self.redis.set(_create_key(idempotency_key), pack_create_record(record), nx=True, px=ttl_ms, get=True)
         return None if first is None else unpack_create_record(first)
 
-    async def note_create_request(self, idempotency_key: str, sid: str, client_id: str, request: str) -> None:
+    async def note_create_request(self, idempotency_key: CreateKey, sid: str, client_id: str, request: str) -> None:
         """Before a create is sent to a worker: the request whose answer a retry may take or
         abandon."""
         record = CreateRecord(sid, client_id, False, request, kept=False)
-        await self.redis.set(keys.create_idempotency(idempotency_key), pack_create_record(record), xx=True, keepttl=True)
+        await self.redis.set(_create_key(idempotency_key), pack_create_record(record), xx=True, keepttl=True)
 
-    async def keep_create(self, idempotency_key: str, sid: str, client_id: str, attached: bool) -> None:
+    async def keep_create(self, idempotency_key: CreateKey, sid: str, client_id: str, attached: bool) -> None:
         """The create succeeded (or attached to the workspace's shared session), and its
         creator is told: its key answers with that outcome for a day."""
         record = CreateRecord(sid, client_id, attached, None, kept=True)
-        await self.redis.set(
-            keys.create_idempotency(idempotency_key), pack_create_record(record), px=IDEMPOTENCY_TTL_MS
-        )
+        await self.redis.set(_create_key(idempotency_key), pack_create_record(record), px=IDEMPOTENCY_TTL_MS)
 
-    async def forget_create(self, idempotency_key: str, sid: str) -> None:
+    async def forget_create(self, idempotency_key: CreateKey, sid: str) -> None:
         """A create that failed: its key may be used again (if it is still this create's)."""
-        key = keys.create_idempotency(idempotency_key)
+        key = _create_key(idempotency_key)
         first = await self.redis.get(key)
         if first is not None and first.partition(" ")[0] == sid:
             await self.redis.delete(key)
 
-    async def create_record(self, idempotency_key: str) -> CreateRecord | None:
-        value = await self.redis.get(keys.create_idempotency(idempotency_key))
+    async def create_record(self, idempotency_key: CreateKey) -> CreateRecord | None:
+        value = await self.redis.get(_create_key(idempotency_key))
         return None if value is None else unpack_create_record(value)
+
+    async def claim_session_id(self, ws: str, sid: str) -> IdClaim:
+        """Claim session id `sid` for workspace `ws` (scripts.CLAIM_SID, in the locator's
+        slot): FOREIGN if another workspace holds it (nothing written)."""
+        return IdClaim(int(await self._claim_sid([keys.locator(sid)], [ws, self.locator_ttl_ms])))
 
     async def mark_told(self, ws: str, sid: str) -> None:
         """A create's answer was taken: its creator knows the session (F.REQUEST goes, and
@@ -246,16 +253,39 @@ class ApiSide(RedisSide):
         """Claim the workspace's single-scope slot; returns the existing holder if any."""
         return await self.redis.set(keys.single(ws), sid, nx=True, px=ttl_ms, get=True)
 
+    async def spend_ticket(self, nonce: str, ttl_ms: int) -> bool:
+        """Mark a stream ticket used; False: it was used already (on any API process)."""
+        return bool(await self.redis.set(keys.stream_ticket(nonce), b"1", nx=True, px=ttl_ms))
+
     async def release_single(self, ws: str, sid: str) -> None:
         """Drop a claim that did not turn into a live session (compare-and-delete)."""
         await self._release_single([keys.single(ws)], [sid])
 
-    async def claim_load(self, ws: str, sid: str, request: str, ttl_ms: int) -> str | None:
-        """Claim the one load that resumes a session that is not live; None if claimed
-        here, else the request id of the load under way."""
-        return await self.redis.set(keys.load_claim(ws, sid), request, nx=True, px=ttl_ms, get=True)
+    async def claim_load(self, ws: str, sid: str, request: str, ttl_ms: int) -> LoadClaim:
+        """Claim the one load that resumes a session that is not live (scripts.CLAIM_LOAD):
+        OK claimed here, HELD by a load under way, GONE its catalog row is not there (a
+        delete won)."""
+        result = await self._claim_load([keys.load_claim(ws, sid), keys.catalog(ws)], [sid, request, ttl_ms])
+        return LoadClaim(result[0])
+
+    async def delete_listed(self, ws: str, sid: str, idempotency_key: str | None = None) -> DeleteOutcome:
+        """Delete a listed session that is not live (scripts.DELETE_LISTED): its catalog row,
+        turn records, transcript and replay log, unless a load claimed or resumed it."""
+        key_list = [
+            keys.session(ws, sid), keys.load_claim(ws, sid), keys.live(ws), keys.catalog(ws), keys.catalog_order(ws),
+            keys.turns(ws, sid), keys.turns_ended(ws, sid), keys.transcript(ws, sid), keys.events(ws, sid),
+            keys.invalidations(ws), keys.catalog_version(ws), keys.change_log(ws),
+        ]
+        if idempotency_key is not None:
+            key_list.append(keys.idempotency(ws, sid, idempotency_key))
+        result = await self._delete_listed(key_list, [sid, self.retention.catalog_ms, IDEMPOTENCY_TTL_MS])
+        return DeleteOutcome(result)
 
     async def release_load(self, ws: str, sid: str, request: str) -> None:
         """End our load's claim (kept if another load's claim replaced a lapsed one)."""
         if await self.redis.get(keys.load_claim(ws, sid)) == request:
             await self.redis.delete(keys.load_claim(ws, sid))
+
+
+def _create_key(key: CreateKey) -> str:
+    return keys.create_idempotency(key.ws, key.principal, key.key)

@@ -69,7 +69,8 @@ def transition_ops(sid: str, t: Transition, retention: Retention) -> dict[str, A
     str}, del [field], incr {field: int}, events [envelope bodies], tev (1-based index of
     the event to keep as the turn-error event), catalog (row JSON) with its score,
     single, missing_only, uncatalog, orphan (the terminal body for each admitted prompt
-    left, `@PID@` standing for its id), op; with the retention each needs."""
+    left, `@PID@` standing for its id), endturn (the error a delete ends every admitted
+    prompt's turn record with), op; with the retention each needs."""
     fields: dict[str, str] = {}
     if t.meta is not None:
         for name, value in ((F.CREATED, t.meta.get("createdAt")), (F.CWD, t.meta.get("workspaceCwd")),
@@ -134,6 +135,10 @@ def transition_ops(sid: str, t: Transition, retention: Retention) -> dict[str, A
         data = {"sessionId": sid, "message": t.end_admitted.message, "code": t.end_admitted.code,
                 "promptId": PROMPT_ID_SLOT}
         ops["orphan"] = events.body("turn_error", data, PROMPT_ID_SLOT)
+        # Every prompt the delete ends has its turn record ended so too, where the records
+        # stay (a session that stays listed): a resume answers them (GET turns/:promptId).
+        ops["endturn"] = {"message": t.end_admitted.message, "code": t.end_admitted.code, "at": str(now_ms()),
+                          "keep": KEPT_ENDED_TURNS, "ttl": retention.catalog_ms}
     ops["events"] = list(t.events)
     if t.keep_turn_error_event is not None:
         ops["tev"] = t.keep_turn_error_event

@@ -202,7 +202,8 @@ def load_claim(ws: str, sid: str) -> str:
 
 
 def locator(sid: str) -> str:
-    """STRING sessionId -> workspaceId, so session-scoped routes find the workspace slot."""
+    """STRING sessionId -> workspaceId, so session-scoped routes find the workspace slot.
+    Written only by CLAIM_SID: a session id belongs to one workspace (unique across them)."""
     return f"{PREFIX}:sid:{{{sid}}}"
 
 
@@ -216,9 +217,17 @@ def idempotency(ws: str, sid: str, key: str) -> str:
     return f"{PREFIX}:{{{ws}}}:idem:{sid}:{key}"
 
 
-def create_idempotency(key: str) -> str:
-    """STRING: `<sessionId> <clientId>` of the create sent with an `Idempotency-Key`."""
-    return f"{PREFIX}:idem:{{{key}}}"
+def create_idempotency(ws: str, principal: str, key: str) -> str:
+    """STRING: `<sessionId> <clientId> ...` of the create sent to workspace `ws` by
+    `principal` with an `Idempotency-Key` (scoped to both: another workspace's or another
+    principal's same key is another create). The segment `cidem` differs from `idem`, so no
+    command record's name (`idem:<sid>:<key>`) can equal one."""
+    return f"{PREFIX}:{{{ws}}}:cidem:{principal}:{key}"
+
+
+def stream_ticket(nonce: str) -> str:
+    """STRING: a stream ticket was used (api/stream_tickets.py); PX its life left + 1 s."""
+    return f"{PREFIX}:ticket:{{{nonce}}}"
 
 
 def reply(request: str) -> str:

@@ -64,6 +64,8 @@ TOLD = load("told", "changes")
 CURRENT_TURN = load("current_turn")
 LIST = load("list")
 RELEASE_SINGLE = load("release_single")
+CLAIM_LOAD = load("claim_load")
+DELETE_LISTED = load("delete_listed", "changes")
 ATTENTION_PAGE = load("attention_page")
 ATTENTION_OF = load("attention_of", "attention")
 
@@ -79,8 +81,12 @@ ABANDON = load("abandon", "replies")
 TAKE = load("take", "replies")
 RECLAIM = load("reclaim", "replies")
 
+# The session id's locator (KEYS: the locator alone, tagged by the session id).
+CLAIM_SID = load("claim_sid")
+
 ALL = {
     "APPLY": APPLY, "SWEEP": SWEEP, "SEND": SEND, "MOVE": MOVE, "VOTE": VOTE, "ATTACH": ATTACH, "VERSION": VERSION, "TOLD": TOLD, "CURRENT_TURN": CURRENT_TURN, "LIST": LIST,
-    "RELEASE_SINGLE": RELEASE_SINGLE, "ATTENTION_PAGE": ATTENTION_PAGE, "ATTENTION_OF": ATTENTION_OF, "HEARTBEAT": HEARTBEAT, "CLAIM_DEAD": CLAIM_DEAD,
+    "RELEASE_SINGLE": RELEASE_SINGLE, "CLAIM_LOAD": CLAIM_LOAD, "DELETE_LISTED": DELETE_LISTED, "ATTENTION_PAGE": ATTENTION_PAGE, "ATTENTION_OF": ATTENTION_OF, "HEARTBEAT": HEARTBEAT, "CLAIM_DEAD": CLAIM_DEAD,
     "RELEASE": RELEASE, "RESIGN": RESIGN, "REPLY": REPLY, "ABANDON": ABANDON, "TAKE": TAKE, "RECLAIM": RECLAIM,
+    "CLAIM_SID": CLAIM_SID,
 }

@@ -34,6 +34,13 @@ class RedisSide:
     resends: bool  # the client resends a command after an error (it may have run twice)
     retention: Retention
 
+    @property
+    def locator_ttl_ms(self) -> int:
+        """A session id's locator is kept the catalog's retention past its session's last
+        refresh (its worker renews it with the session's TTL), so it outlives the listing
+        row: an id stays its workspace's while any session of it is live or listed."""
+        return self.retention.catalog_ms + self.retention.session_ttl_ms
+
     def attention_all_keys(self, ws: str) -> list[str]:
         """The deployment attention index (and its details) that holds the workspace's
         waits: the whole deployment's on a single Redis, its slot's on a cluster."""

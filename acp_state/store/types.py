@@ -43,6 +43,14 @@ class ReplyFate(enum.IntEnum):
     LOST = -1  # gone with its keys (Redis restarted empty, a failover), and no API gave up on it
 
 
+class IdClaim(enum.IntEnum):
+    """What a claim on a session id found (CLAIM_SID): ids are unique across workspaces."""
+
+    FOREIGN = 0  # another workspace holds the id (a session of it is live or listed): refused
+    NEW = 1  # the id was free: it is this workspace's now
+    OURS = 2  # the id was this workspace's already
+
+
 class AdmissionStatus(enum.StrEnum):
     """What became of a command handed to a session's owner."""
 
@@ -59,6 +67,25 @@ class VoteOutcome(enum.StrEnum):
     UNKNOWN = "unknown"  # no such pending request (never, or already decided)
     CLIENT = "client"  # the voter's client id is not registered on the session
     OPTION = "option"  # not one of the offered option ids
+
+
+class DeleteOutcome(enum.StrEnum):
+    """What a DELETE of a listed session that is not live found (`delete_listed`)."""
+
+    DELETED = "deleted"  # its row (and acp-state's records of it) went in this step
+    REPEAT = "repeat"  # the idempotency key's kept first outcome: deleted before
+    LIVE = "live"  # a session hash is there: live (a load resumed it), or its dead owner's
+    LOADING = "loading"  # a load claimed it: the load wins
+    MISSING = "missing"  # no catalog row (never, deleted, or past its retention)
+
+
+class LoadClaim(enum.StrEnum):
+    """What `claim_load` found: the claim is ours, another load's, or there is no row to
+    resume (deleted: DELETE_LISTED won)."""
+
+    OK = "ok"
+    HELD = "held"
+    GONE = "gone"
 
 
 class Mode(enum.Enum):
@@ -127,6 +154,19 @@ class Admission:
     epoch: str = ""
     prompt_id: str = ""  # the admitted prompt's id (the first one's, for a repeated key)
     repeated: bool = False  # the kept first outcome of the same idempotency key
+
+
+@dataclass(frozen=True)
+class CreateKey:
+    """Where a create's `Idempotency-Key` is kept: per workspace and per principal, so a
+    caller of another workspace, or another principal of the same one, that sends the same
+    key gets a create of its own, never the first one's session or client id. `principal` is
+    a stable name of who called (`api.auth.Principal.name`: role and token scope), made of
+    `[A-Za-z0-9._*+-]`."""
+
+    ws: str
+    principal: str
+    key: str
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import asyncio
 from typing import Any
 
 import orjson
+from redis.exceptions import NoScriptError
 
 from .. import commands
 from ..commands import Command, MalformedCommand, Moving, Reply
@@ -19,7 +20,7 @@ from .codec import transition_ops
 from .command_streams import COMMAND_BATCH, Entry, StreamReaders, entries
 from .connection import is_cluster
 from .side import INBOX_MAXLEN, INBOX_TTL_MS, REGISTRY_TTL_MS, REPLY_TTL_S, RedisSide
-from .types import ABANDONED, GIVEN, Applied, ApplyOutcome, ReplyFate, Standing, Transition
+from .types import ABANDONED, GIVEN, Applied, ApplyOutcome, IdClaim, ReplyFate, Standing, Transition
 
 
 class WorkerSide(RedisSide):
@@ -31,6 +32,7 @@ class WorkerSide(RedisSide):
         self._move = Script(self.redis, scripts.MOVE)
         self._reply = Script(self.redis, scripts.REPLY)
         self._reclaim = Script(self.redis, scripts.RECLAIM)
+        self._claim_sid = Script(self.redis, scripts.CLAIM_SID)
         self._heartbeat = Script(self.heartbeat_redis, scripts.HEARTBEAT, allow_oom=True)
         self._release = Script(self.lease_redis, scripts.RELEASE, allow_oom=True)
         self._resign = Script(self.lease_redis, scripts.RESIGN, allow_oom=True)
@@ -135,6 +137,15 @@ class WorkerSide(RedisSide):
                 missing.add((ws, sid))
             if single:
                 next(results)
+        # Each id's locator is renewed with its session (claimed again if a failover lost
+        # it), so it outlives the session's listing row (RedisSide.locator_ttl_ms).
+        locator_ttl = self.locator_ttl_ms
+        claims = [([keys.locator(sid)], [ws, locator_ttl]) for ws, sid, _ in sessions if (ws, sid) not in missing]
+        if claims:
+            with REDIS_ROUNDTRIP.labels("touch").time():
+                for answer in await pipelined(self.redis, self._claim_sid, claims):
+                    if isinstance(answer, Exception):
+                        raise answer
         return missing
 
     def control_feed(self, incarnation: str) -> str:
@@ -189,22 +200,44 @@ class WorkerSide(RedisSide):
                 raise fate
         return [ReplyFate(int(fate)) for fate in fates]
 
-    async def index_session(self, incarnation: str, ws: str, sid: str, present: bool) -> None:
-        """Add or remove `ws/sid` in the worker's session index (the sweeper's map)."""
+    async def index_session(self, incarnation: str, ws: str, sid: str, present: bool) -> bool:
+        """Add or remove `ws/sid` in the worker's session index (the sweeper's map). Adding
+        also claims the session id for its workspace (scripts.CLAIM_SID, the id's locator):
+        False if another workspace holds the id, and then nothing of it is indexed."""
         if not present:
             await self.redis.srem(keys.worker_sessions(incarnation), f"{ws}/{sid}")
-            return
-        await self._index_writes((incarnation, ws, sid))
+            return True
+        return await self._index_writes((incarnation, ws, sid))
 
-    async def _write_index(self, written: list[tuple[str, str, str]]) -> list[None]:
+    async def _write_index(self, written: list[tuple[str, str, str]]) -> list[bool]:
+        """One pipeline for the index entries and the id claims of a loop turn's sessions;
+        the claims a freshly restarted Redis had no script for are run again once it is
+        loaded, and an entry whose id another workspace holds is taken out again."""
+        ttl = self.locator_ttl_ms
         pipe = self.redis.pipeline(transaction=False)
         for incarnation, ws, sid in written:
             pipe.sadd(keys.worker_sessions(incarnation), f"{ws}/{sid}")
-            pipe.set(keys.locator(sid), ws, px=self.retention.catalog_ms)
+            self._claim_sid.queue(pipe, [keys.locator(sid)], [ws, ttl])
         for incarnation in {incarnation for incarnation, *_ in written}:
             pipe.pexpire(keys.worker_sessions(incarnation), self.retention.session_ttl_ms)
-        await pipe.execute()
-        return [None] * len(written)
+        results = await pipe.execute(raise_on_error=False)
+        claims = results[1 : 2 * len(written) : 2]
+        again = [i for i, claim in enumerate(claims) if isinstance(claim, NoScriptError)]
+        if again:
+            rerun = await pipelined(
+                self.redis, self._claim_sid, [([keys.locator(written[i][2])], [written[i][1], ttl]) for i in again]
+            )
+            for i, claim in zip(again, rerun, strict=True):
+                claims[i] = claim
+        for result in [*results[0 : 2 * len(written) : 2], *claims, *results[2 * len(written) :]]:
+            if isinstance(result, Exception):
+                raise result
+        refused = [entry for entry, claim in zip(written, claims, strict=True) if IdClaim(int(claim)) is IdClaim.FOREIGN]
+        for incarnation in {incarnation for incarnation, *_ in refused}:
+            await self.redis.srem(
+                keys.worker_sessions(incarnation), *(f"{ws}/{sid}" for inc, ws, sid in refused if inc == incarnation)
+            )
+        return [IdClaim(int(claim)) is not IdClaim.FOREIGN for claim in claims]
 
     async def locate_request(self, rid: str, where: str | None) -> None:
         """Record (or forget) which session a pending request belongs to, for the legacy route."""

@@ -39,6 +39,15 @@ the prompt is answered, so another process started on that answer already sees t
 answered with an error, and ``#crash``, leave no trace, and a session with no such prompt has
 no file. A failed write is only logged.
 
+Each such write is also logged, one line appended to ``<state dir>/writes.log`` (one
+``HistoryWrite``, packed as a compact JSON object, after the turn is on disk; ``read_writes``
+reads them back): the session, the worker incarnation that sent the turn (the prompt's
+``_meta["acpState.incarnation"]``, which an acp-state worker sets; else
+``$ACP_STATE_INCARNATION``; else null), the wall-clock time right after the history write, the
+history file's size after it (its place in the file), the turns this process knew of before
+it, the agent's pid and the prompt text (its first 200 characters). The chaos checker holds
+them to "dead stays dead down to the agent" (docs/chaos.md, invariant j).
+
 Scenarios
 ---------
 The prompt text is the concatenation of the ``text`` blocks; its first whitespace-separated
@@ -90,8 +99,10 @@ Environment
 ``ACP_SCRIPTED_RECORD``  a file path; every message received is appended to it as one JSON line.
 ``ACP_SCRIPTED_EAGER_UPDATE``  set: an ``available_commands_update`` for each new session right
                         after the ``session/new`` answer; ``before``: right before it.
-``ACP_SCRIPTED_STATE_DIR``  where the history is kept (created on the first write); default
-                        ``$HOME/.acp-state-scripted``.
+``ACP_SCRIPTED_STATE_DIR``  where the history (and its ``writes.log``) is kept (created on the
+                        first write); default ``$HOME/.acp-state-scripted``.
+``ACP_STATE_INCARNATION``  the incarnation a history write is logged with when the prompt's
+                        ``_meta`` names none.
 ``ACP_SCRIPTED_LOAD_DELAY_S``  seconds ``session/load`` waits after its replay before it answers.
 ``ACP_SCRIPTED_NO_LOAD``  ``1``: ``loadSession`` is false and ``session/load`` gets -32601, like an
                         agent without the capability. History is still written.
@@ -100,7 +111,9 @@ Environment
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -119,29 +132,95 @@ INITIALIZE_RESULT: JSON = {
 # --------------------------------------------------------------------------- history on disk
 
 
+def state_dir() -> str:
+    """`$ACP_SCRIPTED_STATE_DIR`, default `~/.acp-state-scripted`; read from the environment each time."""
+    return os.environ.get("ACP_SCRIPTED_STATE_DIR") or os.path.join(os.path.expanduser("~"), ".acp-state-scripted")
+
+
 def history_path(session_id: str) -> str:
-    """`<state dir>/sessions/<id>.jsonl`; the directory is read from the environment each time."""
-    state_dir = os.environ.get("ACP_SCRIPTED_STATE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".acp-state-scripted"
-    )
-    return os.path.join(state_dir, "sessions", session_id + ".jsonl")
+    """`<state dir>/sessions/<id>.jsonl`."""
+    return os.path.join(state_dir(), "sessions", session_id + ".jsonl")
 
 
-def append_history(session_id: str, user_text: str, agent_text: str) -> None:
-    """Append one turn, its two lines in one O_APPEND write so another writer cannot split them."""
-    path = history_path(session_id)
+def writes_log_path(directory: str | None = None) -> str:
+    """`<state dir>/writes.log`: one line per history write (`HistoryWrite`)."""
+    return os.path.join(directory or state_dir(), "writes.log")
+
+
+# The prompt `_meta` key a worker names itself with, and the fallback from the environment.
+INCARNATION_META = "acpState.incarnation"
+INCARNATION_ENV = "ACP_STATE_INCARNATION"
+LOGGED_TEXT_CHARS = 200  # a line stays well under PIPE_BUF, so one O_APPEND write is one line
+
+
+@dataclass(frozen=True)
+class HistoryWrite:
+    """One write of a turn to a session's history, as `<state dir>/writes.log` keeps it.
+
+    `t` is taken right after the write (wall clock, `time.time()`), so a write is never
+    stamped earlier than it was made; `end` is the history file's size right after it (the
+    file is append-only, so sorting a session's writes by `end` gives their order in the
+    file); `prior` is how many turns of the session this process knew of before it (what a
+    `#recall` of that turn would list)."""
+
+    session_id: str
+    incarnation: str | None
+    t: float
+    end: int
+    prior: int
+    pid: int
+    text: str
+
+    def pack(self) -> str:
+        """One line, no newline: `{"s","by","t","end","prior","pid","text"}`, compact JSON."""
+        return dumps({"s": self.session_id, "by": self.incarnation, "t": round(self.t, 6), "end": self.end,
+                      "prior": self.prior, "pid": self.pid, "text": self.text[:LOGGED_TEXT_CHARS]})
+
+    @classmethod
+    def unpack(cls, line: str | bytes) -> HistoryWrite | None:
+        """The write on one line of the log, or None for a line that is not one (cut short)."""
+        try:
+            d = json.loads(line)
+            return cls(str(d["s"]), d["by"] if isinstance(d["by"], str) else None, float(d["t"]), int(d["end"]),
+                       int(d["prior"]), int(d["pid"]), str(d["text"]))
+        except (ValueError, TypeError, KeyError):
+            return None
+
+
+def read_writes(directory: str | None = None) -> list[HistoryWrite]:
+    """Every history write logged under a state dir (default: this process's), in log order."""
+    try:
+        with open(writes_log_path(directory), "rb") as file:
+            lines = file.read().splitlines()
+    except FileNotFoundError:
+        return []
+    return [w for w in map(HistoryWrite.unpack, lines) if w is not None]
+
+
+def _append(path: str, data: bytes) -> int:
+    """One O_APPEND write (creating the file and its folder); the file's size right after it."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        # No fsync: the page cache is what other processes read, and a fsync per turn
+        # would stall the event loop for every session.
+        os.write(fd, data)
+        return os.lseek(fd, 0, os.SEEK_CUR)  # O_APPEND put our bytes at the end: where they end
+    finally:
+        os.close(fd)
+
+
+def append_history(session_id: str, user_text: str, agent_text: str, incarnation: str | None = None,
+                   prior: int = 0) -> None:
+    """Append one turn, its two lines in one O_APPEND write so another writer cannot split
+    them; then log the write (`HistoryWrite`) to `<state dir>/writes.log`."""
     data = "".join(
         dumps({"role": role, "text": text}) + "\n" for role, text in (("user", user_text), ("agent", agent_text))
     )
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            # No fsync: the page cache is what other processes read, and a fsync per turn
-            # would stall the event loop for every session.
-            os.write(fd, data.encode())
-        finally:
-            os.close(fd)
+        end = _append(history_path(session_id), data.encode())
+        write = HistoryWrite(session_id, incarnation, time.time(), end, prior, os.getpid(), user_text)
+        _append(writes_log_path(), (write.pack() + "\n").encode())
     except OSError as exc:
         # An unwritable HOME must not break the prompts of tests that never load.
         log(f"cannot record the history of {session_id}: {exc}")
@@ -324,11 +403,15 @@ class ScriptedAgent:
         turn = Turn(number=session.prompt_count)
         session.turn = turn
         ctx = TurnContext(self.channel, session.session_id, turn, prompt_text(blocks), list(session.user_texts))
-        task = asyncio.create_task(self.run_prompt(request_id, session, ctx))
+        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+        incarnation = meta.get(INCARNATION_META) or os.environ.get(INCARNATION_ENV) or None
+        task = asyncio.create_task(self.run_prompt(request_id, session, ctx, incarnation))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def run_prompt(self, request_id: Any, session: Session, ctx: TurnContext) -> None:
+    async def run_prompt(
+        self, request_id: Any, session: Session, ctx: TurnContext, incarnation: str | None = None
+    ) -> None:
         scenario, args = pick_scenario(ctx.text)
         response: JSON
         try:
@@ -345,8 +428,10 @@ class ScriptedAgent:
             response = {"id": request_id, "result": {"stopReason": "cancelled"}}
         if "result" in response:
             # Before the answer: a process started on it must already find the turn on disk.
+            prior = len(session.user_texts)
             session.user_texts.append(ctx.text)
-            append_history(session.session_id, ctx.text, "".join(ctx.replies))
+            append_history(session.session_id, ctx.text, "".join(ctx.replies),
+                           incarnation if isinstance(incarnation, str) else None, prior)
         # Free the session before answering: the client may send its next prompt at once.
         session.turn = None
         await self.channel.send(response)

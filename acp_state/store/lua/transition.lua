@@ -14,6 +14,42 @@
 --   removed = the ids it removes from the live set and the single-scope key itself}, the
 --   change being announced by the caller too
 --   -> {applied, last event id, epoch} (see apply.lua)
+-- End the turn records of `ids` that have not ended (queued or running) with the error
+-- `e` = {message, code, at (epoch ms, a string), keep (ended records kept), ttl (ms)}, as
+-- acp_state.turns.TurnRecord.failed does; a record already ended, or gone, stays as it is.
+local function end_turns(turns, ended, ids, e)
+  local open = {}
+  for _, id in ipairs(ids) do
+    local packed = redis.call('HGET', turns, id)
+    local record = packed and cjson.decode(packed)
+    if record and (record.state == 'queued' or record.state == 'running') then
+      open[#open + 1] = {id = id, record = record}
+    end
+  end
+  if #open == 0 then return end
+  -- In the order they were admitted (the hash's fields have none), so the last ended turn
+  -- (`turns/current` once idle) is the last admitted, as when the owner ends them itself.
+  local function queued_at(turn) return tonumber(turn.record.queued_at) or 0 end
+  table.sort(open, function(a, b)
+    if queued_at(a) ~= queued_at(b) then return queued_at(a) < queued_at(b) end
+    return a.id < b.id
+  end)
+  for _, turn in ipairs(open) do
+    local record = turn.record
+    record.state = 'error'
+    record.ended_at = tonumber(e.at)
+    record.error = {message = e.message, code = e.code}
+    redis.call('HSET', turns, turn.id, cjson.encode(record))
+    redis.call('LREM', ended, 0, turn.id)
+    redis.call('RPUSH', ended, turn.id)
+  end
+  while redis.call('LLEN', ended) > e.keep do
+    redis.call('HDEL', turns, redis.call('LPOP', ended))
+  end
+  redis.call('PEXPIRE', turns, e.ttl)
+  redis.call('PEXPIRE', ended, e.ttl)
+end
+
 local function transition(at, inc, ops, ttl_ms, batch)
   local hash, log, live, catalog, order, single = KEYS[at[1]], KEYS[at[2]], KEYS[at[3]], KEYS[at[4]], KEYS[at[5]], KEYS[at[6]]
   local transcript, turns, ended = KEYS[at[7]], KEYS[at[10]], KEYS[at[11]]
@@ -22,12 +58,18 @@ local function transition(at, inc, ops, ttl_ms, batch)
   -- at the end: every check and every field it leaves behind come from that one read (a
   -- sweep runs this for each of a dead worker's 25,000 sessions). `names` keeps HKEYS's order.
   local deleting, held, names = ops.mode == 'delete', nil, {}
+  -- A delete ends every prompt the session admitted (field p:<promptId>), whoever ends it
+  -- (the owner's own terminals, or `orphan`): their ids, for their turn records.
+  local admitted = {}
   if deleting then
     held = {}
     local flat = batch and batch.flat or redis.call('HGETALL', hash)
     for i = 1, #flat, 2 do
       held[flat[i]] = flat[i + 1]
       names[#names + 1] = flat[i]
+      if string.sub(flat[i], 1, #{{F.PROMPT}}) == {{F.PROMPT}} then
+        admitted[#admitted + 1] = string.sub(flat[i], #{{F.PROMPT}} + 1)
+      end
     end
   end
   local function get(name)
@@ -49,6 +91,11 @@ local function transition(at, inc, ops, ttl_ms, batch)
     -- waited for before and the snapshot no longer holds leaves the attention index.
     for _, name in ipairs(redis.call('HKEYS', hash)) do
       if not (ops.set and ops.set[name]) then attention_unset(ix, ops.sid, name) end
+    end
+    if ops.resumed and not ops.missing_only and redis.call('HEXISTS', catalog, ops.sid) == 0 then
+      -- A resume of a session deleted meanwhile (DELETE_LISTED won the race after the
+      -- load's claim lapsed): it is not revived. The worker drops it, as a foreign one.
+      return {-1, 0, ''}
     end
     redis.call('DEL', hash, log)
     if ops.resumed then
@@ -184,7 +231,10 @@ local function transition(at, inc, ops, ttl_ms, batch)
       redis.call('DEL', hash, turns, ended)
     else
       -- A session that stays listed may be resumed: its turn records stay (their own TTL),
-      -- so that its turns answer again then (see the resumed CREATE above).
+      -- so that its turns answer again then (see the resumed CREATE above). Each turn this
+      -- delete ends (the sweeper's `worker_lost`, a close's `session_closed`) is recorded
+      -- as ended so, as its terminal event says.
+      if ops.endturn then end_turns(turns, ended, admitted, ops.endturn) end
       redis.call('DEL', hash)
     end
     if batch then

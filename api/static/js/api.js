@@ -6,12 +6,24 @@ import { t } from "./i18n.js";
 const CLIENT_ID_KEY = "acp-shell.clientId";
 const TOKEN_KEY = "acp-shell.token";
 
-/** The bearer token this browser uses, when the daemon requires one. */
+// The bearer token lives in this tab's sessionStorage, never in localStorage: it is gone
+// when the tab closes (localStorage kept it on disk for good, for every page of the origin
+// in every tab), yet survives a reload of the tab. It never goes into a URL: an event
+// stream opens with a single-use ticket (`POST /stream-tickets`), see `streamUrl`.
+let memoryToken = ""; // when the browser refuses sessionStorage: this page's life only
+
+try {
+  localStorage.removeItem(TOKEN_KEY); // a token an older shell kept there
+} catch {
+  /* storage disabled */
+}
+
+/** The bearer token this tab uses, when the daemon requires one. */
 function token() {
   try {
-    return localStorage.getItem(TOKEN_KEY) || "";
+    return sessionStorage.getItem(TOKEN_KEY) || memoryToken;
   } catch {
-    return "";
+    return memoryToken;
   }
 }
 
@@ -19,12 +31,19 @@ function token() {
 function askForToken() {
   const given = typeof window.prompt === "function" ? window.prompt(t("auth.prompt")) : null;
   if (!given) return false;
+  memoryToken = given.trim();
   try {
-    localStorage.setItem(TOKEN_KEY, given.trim());
+    sessionStorage.setItem(TOKEN_KEY, memoryToken);
   } catch {
-    return false;
+    /* kept in memory */
   }
   return true;
+}
+
+/** Whether the event streams open with tickets (a token is in use): a ticket opens its
+ * stream once, so the browser's own reconnect, which repeats the URL, cannot resume it. */
+export function streamsNeedTickets() {
+  return Boolean(token());
 }
 
 /** A non-2xx answer: `status`, the daemon's `code`, and its message. */
@@ -103,7 +122,8 @@ export const api = {
   // clients (a client id the session never registered is refused), so the vote carries none.
   voteFromOutside: (sid, requestId, body) =>
     request("POST", `session/${seg(sid)}/permission/${seg(requestId)}`, body, false, { asClient: false }),
-  /** The SSE URL; `eventEpoch` lets the server say when a resumed id is from an older epoch. */
+  /** The SSE URL (a promise: it may need a ticket); `eventEpoch` lets the server say when a
+   * resumed id is from an older epoch. */
   eventsUrl: (sid, eventEpoch) => streamUrl(`session/${seg(sid)}/events`, { eventEpoch }),
   /** The workspace's live feed; `lastEventId` (the last frame's id, which names its
    * generation) asks for what was missed since. */
@@ -115,15 +135,20 @@ export const api = {
 };
 
 /**
- * An event stream's URL with `params` (empty ones left out). EventSource cannot send
- * headers: the token rides in `access_token`, which only the `/events` routes accept.
+ * An event stream's URL with `params` (empty ones left out), as a promise. EventSource
+ * cannot send headers, and a token in a URL would be kept in history and logs: with a token,
+ * the URL carries a ticket asked for with the token in the header, which opens this stream
+ * once, within a minute.
  */
-function streamUrl(path, params = {}) {
+async function streamUrl(path, params = {}) {
   const query = new URLSearchParams();
   for (const [name, value] of Object.entries(params)) {
     if (value !== undefined && value !== null && value !== "") query.set(name, String(value));
   }
-  if (token()) query.set("access_token", token());
+  if (token()) {
+    const { ticket } = await request("POST", "stream-tickets", { path }, false, { asClient: false });
+    query.set("ticket", ticket);
+  }
   const text = query.toString();
   return path + (text ? `?${text}` : "");
 }

@@ -13,7 +13,7 @@
 // worker is handing to another shows a "moving" notice until `session_moved` says it has
 // arrived; the turn the drain stopped (`turn_error` `worker_draining`) is explained.
 
-import { api } from "./api.js";
+import { api, streamsNeedTickets } from "./api.js";
 import { h, pretty, replaceChildren, uid } from "./dom.js";
 import { hasMessage, language, onLanguageChange, t } from "./i18n.js";
 import { optionButton, selectedOutcome } from "./options.js";
@@ -231,12 +231,25 @@ class SessionView {
     this.showAlert(null);
   }
 
-  openStream() {
+  async openStream() {
     this.closeStream();
-    const es = new EventSource(api.eventsUrl(this.sid, this.epoch));
-    this.es = es;
-    this.streamEpoch = this.epoch;
+    const opening = (this.opening = (this.opening || 0) + 1);
+    const epoch = this.epoch;
     this.setConnection("connecting");
+    let url;
+    try {
+      url = await api.eventsUrl(this.sid, epoch); // with a token: a fresh single-use ticket
+    } catch {
+      if (opening === this.opening && !this.destroyed && !this.ended) this.scheduleReopen();
+      return;
+    }
+    if (opening !== this.opening || this.destroyed || this.ended) return; // replaced meanwhile
+    // A ticket opens its stream once: the browser's reconnect would repeat it, so a break
+    // reopens here, fresh (its snapshot tells whether a load is needed).
+    const ticketed = streamsNeedTickets();
+    const es = new EventSource(url);
+    this.es = es;
+    this.streamEpoch = epoch;
     for (const type of STREAM_EVENT_TYPES) es.addEventListener(type, (event) => this.onFrame(es, type, event));
     es.addEventListener("open", () => {
       if (es !== this.es) return;
@@ -246,11 +259,12 @@ class SessionView {
     es.addEventListener("error", () => {
       if (es !== this.es || this.ended) return;
       this.setConnection("reconnecting");
-      if (es.readyState === EventSource.CLOSED) this.scheduleReopen(); // the browser gave up
+      if (ticketed || es.readyState === EventSource.CLOSED) this.scheduleReopen(); // the browser gave up
     });
   }
 
   closeStream() {
+    this.opening = (this.opening || 0) + 1; // an open still waiting for its ticket is dropped
     if (this.es) this.es.close();
     this.es = null;
   }

@@ -6,12 +6,19 @@
 // `<revision>-<generation>`), so that reconnect resumes with what was missed. Only when the
 // browser gives up (an HTTP error, or an answer that is not an event stream) is the stream
 // reopened here, after a growing delay, with a fresh `url()`.
+//
+// With a token, a stream opens with a single-use ticket in its URL (api.js): the browser's
+// reconnect would repeat a spent ticket, so a break closes the stream at once and it is
+// reopened here with a fresh ticket; `url()` then names the last id seen (the live feed's
+// `lastEventId`), which the browser's reconnect would have sent as `Last-Event-ID`.
+
+import { streamsNeedTickets } from "./api.js";
 
 const REOPEN_DELAYS_MS = [1000, 2000, 5000, 10000];
 
 export class FollowedStream {
   /**
-   * url():             the URL to open, asked again at every (re)open
+   * url():             the URL to open (or a promise of it), asked again at every (re)open
    * events:            {eventName: (data, messageEvent) => void}, data parsed from JSON
    * onUp(), onDown():  the stream opened; it broke (called once per outage)
    */
@@ -25,6 +32,7 @@ export class FollowedStream {
     this.timer = null;
     this.up = false;
     this.stopped = false;
+    this.opening = 0; // which open() is the latest: an older one's URL, come late, is dropped
   }
 
   start() {
@@ -38,10 +46,20 @@ export class FollowedStream {
     this.close();
   }
 
-  open() {
+  async open() {
     if (this.stopped) return;
     this.close();
-    const es = new EventSource(this.url());
+    const opening = ++this.opening;
+    let url;
+    try {
+      url = await this.url();
+    } catch {
+      if (opening === this.opening) this.broken(); // no ticket now (the API is down): later
+      return;
+    }
+    if (this.stopped || opening !== this.opening) return;
+    const ticketed = streamsNeedTickets();
+    const es = new EventSource(url);
     this.es = es;
     for (const [name, handler] of Object.entries(this.events)) {
       es.addEventListener(name, (event) => {
@@ -63,18 +81,25 @@ export class FollowedStream {
     });
     es.addEventListener("error", () => {
       if (es !== this.es) return;
-      if (this.up || this.attempt === 0) this.onDown(); // once per outage
-      this.up = false;
-      if (es.readyState !== EventSource.CLOSED) {
+      if (!ticketed && es.readyState !== EventSource.CLOSED) {
+        if (this.up || this.attempt === 0) this.onDown(); // once per outage
+        this.up = false;
         this.attempt += 1; // the browser reconnects by itself, with Last-Event-ID
         return;
       }
-      this.close();
-      const delay = REOPEN_DELAYS_MS[Math.min(this.attempt, REOPEN_DELAYS_MS.length - 1)];
-      this.attempt += 1;
-      clearTimeout(this.timer);
-      this.timer = setTimeout(() => this.open(), delay);
+      this.broken();
     });
+  }
+
+  /** The stream broke and will not come back by itself: reopen it later, with a fresh URL. */
+  broken() {
+    if (this.up || this.attempt === 0) this.onDown(); // once per outage
+    this.up = false;
+    this.close();
+    const delay = REOPEN_DELAYS_MS[Math.min(this.attempt, REOPEN_DELAYS_MS.length - 1)];
+    this.attempt += 1;
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.open(), delay);
   }
 
   close() {
