@@ -544,7 +544,7 @@ class Worker:
         key = f"{name}\0{cwd}" if self.config.child_per == "workspace" else sid
         agent = self.agents.get(key)
         if agent is not None and returning and sid in agent.hosted and key not in self._starting:
-            await self._retire(key, agent)
+            self._retire(key, agent)
             agent = None
         if agent is not None and agent.alive and key not in self._starting:
             return agent
@@ -579,13 +579,12 @@ class Worker:
             del self.agents[key]
         self.retired.discard(agent)
 
-    async def _retire(self, key: str, agent: AgentProcess) -> None:
+    def _retire(self, key: str, agent: AgentProcess) -> None:
         del self.agents[key]
         log.info("a session returns to a child that hosted it before; starting a fresh one")
-        if agent.sessions:
-            self.retired.add(agent)  # stopped when its last session leaves (_session_gone)
-        else:
-            await agent.stop()
+        self.retired.add(agent)  # (until it exits: a shutdown stops it too)
+        if not agent.sessions:  # else stopped when its last session leaves (_session_gone)
+            asyncio.ensure_future(agent.stop())  # the resume does not wait for its grace
 
     def new_session(self, command: commands.Create, name: str, agent: AgentProcess, agent_sid: str) -> LiveSession:
         """The session a create started on `agent` (a child of agent `name`), with this
