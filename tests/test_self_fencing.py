@@ -150,12 +150,32 @@ async def _rejoined(client: aioredis.Redis, worker: WorkerProcess) -> str | None
 # ---- (a) the worker process stalls; its agent is a process of its own ------------------------
 
 
+async def _worker_in_a_session_of_its_own(harness: Harness, *args: str) -> WorkerProcess:
+    """A worker started through `setsid`: its pid is its process group's id, and nothing
+    of the test's shares that group (a harness worker shares the test runner's)."""
+    process = WorkerProcess(
+        ["worker", "--redis-url", harness.redis_url, *args, "--drain-grace-s", "0"],
+        harness.logs / f"worker-{len(harness.processes)}.log", prefix=["setsid"],
+    )
+    await process.start()
+    harness.processes.append(process)
+    assert os.getpgid(process.pid) == process.pid
+    return process
+
+
+@pytest.mark.parametrize("stopped", ["the worker", "its process group"])
 async def test_a_stopped_worker_has_its_agent_stopped_before_it_may_be_declared_dead(
-    own_harness: Harness, own_client: aioredis.Redis, workspace: str, scripted_agent_state: str
+    own_harness: Harness, own_client: aioredis.Redis, workspace: str, scripted_agent_state: str, stopped: str
 ) -> None:
+    """`its process group`: `kill -STOP -<pgid>` (Ctrl-Z in a terminal) stops the worker and
+    whatever shares its group, never its watchdog nor its agents (sessions of their own)."""
     harness, client = own_harness, own_client
     events = await harness.events()
-    worker = await harness.worker("--lease-ms", str(LEASE_MS))
+    if stopped == "the worker":
+        worker = await harness.worker("--lease-ms", str(LEASE_MS))
+    else:
+        worker = await _worker_in_a_session_of_its_own(harness, "--lease-ms", str(LEASE_MS))
+    stop = os.kill if stopped == "the worker" else os.killpg
     api = await harness.api()  # its sweeper declares the worker dead
     sid = (await create(api, workspace))["sessionId"]
     marker = f"remember {uuid.uuid4().hex}"
@@ -165,13 +185,13 @@ async def test_a_stopped_worker_has_its_agent_stopped_before_it_may_be_declared_
     agent = _agent_of(worker)
 
     cut_ms = await _redis_ms(client)
-    os.kill(worker.pid, signal.SIGSTOP)  # the worker alone: its agent's group keeps running
+    stop(worker.pid, signal.SIGSTOP)  # its agent's group keeps running
     try:
-        await _stopped_before_death(client, worker, agent, events, sid, cut_ms, "worker SIGSTOP")
+        await _stopped_before_death(client, worker, agent, events, sid, cut_ms, f"SIGSTOP of {stopped}")
         ended = await events.wait_type(sid, "turn_error", promptId=slow["promptId"])
         assert ended["data"]["code"] == "worker_lost"
     finally:
-        os.kill(worker.pid, signal.SIGCONT)
+        stop(worker.pid, signal.SIGCONT)
 
     # Woken, it learns it is dead: the stopped agent is killed, never continued, and the turn
     # its clients were told ended `worker_lost` never reaches the agent's history.
