@@ -388,8 +388,11 @@ class Worker:
         # turn on and write the agent's history after the clients were told that turn
         # ended `worker_lost`: it is killed before anything is said to it, and whatever
         # comes next (a resume of the same session included) gets a fresh child.
-        for agent in [*self.agents.values(), *self.retired]:
+        children = [*self.agents.values(), *self.retired]
+        for agent in children:
             agent.kill()
+        if children:
+            log.warning("killed the %d agent children of the dead incarnation", len(children))
         await asyncio.gather(*(s.abandon() for s in sessions), return_exceptions=True)
         report = self.report()
         sent_at = fence_clock()
