@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError
 
 from acp_state.ids import workspace_id
-from acp_state.store import keys, scripts
+from acp_state.store import acl, keys, scripts
 from acp_state.store.acl import API, WORKER, script_commands, users_acl
 from bench.redis_server import RedisServer, free_cluster_port, free_port
 from tests.harness import ROOT, ApiProcess, Harness, SseClient, WorkerProcess
@@ -34,6 +35,13 @@ USERS = ("admin", "worker", "api", "dashboard")
 def test_the_shipped_file_is_the_roles_of_the_code() -> None:
     """The file an operator deploys lists exactly what each role's code and scripts run."""
     assert SHIPPED.read_text() == users_acl()
+    # Every script a side of the store runs is in its role (a script added later, or one a
+    # merge brought, would otherwise fail only under ACL users, at its first call).
+    store = Path(acl.__file__).parent
+    runs = {side: set(re.findall(r"scripts\.([A-Z_]+)", (store / f"{side}_side.py").read_text()))
+            for side in ("api", "read", "sweeper", "worker")}
+    assert runs["worker"] | runs["sweeper"] <= set(acl.WORKER_SCRIPTS)
+    assert runs["api"] | runs["read"] | runs["sweeper"] <= set(acl.API_SCRIPTS)
     for name in ("APPLY", "HEARTBEAT", "SWEEP", "CLAIM_DEAD"):
         assert script_commands(getattr(scripts, name)) <= WORKER.commands, name
     for name in ("SEND", "VOTE", "LIST", "SWEEP"):

@@ -34,9 +34,9 @@ PROBE_TIMEOUT_S = 5.0
 
 # The scripts each role runs (`*_side.py`: the worker also sweeps, the API also sweeps).
 SWEEPER_SCRIPTS = ("CLAIM_DEAD", "SWEEP")
-WORKER_SCRIPTS = ("APPLY", "MOVE", "REPLY", "RECLAIM", "HEARTBEAT", "RELEASE", "RESIGN", *SWEEPER_SCRIPTS)
-API_SCRIPTS = ("SEND", "VOTE", "ATTACH", "TOLD", "TAKE", "ABANDON", "RELEASE_SINGLE", "LIST", "VERSION",
-               "CURRENT_TURN", "ATTENTION_PAGE", "ATTENTION_OF", *SWEEPER_SCRIPTS)
+WORKER_SCRIPTS = ("APPLY", "MOVE", "REPLY", "RECLAIM", "CLAIM_SID", "HEARTBEAT", "RELEASE", "RESIGN", *SWEEPER_SCRIPTS)
+API_SCRIPTS = ("SEND", "VOTE", "ATTACH", "TOLD", "TAKE", "ABANDON", "RELEASE_SINGLE", "CLAIM_SID", "CLAIM_LOAD",
+               "DELETE_LISTED", "LIST", "VERSION", "CURRENT_TURN", "ATTENTION_PAGE", "ATTENTION_OF", *SWEEPER_SCRIPTS)
 
 # What every client of a Redis runs: the health check and the version check; on a cluster
 # the slot map, the command table and ASKING during a slot's migration. (AUTH and HELLO need
@@ -146,7 +146,7 @@ def users_acl(passwords: dict[str, str] | None = None) -> str:
 # discarded.
 _READS: dict[str, tuple[Any, ...]] = {
     "PING": ("PING",), "TIME": ("TIME",), "INFO": ("INFO", "server"),
-    "GET": ("GET", PROBE_KEY), "EXISTS": ("EXISTS", PROBE_KEY), "TTL": ("TTL", PROBE_KEY),
+    "GET": ("GET", PROBE_KEY), "EXISTS": ("EXISTS", PROBE_KEY), "TTL": ("TTL", PROBE_KEY), "PTTL": ("PTTL", PROBE_KEY),
     "HGET": ("HGET", PROBE_KEY, "f"), "HGETALL": ("HGETALL", PROBE_KEY), "HMGET": ("HMGET", PROBE_KEY, "f"),
     "HEXISTS": ("HEXISTS", PROBE_KEY, "f"), "HKEYS": ("HKEYS", PROBE_KEY),
     "SMEMBERS": ("SMEMBERS", PROBE_KEY), "SISMEMBER": ("SISMEMBER", PROBE_KEY, "m"),
