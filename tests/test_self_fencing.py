@@ -112,9 +112,11 @@ async def _slow_turn_running(api: ApiProcess, events: EventWatcher, sid: str) ->
 async def _stopped_before_death(
     client: aioredis.Redis, worker: WorkerProcess, agent: int, events: EventWatcher, sid: str, cut_ms: int, cut: str
 ) -> dict[str, float]:
-    """Wait for the agent's group to be stopped and for the worker to be declared dead;
-    assert the stop came first, and before the lease's last deadline. The figures, in ms
-    after the cut."""
+    """Wait for the agent's group to be stopped (/proc: state T) and for the worker to be
+    declared dead; assert the stop came first, and before the lease's last deadline. The
+    moment of the stop is the watchdog's own record, stamped right after its signals went
+    out (the same machine's clock as Redis's): when the test's poll of /proc sees it depends
+    on how soon a loaded machine runs the test. The figures, in ms after the cut."""
     incarnation = worker.incarnation
     await eventually(lambda: _stopped(agent), "the agent's stop", step=0.005)
     seen_ms = await _redis_ms(client)
@@ -133,8 +135,7 @@ async def _stopped_before_death(
         "declared_dead": int(death) - cut_ms,
     }
     print(f"self-fencing, {cut}, lease {LEASE_MS} ms: ms after the cut {figures}")
-    assert seen_ms < death, figures  # stopped, as /proc shows, before the sweeper declared the death
-    assert stopped_ms < death, figures
+    assert stopped_ms < death, figures  # stopped before the sweeper declared the death
     if deadline is not None:  # the lease, on Redis's clock, still ran when the agent stopped
         assert stopped_ms < deadline, figures
     return figures
