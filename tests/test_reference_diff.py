@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
@@ -34,7 +33,7 @@ import httpx
 import pytest
 
 from acp_state.ids import workspace_id
-from bench.fake_openai import FakeOpenAI, find_qwen, message_text, qwen_env
+from bench.fake_openai import FakeOpenAI, message_text, qwen_env
 from tests.harness import Harness, WorkerProcess
 from tests.reference import (
     Exchange,
@@ -50,7 +49,6 @@ pytestmark = pytest.mark.qwen
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPATIBILITY = ROOT / "docs" / "compatibility.md"
-QWEN = find_qwen()
 CREATE_TIMEOUT_S = 90
 WAIT_TIMEOUT_S = 60
 SHORT_WAIT_S = 5
@@ -67,15 +65,6 @@ PROCEED_ONCE = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
 
 def text_prompt(text: str) -> dict[str, Any]:
     return {"prompt": [{"type": "text", "text": text}]}
-
-
-@pytest.fixture
-def qwen() -> str:
-    if QWEN is None:
-        pytest.skip("qwen is not installed: run `npm ci --prefix tests/node` to run the differential test")
-    if shutil.which("node") is None:
-        pytest.skip("node is not on PATH: the reference daemon (qwen serve) needs Node.js")
-    return QWEN
 
 
 @pytest.fixture
