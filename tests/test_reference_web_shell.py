@@ -1,0 +1,99 @@
+"""The reference's own Web Shell served by acp-state (issue 39 item 1): `acp-state api
+--web-shell <the web-shell/ folder of @qwen-code/qwen-code>` answers as `qwen serve` does
+(packages/cli/src/serve/web-shell-static.ts): its index at `/` and for page loads of
+`/session/:id`, its assets, service worker and manifest, with a CSP; without the option
+acp-state's own page stays. Real API and worker processes, a real Redis, loopback HTTP.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.harness import Harness
+from tests.helpers import create
+
+ROOT = Path(__file__).resolve().parent.parent
+WEB_SHELL = ROOT / "tests" / "node" / "node_modules" / "@qwen-code" / "qwen-code" / "web-shell"
+TOKEN = "reference-shell-token-0123456789"
+PAGE_LOAD = {"Accept": "text/html,application/xhtml+xml", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}
+
+pytestmark = pytest.mark.skipif(not (WEB_SHELL / "index.html").is_file(),
+                                reason="npm install --prefix tests/node (scripts/test) installs the reference")
+
+
+def the_index_script() -> str:
+    """The module the reference's index loads (its name is a content hash of the build)."""
+    found = re.search(r'src="/assets/(index-[^"]+\.js)"', (WEB_SHELL / "index.html").read_text())
+    assert found is not None
+    return found[1]
+
+
+async def test_the_reference_shell_is_served_as_qwen_serve_serves_it(harness: Harness, workspace: str) -> None:
+    await harness.worker()
+    api = await harness.api("--web-shell", str(WEB_SHELL), "--token", TOKEN)
+    api.client.headers.pop("Authorization", None)  # a browser's first page load carries no token
+    index = (WEB_SHELL / "index.html").read_bytes()
+
+    # The index at `/` and for a page load of a session's URL (a deep link, a reload).
+    for path in ("/", "/session/0b8e5a3e-1b2c-4d5e-8f90-123456789abc"):
+        page = await api.client.get(path, headers=PAGE_LOAD)
+        assert page.status_code == 200, (path, page.text[:200])
+        assert page.content == index
+        assert page.headers["content-type"].startswith("text/html")
+        policy = page.headers["content-security-policy"]
+        # Its inline scripts run by their hashes, nothing else inline or evaluated does.
+        assert "'unsafe-inline'" not in policy.split("script-src", 1)[1].split(";")[0]
+        assert "'unsafe-eval'" not in policy
+        assert policy.count("'sha256-") == len(re.findall(rb"^\s*<script>\s*$", index, re.M)) == 5
+        assert "connect-src 'self'" in policy and "frame-ancestors 'none'" in policy
+        assert page.headers["x-content-type-options"] == "nosniff"
+        assert page.headers["referrer-policy"] == "no-referrer"
+        assert page.headers["cache-control"] == "no-cache"
+
+    # Its assets: content-addressed ones cached for good, with their types.
+    script = await api.client.get(f"/assets/{the_index_script()}")
+    assert script.status_code == 200 and script.content == (WEB_SHELL / "assets" / the_index_script()).read_bytes()
+    assert script.headers["content-type"].split(";")[0] in ("text/javascript", "application/javascript")
+    assert script.headers["cache-control"] == "public, max-age=31536000, immutable"
+    icon = await api.client.get("/assets/icon-192.png")
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/png"
+    missing = await api.client.get("/assets/not-there.js")
+    assert missing.status_code == 404
+
+    # The service worker (allowed the whole origin) and the manifest.
+    worker = await api.client.get("/sw.js")
+    assert worker.status_code == 200 and worker.content == (WEB_SHELL / "sw.js").read_bytes()
+    assert worker.headers["content-type"].startswith("application/javascript")
+    assert worker.headers["service-worker-allowed"] == "/"
+    manifest = await api.client.get("/manifest.webmanifest")
+    assert manifest.status_code == 200 and manifest.json()["start_url"] == "/"
+    assert manifest.headers["content-type"].startswith("application/manifest+json")
+
+    # The API still wants its token; a script's GET of a session URL is no page load.
+    assert (await api.client.get("/capabilities")).status_code == 401
+    api.client.headers["Authorization"] = f"Bearer {TOKEN}"
+    sid = (await create(api, workspace))["sessionId"]
+    assert (await api.client.get(f"/session/{sid}")).status_code == 405
+    assert (await api.client.get(f"/session/{sid}/status")).status_code == 200
+    # acp-state's own page is not there meanwhile.
+    assert (await api.client.get("/static/js/main.js")).status_code == 404
+
+
+async def test_without_the_option_acp_states_own_page_stays(harness: Harness) -> None:
+    await harness.worker()
+    api = await harness.api()
+    page = await api.client.get("/", headers=PAGE_LOAD)
+    assert page.status_code == 200 and page.content == (ROOT / "api" / "static" / "index.html").read_bytes()
+    assert (await api.client.get("/static/js/main.js")).status_code == 200
+    assert (await api.client.get("/sw.js")).status_code == 404
+    assert (await api.client.get(f"/assets/{the_index_script()}")).status_code == 404
+
+
+async def test_a_folder_that_is_no_web_shell_build_is_refused_at_start(harness: Harness, tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError) as refused:
+        await harness.api("--web-shell", str(tmp_path))
+    assert "not a Web Shell build" in str(refused.value)
+
