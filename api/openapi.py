@@ -631,14 +631,15 @@ def paths() -> Schema:
                 "listWorkspaceSessions", "Sessions", "The workspace's sessions, newest first, live ones with runtime fields",
                 {
                     "200": json_response("One page.", ref("SessionList")),
-                    "400": error("Bad `size` (`invalid_size`), `archiveState` or `cursor` (`invalid_cursor`). Or: "
+                    "400": error("`size` not an integer (`invalid_size`), bad `archiveState` or `cursor` (`invalid_cursor`). Or: "
                                  + BAD_WORKSPACE),
                     "404": not_found("No route matches the path (a workspace the caller's token may not see is "
                                      "answered as an unregistered one: 400 `workspace_mismatch`)."),
                 },
                 parameters=[
                     WORKSPACE_ID,
-                    query_param("size", "Page size.", integer(minimum=1, maximum=MAX_SIZE, default=20)),
+                    query_param("size", f"Page size: any integer, clamped to 1..{MAX_SIZE} as the reference clamps it.",
+                                integer(default=20)),
                     query_param("archiveState", "Which sessions.", string(enum=["active", "archived"], default="active")),
                     query_param("cursor", "`nextCursor` of the previous page.", string()),
                 ],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 from typing import Mapping
 
 import orjson
@@ -13,7 +14,7 @@ from starlette.responses import Response
 from . import workspace_ref
 from .cache import CachedPage
 from .etag import weak_etag
-from .responses import ApiError, JSON_TYPE, OrjsonResponse, parse_decimal
+from .responses import ApiError, JSON_TYPE, OrjsonResponse
 from .state import AppState, app_state
 from .summaries import live_summary, merged_row, persisted_row
 
@@ -48,12 +49,28 @@ async def list_sessions(request: Request) -> Response:
     return Response(page.body, media_type=JSON_TYPE, headers={"ETag": page.etag} if page.etag else None)
 
 
+SIZE = re.compile(r"\s*([+-]?)0*([0-9]+)\s*")
+
+
+def page_size(text: str | None) -> int:
+    """`size` clamped to 1..100, as the reference clamps it (its Web Shell asks for 1,000):
+    any integer, signed or with spaces around it; anything else answers 400 `invalid_size`
+    (the reference takes it for the default)."""
+    if text is None:
+        return DEFAULT_SIZE
+    match = SIZE.fullmatch(text) if text.isascii() else None
+    if match is None:
+        raise ApiError(400, f"size must be an integer (clamped to 1..{MAX_SIZE})", "invalid_size")
+    sign, digits = match.groups()
+    if sign == "-" or digits == "0":
+        return 1
+    return MAX_SIZE if len(digits) > 3 else min(int(digits), MAX_SIZE)
+
+
 def page_asked(query: Mapping[str, str]) -> tuple[int, int] | None:
     """The (offset, size) a listing's query asks for; None for the archived listing, which
     is always empty; a 400 for anything else."""
-    size = parse_decimal(query.get("size", str(DEFAULT_SIZE)), MAX_SIZE)
-    if size is None or size < 1:
-        raise ApiError(400, f"size must be an integer from 1 to {MAX_SIZE}", "invalid_size")
+    size = page_size(query.get("size"))
     archive_state = query.get("archiveState", "active")
     if archive_state not in ("active", "archived"):
         raise ApiError(400, "archiveState must be 'active' or 'archived'", "invalid_archive_state")

@@ -97,3 +97,19 @@ async def test_a_folder_that_is_no_web_shell_build_is_refused_at_start(harness: 
         await harness.api("--web-shell", str(tmp_path))
     assert "not a Web Shell build" in str(refused.value)
 
+
+
+async def test_listing_page_sizes_are_clamped_as_the_reference_clamps_them(harness: Harness, workspace: str) -> None:
+    """The reference's Web Shell lists with `size=1000` (and 200): the reference clamps any
+    integer to 1..100 and answers 200; acp-state answered 400 `invalid_size`."""
+    await harness.worker()
+    api = await harness.api()
+    made = [(await create(api, workspace))["sessionId"] for _ in range(3)]
+    listed = f"/workspace/{workspace.replace('/', '%2F')}/sessions"
+    for size, count in (("1000", 3), ("200", 3), ("0", 1), ("-4", 1), (" 2 ", 2), ("+2", 2), ("9" * 400, 3)):
+        page = await api.client.get(listed, params={"size": size, "archiveState": "active"})
+        assert page.status_code == 200, (size, page.text)
+        assert {row["sessionId"] for row in page.json()["sessions"]} <= set(made)
+        assert len(page.json()["sessions"]) == count, size
+    refused = await api.client.get(listed, params={"size": "many"})  # no integer: a clear 400 still
+    assert refused.status_code == 400 and refused.json()["code"] == "invalid_size"
