@@ -233,6 +233,8 @@ def _status_fields() -> dict[str, Schema]:
 SESSION_BASE = {"sessionId": string(), "workspaceCwd": string(), "createdAt": string()}
 MOVING = "acp-state's own: a draining worker is handing the session to another (prompts sent meanwhile wait)."
 AFTER_A_TURN = {"updatedAt": string(), "hasRunningBackgroundTasks": boolean()}
+# The reference's `session_source_metadata`: where a session came from (api/session_source.py).
+SOURCE = {"sourceType": string(pattern="^[a-z][a-z0-9_-]{0,63}$"), "sourceId": string(minLength=1, maxLength=256)}
 
 
 def components() -> Schema:
@@ -352,10 +354,12 @@ def components() -> Schema:
                 "sessionId": string(pattern=UUID_PATTERN, description="Caller-chosen id (RFC 4122 UUID v1-5)."),
                 "agent": string(description="The agent to run (a name in `/capabilities` `agents`); default: the "
                                 "default agent of the worker that gets the session."),
+                **SOURCE,
             }
         ),
         "Session": obj(
-            {"sessionId": string(), "workspaceCwd": string(), "attached": boolean(), "clientId": string(), "createdAt": string()}
+            {"sessionId": string(), "workspaceCwd": string(), "attached": boolean(), "clientId": string(), "createdAt": string()},
+            {**SOURCE, "sourcePersisted": boolean()},
         ),
         "ContentBlock": {
             **obj({"type": string()}, {"text": string()}),
@@ -384,7 +388,7 @@ def components() -> Schema:
                 {**_status_fields(), **AFTER_A_TURN, "isArchived": {"const": False}, "displayName": string(),
                  "turnError": ref("TurnError"), "moving": {"const": True, "description": MOVING},
                  "resumable": {"type": "boolean", "description": "A persisted row's: whether a load can resume "
-                               "it (false: its agent cannot load sessions)."}},
+                               "it (false: its agent cannot load sessions)."}, **SOURCE},
             ),
         },
         "SessionList": obj({"sessions": array(ref("SessionRow"))}, {"nextCursor": string()}),
@@ -642,6 +646,9 @@ def paths() -> Schema:
                                 integer(default=20)),
                     query_param("archiveState", "Which sessions.", string(enum=["active", "archived"], default="active")),
                     query_param("cursor", "`nextCursor` of the previous page.", string()),
+                    query_param("sourceType", "Only sessions of this source (`default`: also those created "
+                                "without one); 400 `invalid_session_source` if malformed.", string()),
+                    query_param("sourceId", "With `sourceType`: only this source id.", string()),
                 ],
             )
         },

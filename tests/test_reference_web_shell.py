@@ -113,3 +113,55 @@ async def test_listing_page_sizes_are_clamped_as_the_reference_clamps_them(harne
         assert len(page.json()["sessions"]) == count, size
     refused = await api.client.get(listed, params={"size": "many"})  # no integer: a clear 400 still
     assert refused.status_code == 400 and refused.json()["code"] == "invalid_size"
+
+
+async def test_a_session_keeps_its_source_listed_and_filtered_on(harness: Harness, workspace: str) -> None:
+    """`session_source_metadata`: every create of the reference's Web Shell sends `sourceType`,
+    and needs the feature, else it throws before sending (New task did nothing)."""
+    await harness.worker()
+    api = await harness.api()
+    assert "session_source_metadata" in (await api.client.get("/capabilities")).json()["features"]
+    web = await create(api, workspace, sourceType="web_shell")
+    assert web["sourceType"] == "web_shell" and web["sourcePersisted"] is True and "sourceId" not in web
+    bot = await create(api, workspace, sourceType="channel", sourceId="chat-42")
+    assert (bot["sourceType"], bot["sourceId"], bot["sourcePersisted"]) == ("channel", "chat-42", True)
+    plain = await create(api, workspace)
+    assert "sourceType" not in plain and "sourcePersisted" not in plain
+
+    listed = f"/workspace/{workspace.replace('/', '%2F')}/sessions"
+
+    async def listing(**query: str) -> dict[str, dict]:
+        page = await api.client.get(listed, params=query)
+        assert page.status_code == 200, page.text
+        return {row["sessionId"]: row for row in page.json()["sessions"]}
+
+    rows = await listing()
+    assert rows[web["sessionId"]]["sourceType"] == "web_shell" and "sourceId" not in rows[web["sessionId"]]
+    assert (rows[bot["sessionId"]]["sourceType"], rows[bot["sessionId"]]["sourceId"]) == ("channel", "chat-42")
+    assert "sourceType" not in rows[plain["sessionId"]]
+    assert set(await listing(sourceType="web_shell")) == {web["sessionId"]}
+    assert set(await listing(sourceType="channel", sourceId="chat-42")) == {bot["sessionId"]}
+    assert set(await listing(sourceType="channel", sourceId="other")) == set()
+    assert set(await listing(sourceType="default")) == {plain["sessionId"]}  # also those created without one
+    first = await api.client.get(listed, params={"sourceType": "default", "size": "1"})
+    assert [row["sessionId"] for row in first.json()["sessions"]] == [plain["sessionId"]]
+
+    # Bad sources: the reference's 400s.
+    for body, code in (({"sourceType": "Web"}, "invalid_session_source"),
+                       ({"sourceId": "x"}, "invalid_session_source"),
+                       ({"sourceType": "web", "sourceId": "a\nb"}, "invalid_session_source"),
+                       ({"sourceType": "standalone"}, "reserved_session_source")):
+        refused = await api.client.post("/session", json={"cwd": workspace, "sessionScope": "thread", **body})
+        assert refused.status_code == 400 and refused.json()["code"] == code, (body, refused.text)
+    refused = await api.client.get(listed, params={"sourceId": "x"})
+    assert refused.status_code == 400 and refused.json()["code"] == "invalid_session_source"
+
+    # Kept with the session after it stops being live: closed, it is listed with its source.
+    assert (await api.client.delete(f"/session/{bot['sessionId']}")).status_code == 204
+    rows = await listing(sourceType="channel")
+    assert rows[bot["sessionId"]]["sourceId"] == "chat-42" and rows[bot["sessionId"]]["clientCount"] == 0
+    # ... and resumed by a load, it keeps it (the resume writes its row again).
+    loaded = await api.client.post(f"/session/{bot['sessionId']}/load", json={})
+    assert loaded.status_code == 200, loaded.text
+    rows = await listing(sourceType="channel", sourceId="chat-42")
+    assert rows[bot["sessionId"]]["clientCount"] >= 1 and rows[bot["sessionId"]]["sourceId"] == "chat-42"
