@@ -6,8 +6,9 @@
 
 Its CSP is narrower than the reference's (`script-src 'self' 'unsafe-inline' 'unsafe-eval'
 ...`): the index's inline scripts are allowed by their hashes, taken from the file at start,
-and nothing else inline or evaluated runs; it connects to this API only (no `unpkg.com`,
-which the reference allows for its transcript export), and no page may frame it.
+and no other inline script and no eval runs (WebAssembly may compile); it connects to this
+API only (no `unpkg.com`, which the reference allows for its transcript export, nor other
+daemons' origins for `?daemon=`), and no page may frame it.
 """
 
 from __future__ import annotations
@@ -62,7 +63,11 @@ def csp_of(index_html: bytes) -> str:
     )
     return "; ".join([
         "default-src 'self'",
-        f"script-src 'self' {hashes}".rstrip(),
+        # 'wasm-unsafe-eval': its code highlighter (shiki) compiles its WebAssembly regex
+        # engine; without it code blocks show unhighlighted. No 'unsafe-eval': the one
+        # `new Function` it runs is zod's probe of whether eval is allowed, which catches
+        # the refusal and parses without it (the browser still reports that probe).
+        f"script-src 'self' {hashes} 'wasm-unsafe-eval'",
         # React and the markdown renderers (KaTeX, mermaid, shiki) set style attributes.
         "style-src 'self' 'unsafe-inline'",
         "font-src 'self' data:",
