@@ -108,3 +108,26 @@ async def test_the_reference_shell_lists_sessions_and_runs_a_new_task(
     assert all(re.fullmatch(r"script-src eval \S+/assets/index-[\w-]+\.js", v) for v in violations), violations
     assert not [text for text in console if "Content Security Policy" in text], console
     assert page.errors == []  # type: ignore[attr-defined]
+
+
+async def test_a_reloaded_transcript_keeps_its_times(harness: Harness, workspace: str, open_page: OpenPage) -> None:
+    """A load's replayed entries carry their times (`_meta.serverTimestamp`), as the
+    reference's do: a reload showed every message at the reload's time."""
+    events = await harness.events()
+    await harness.worker()
+    api = await harness.api("--web-shell", str(WEB_SHELL))
+    sid = (await create(api, workspace, sourceType="default"))["sessionId"]
+    page = await open_page(api, "en-US", f"/session/{sid}")  # a page load of the session's URL
+    turn = await prompt(api, sid, "#slow 2")  # the scripted agent's answer takes two seconds
+    await events.wait_type(sid, "turn_complete", promptId=turn["promptId"])
+    times = page.locator("[data-web-shell-message-list]").get_by_text(re.compile(r"^\d\d:\d\d(:\d\d)?$"))
+    await expect(page.locator('[data-markdown-source="assistant"]', has_text="tick 1")).to_be_visible()
+    await expect(times).to_have_count(2)  # the prompt's time, and the answer's when it ended
+    live = await times.all_inner_texts()
+    assert live[0] != live[1], live
+
+    await page.reload()
+    await expect(page.locator('[data-markdown-source="assistant"]', has_text="tick 1")).to_be_visible()
+    await expect(times).to_have_count(2)
+    assert await times.all_inner_texts() == live
+    await shoot(page, "reference-reloaded-times.png")
