@@ -31,6 +31,7 @@ from . import (
     sessions,
     stream_tickets,
     turns,
+    unconfigured,
     web,
     workers,
     workspaces,
@@ -88,6 +89,8 @@ ROUTES = [
     Route("/openapi.json", openapi_json, methods=["GET"]),
     Route("/metrics", metrics.metrics, methods=["GET"]),
     Route("/stream-tickets", stream_tickets.create_ticket, methods=["POST"]),
+    Route("/brand", unconfigured.brand, methods=["GET"]),
+    Route("/goals", unconfigured.goals, methods=["GET"]),
 ]
 # acp-state's own Web Shell, unless `--web-shell` names another build (`reference_shell`).
 OWN_SHELL = [

@@ -748,6 +748,21 @@ def paths() -> Schema:
                 store=False,
             )
         },
+        "/brand": {
+            "get": operation(
+                "getBrand", "Discovery", "The reference's white-label brand: none here (`{}`, the built-in one)",
+                {"200": json_response("No brand.", obj({}, extra=False))},
+                store=False,
+            )
+        },
+        "/goals": {
+            "get": operation(
+                "listGoals", "Discovery", "The reference's active session goals: none here (acp-state has no goals)",
+                {"200": json_response("No goal.", obj({"v": {"const": 1}, "goals": array({}, maxItems=0),
+                                                      "droppedCount": {"const": 0}}))},
+                store=False,
+            )
+        },
         "/workers": {
             "get": operation(
                 "getWorkers", "Discovery", "The deployment's live workers: lease age, sessions, load",

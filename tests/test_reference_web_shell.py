@@ -165,3 +165,14 @@ async def test_a_session_keeps_its_source_listed_and_filtered_on(harness: Harnes
     assert loaded.status_code == 200, loaded.text
     rows = await listing(sourceType="channel", sourceId="chat-42")
     assert rows[bot["sessionId"]]["clientCount"] >= 1 and rows[bot["sessionId"]]["sourceId"] == "chat-42"
+
+
+async def test_brand_and_goals_answer_as_a_daemon_with_none_configured(harness: Harness) -> None:
+    """The reference's Web Shell reads `/brand` at start and `/goals` from its sidebar (a 404
+    there is a red toast); `qwen serve` with no brand and no goal answers these."""
+    await harness.worker()
+    api = await harness.api()
+    brand = await api.client.get("/brand")
+    assert brand.status_code == 200 and brand.json() == {}
+    goals = await api.client.get("/goals")
+    assert goals.status_code == 200 and goals.json() == {"v": 1, "goals": [], "droppedCount": 0}
