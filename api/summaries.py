@@ -91,8 +91,8 @@ def persisted_row(row: dict[str, Any]) -> dict[str, Any]:
         "createdAt": row["createdAt"],
         "updatedAt": row.get("updatedAt", row["createdAt"]),
     }
-    if row.get("displayName"):
-        listed["displayName"] = row["displayName"]
+    # The reference lists its chat file's first prompt: "" for a session never prompted.
+    listed["displayName"] = row.get("displayName") or ""
     listed.update(source_of(row))
     listed.update(clientCount=0, hasActivePrompt=False, isArchived=False)
     if isinstance(row.get("resumable"), bool):  # acp-state's own: whether a load can resume it
