@@ -327,6 +327,7 @@ def components() -> Schema:
                 "options": obj(optional={
                     "size": integer(minimum=1, maximum=100),
                     "archiveState": string(enum=["active", "archived"]),
+                    **SOURCE,
                 }, extra=False),
                 "includeGroups": boolean(),
             },

@@ -46,7 +46,7 @@ async def list_sessions(request: Request) -> Response:
     if asked is None:
         return OrjsonResponse({"sessions": []})  # nothing is ever archived here
     if source_type is not None:
-        return OrjsonResponse(await _filtered_page(state, ws, *asked, source_type, source_id))
+        return OrjsonResponse(await filtered_page(state, ws, *asked, source_type, source_id))
     page = await listing_page(state, ws, *asked)
     # The page's ETag was computed once, when it was kept (the ETag middleware keeps a
     # route's own): a poller's repeated reads do not hash the same body again.
@@ -160,7 +160,7 @@ async def _listed(state: AppState, ws: str, listed: Any, owners: set[str]) -> di
     return persisted_row(row)  # type: ignore[arg-type]
 
 
-async def _filtered_page(state: AppState, ws: str, offset: int, size: int, source_type: str,
+async def filtered_page(state: AppState, ws: str, offset: int, size: int, source_type: str,
                          source_id: str | None) -> dict[str, Any]:
     """A page of the sessions of one source (the reference's `sourceType`/`sourceId` filter):
     read through the listing in steps of 100 until `size` rows match; the cursor is the

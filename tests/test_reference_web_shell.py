@@ -176,3 +176,24 @@ async def test_brand_and_goals_answer_as_a_daemon_with_none_configured(harness: 
     assert brand.status_code == 200 and brand.json() == {}
     goals = await api.client.get("/goals")
     assert goals.status_code == 200 and goals.json() == {"v": 1, "goals": [], "droppedCount": 0}
+
+
+async def test_the_batch_catalog_filters_by_source_as_the_listing(harness: Harness, workspace: str) -> None:
+    """`POST /sessions/catalog` `options.sourceType`/`sourceId` (refused as unsupported before)."""
+    await harness.worker()
+    api = await harness.api()
+    web = (await create(api, workspace, sourceType="web_shell", sourceId="tab-1"))["sessionId"]
+    await create(api, workspace)
+
+    async def catalog(options: dict) -> dict:
+        answer = await api.client.post("/sessions/catalog", json={"workspaces": "all", "options": options})
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    member = (await catalog({"sourceType": "web_shell", "sourceId": "tab-1"}))["workspaces"][0]
+    assert [(row["sessionId"], row["sourceType"], row["sourceId"]) for row in member["sessions"]] == [
+        (web, "web_shell", "tab-1")]
+    assert (await catalog({"sourceType": "web_shell", "sourceId": "tab-2"}))["workspaces"][0]["sessions"] == []
+    assert len((await catalog({}))["workspaces"][0]["sessions"]) == 2
+    refused = await api.client.post("/sessions/catalog", json={"workspaces": "all", "options": {"sourceId": "x"}})
+    assert refused.status_code == 400 and refused.json()["code"] == "invalid_session_catalog_request"
