@@ -19,7 +19,8 @@ import redis.asyncio as aioredis
 from acp_state import commands
 from acp_state.store import keys
 from acp_state.ids import workspace_id
-from acp_state.store import CreateKey, RedisStore
+from acp_state.store import SESSION_ID_SLOT, CreateKey, RedisStore
+from acp_state.store.sweeper import died
 from acp_state.worker.creates import RECLAIM_MARGIN_S
 from tests.conftest import RedisServer, free_port
 from tests.harness import ApiProcess, EventWatcher, Harness
@@ -116,6 +117,45 @@ async def test_a_worker_frozen_past_its_lease_stays_dead_when_it_wakes(
     assert fresh not in await registered(redis_client), "SIGTERM releases the new incarnation"
     leftovers = [k async for k in redis_client.scan_iter(match=f"*{old}*")]
     assert leftovers == []
+
+
+async def test_a_worker_that_learns_of_its_death_before_the_sweep_leaves_its_sessions_to_the_sweeper(
+    own_harness: Harness, own_client: aioredis.Redis, workspace: str
+) -> None:
+    """A death is declared (CLAIM_DEAD) and its sessions swept (SWEEP, from the dead
+    incarnation's index) in two steps. A worker that wakes between them learns it is dead
+    and rejoins; its old sessions stay in the index, so the sweep still ends each for its
+    clients. (A chaos run on a cluster found nine sessions left without `session_died` or
+    their prompts' ends: the woken worker had taken them out of the index first.)"""
+    harness, redis_client = own_harness, own_client
+    events = await harness.events()
+    victim = await harness.worker("--lease-ms", str(LEASE_MS))
+    api = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+    slow = await prompt(api, sid, "#slow 30")
+    await events.wait_type(sid, "session_update", promptId=slow["promptId"])
+    await api.terminate()  # no other sweeper: the test sweeps, one step at a time
+    old = victim.incarnation
+    store = RedisStore.from_url(harness.redis_url)
+    try:
+        os.kill(victim.pid, signal.SIGSTOP)
+        try:
+            async def claimed() -> bool:
+                return old in (await store.claim_dead_workers()).claimed  # the sweep's first step
+
+            await eventually(claimed, "the stopped worker's lease lapsing")
+        finally:
+            os.kill(victim.pid, signal.SIGCONT)
+        # It learns that it is dead, and joins again as a new incarnation.
+        await eventually(lambda: _new_incarnation_of(redis_client, victim.pid, old), "the woken worker's rejoin")
+        assert (workspace_id(workspace), sid) in await store.worker_index(old), "left for the sweeper"
+        # The sweep's second step: the session ends for its clients, its turn `worker_lost`.
+        await store.sweep(workspace_id(workspace), old, [sid], died(SESSION_ID_SLOT))
+        await events.wait_type(sid, "session_died")
+        ends = terminals_of(events, sid, slow["promptId"])
+        assert [e["data"]["code"] for e in ends] == ["worker_lost"], ends
+    finally:
+        await store.close()
 
 
 async def _new_incarnation_of(redis_client: aioredis.Redis, pid: int, old: str) -> str | None:

@@ -543,9 +543,9 @@ class LiveSession(PermissionRequests, MovableSession):
         await self._on_gone(self)
 
     async def abandon(self) -> bool:
-        """Our incarnation was declared dead: the store has ended this session already (its
-        prompts got their terminals, its clients `session_died`). End it here as well,
-        writing nothing: the running turn is cancelled at the agent, what the agent awaits
+        """Our incarnation was declared dead: its sweeper ends this session in the store (its
+        prompts' terminals, its clients' `session_died`), now or soon (it stays in the dead
+        incarnation's index for it). End it here as well, writing nothing: the running turn is cancelled at the agent, what the agent awaits
         is answered cancelled, and the agent forgets the session. Whether the agent is rid
         of it (closed it, or is gone): if not, its owner stops the agent (AgentProcess.forget)."""
         if self.closed:

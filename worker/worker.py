@@ -636,10 +636,16 @@ class Worker:
         if self.sessions.get(session.sid) is not session:
             return
         del self.sessions[session.sid]
-        try:
-            await self.store.index_session(session.incarnation, session.ws, session.sid, False)
-        except Exception:  # the index has a TTL, and a sweeper of a dead incarnation drops it
-            log.warning("could not unindex the session", extra={"sessionId": session.sid}, exc_info=True)
+        # A dead incarnation's index is its sweeper's, not ours: the sweeper ends each session
+        # in it (its prompts' `worker_lost`, its clients' `session_died`), and it may not have
+        # yet when we learn of the death. Taken out of it now, a session would never be ended
+        # for its clients (chaos invariant d found nine so, on a cluster, once the fence had
+        # our children killed first and the rejoin no longer waited on them).
+        if session.incarnation == self.incarnation:
+            try:
+                await self.store.index_session(session.incarnation, session.ws, session.sid, False)
+            except Exception:  # the index has a TTL, and a sweeper of a dead incarnation drops it
+                log.warning("could not unindex the session", extra={"sessionId": session.sid}, exc_info=True)
         left = self._workspace_load.get(session.ws, 1) - 1
         if left <= 0:
             self._workspace_load.pop(session.ws, None)
