@@ -41,7 +41,12 @@ def is_transient(error: BaseException) -> bool:
     return (
         isinstance(error, TRANSIENT)
         or torn_under_write(error)
-        or (isinstance(error, redis_errors.ResponseError) and (is_out_of_memory(error) or _says(error, "READONLY")))
+        or (isinstance(error, redis_errors.ResponseError) and (
+            is_out_of_memory(error) or _says(error, "READONLY")
+            # A blocking command (BLMOVE: an API awaiting a worker's reply) that its master
+            # released when it became a replica (a failover): the store moved, not a bug.
+            or _says(error, "UNBLOCKED")
+        ))
     )
 
 
