@@ -348,7 +348,9 @@ async def test_bad_session_requests_get_clear_errors(harness: Harness, workspace
     unknown = await api.client.post("/session/nope/prompt", json={"prompt": [{"type": "text", "text": "x"}]})
     assert unknown.status_code == 404 and unknown.json()["code"] == "session_not_found"
     ws = workspace_id(workspace)
-    assert (await api.client.get(f"/workspace/{ws}/sessions?size=0")).status_code == 400
+    # A page size is clamped to 1..100 as the reference does; one that is no number is refused.
+    assert len((await api.client.get(f"/workspace/{ws}/sessions?size=0")).json()["sessions"]) == 1
+    assert (await api.client.get(f"/workspace/{ws}/sessions?size=ten")).json()["code"] == "invalid_size"
     assert (await api.client.get(f"/workspace/{ws}/sessions?cursor=%%%")).status_code == 400
     assert (await api.client.get(f"/workspace/{ws}/sessions?archiveState=x")).json()["code"] == "invalid_archive_state"
     unknown_ws = await api.client.get("/workspace/0123456789abcdef/sessions")  # neither an id of ours nor a path
