@@ -169,6 +169,17 @@ class Attach:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Detach:
+    """A client left the session (`POST /session/:id/detach`, or its presence lapsed: the
+    DETACH and PRUNE_CLIENTS scripts already removed it), so that a rewrite of the session
+    (a move, a restore) does not register it again."""
+
+    TYPE: ClassVar[str] = "detach"
+    sid: str = _field()
+    client_id: str = _field("clientId")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Drain:
     """Drain this worker (control feed; `acp-state drain`, or its own SIGTERM): no more
     creates or loads, running turns get `grace_s` to finish, then every session moves to
@@ -189,7 +200,7 @@ class Moving:
     target: str = _field()
 
 
-Command = Create | Prompt | Cancel | Close | Vote | Attach | Drain | Moving
+Command = Create | Prompt | Cancel | Close | Vote | Attach | Detach | Drain | Moving
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,7 +232,7 @@ class Reply:
         return cls(**_values(cls, wire, "reply"))
 
 _BY_TYPE: dict[str, type[Command]] = {
-    cls.TYPE: cls for cls in (Create, Prompt, Cancel, Close, Vote, Attach, Drain, Moving)
+    cls.TYPE: cls for cls in (Create, Prompt, Cancel, Close, Vote, Attach, Detach, Drain, Moving)
 }
 
 
@@ -297,6 +308,7 @@ class CommandHandler(Protocol):
     def on_close(self, command: Close) -> None: ...
     def on_vote(self, command: Vote) -> None: ...
     def on_attach(self, command: Attach) -> None: ...
+    def on_detach(self, command: Detach) -> None: ...
     def on_drain(self, command: Drain) -> None: ...
     def on_moving(self, command: Moving) -> None: ...
 
@@ -316,6 +328,8 @@ def dispatch(handler: CommandHandler, command: Command) -> None:
             handler.on_vote(command)
         case Attach():
             handler.on_attach(command)
+        case Detach():
+            handler.on_detach(command)
         case Drain():
             handler.on_drain(command)
         case Moving():

@@ -508,6 +508,11 @@ class Worker:
         if session is not None:
             session.clients.add(command.client_id)
 
+    def on_detach(self, command: commands.Detach) -> None:
+        session = self.sessions.get(command.sid)
+        if session is not None:
+            session.clients.discard(command.client_id)
+
     def on_drain(self, command: commands.Drain) -> None:
         log.info("told to drain")
         self.begin_drain(command.grace_s)

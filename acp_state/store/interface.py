@@ -25,6 +25,7 @@ from .types import (
     ListedSession,
     LoadClaim,
     LoadSnapshot,
+    Presence,
     ReplyFate,
     Retention,
     SessionView,
@@ -34,7 +35,7 @@ from .types import (
 )
 
 if TYPE_CHECKING:
-    from ..commands import Attach, Command, Create, Drain, MalformedCommand, Reply, Vote
+    from ..commands import Attach, Command, Create, Detach, Drain, MalformedCommand, Reply, Vote
     from ..turns import TurnRecord
     from .fanout import Fanout
 
@@ -96,6 +97,9 @@ class ReaderStore(LeaseReader, Protocol):
     async def catalog_row(self, ws: str, sid: str) -> dict[str, Any] | None: ...
     async def first_outcome(self, ws: str, sid: str, idempotency_key: str) -> Admission | None: ...
     async def attach(self, ws: str, incarnation: str, command: Attach) -> bool: ...
+    async def client_seen(self, ws: str, sid: str, client_id: str | None, ttl_ms: int) -> tuple[Presence, int]: ...
+    async def detach(self, ws: str, incarnation: str, command: Detach) -> bool: ...
+    async def prune_clients(self, ws: str) -> int: ...
     async def claim_single(self, ws: str, sid: str, ttl_ms: int) -> str | None: ...
 
     async def spend_ticket(self, nonce: str, ttl_ms: int) -> bool: ...

@@ -88,6 +88,15 @@ class LoadClaim(enum.StrEnum):
     GONE = "gone"
 
 
+class Presence(enum.StrEnum):
+    """What a client's heartbeat found: recorded, no live session, or a client id that is
+    not registered on the session."""
+
+    SEEN = "seen"
+    GONE = "gone"
+    UNKNOWN_CLIENT = "unknown_client"
+
+
 class Mode(enum.Enum):
     """How a transition treats the session as a whole."""
 
