@@ -28,6 +28,7 @@ from . import (
     live_state,
     metrics,
     permissions,
+    presence,
     sessions,
     stream_tickets,
     turns,
@@ -79,6 +80,8 @@ ROUTES = [
     Route("/session/{id}", sessions.close, methods=["DELETE"]),
     Route("/session/{id}/prompt", sessions.prompt, methods=["POST"]),
     Route("/session/{id}/cancel", sessions.cancel, methods=["POST"]),
+    Route("/session/{id}/heartbeat", presence.heartbeat, methods=["POST"]),
+    Route("/session/{id}/detach", presence.detach, methods=["POST"]),
     Route("/session/{id}/events", event_stream.stream_events, methods=["GET"]),
     Route("/session/{id}/transcript", history.transcript, methods=["GET"]),
     Route("/session/{id}/load", history.load, methods=["POST"]),
@@ -241,11 +244,13 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> ApiApp:
         )
         stop = asyncio.Event()
         sweeper = asyncio.ensure_future(run_sweeper(own_store, settings.sweep_interval_s, stop))
+        pruner = asyncio.ensure_future(presence.run_pruner(own_store, list(cwds), settings.presence_prune_s, stop))
         try:
             yield
         finally:
             stop.set()
             await sweeper
+            await pruner
             feeds.stop()
             inbox.stop()
             await fanout.stop()

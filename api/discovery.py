@@ -38,6 +38,7 @@ FEATURES = [
     "session_cancel",
     "session_events",
     "client_identity",
+    "client_heartbeat",
     "session_permission_vote",
     "permission_vote",
     "session_status",

@@ -532,6 +532,31 @@ def paths() -> Schema:
                 description="Any request body is ignored.",
             )
         },
+        "/session/{id}/heartbeat": {
+            "post": operation(
+                "heartbeatSession", "Prompts and events", "A client is still watching the session",
+                {
+                    "200": json_response("Recorded; `lastSeenAt` is Redis's clock (epoch ms).", obj(
+                        {"sessionId": string(), "lastSeenAt": integer(minimum=0)}, {"clientId": string()},
+                    )),
+                    "400": error("`X-Qwen-Client-Id` is malformed, or not registered on the session "
+                                 "(`invalid_client_id`, with `sessionId` and `clientId`)."),
+                    "404": not_found(NO_SESSION),
+                },
+                parameters=[SESSION_ID, CLIENT_ID],
+                description="The named client counts (`clientCount`) until `--client-ttl-ms` after its last "
+                "heartbeat, or until it detaches. Any request body is ignored.",
+            )
+        },
+        "/session/{id}/detach": {
+            "post": operation(
+                "detachSession", "Prompts and events", "A client leaves the session",
+                {"204": {"description": "Done, or nothing to do (no client id, or one the session does not know)."},
+                 "400": BAD_CLIENT, "404": not_found(NO_SESSION)},
+                parameters=[SESSION_ID, CLIENT_ID],
+                description="The client no longer counts (`clientCount`) nor may it vote. Any request body is ignored.",
+            )
+        },
         "/session/{id}/status": {
             "get": operation(
                 "getSessionStatus", "Prompts and events", "Runtime status of a live session",

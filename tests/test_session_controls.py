@@ -1,0 +1,163 @@
+"""A live session's controls of issue 39 item 2, end to end: real Redis, a worker, two API
+processes over loopback HTTP, the scripted agent.
+
+Presence (`POST /session/:id/heartbeat`, `POST /session/:id/detach`): before, both routes
+answered 404 and a viewer never left its session (one Web Shell tab read "3 client(s)")."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import httpx
+
+from acp_state.ids import workspace_id
+from acp_state.store import keys
+from tests.harness import ApiProcess, Harness
+from tests.helpers import eventually, status
+
+CLIENT_TTL_MS = 1500
+W1_TOKEN = "controls-one-token-0123456789"
+W2_TOKEN = "controls-two-token-0123456789"
+
+
+def as_client(client_id: str) -> dict[str, str]:
+    return {"X-Qwen-Client-Id": client_id}
+
+
+async def heartbeat(api: ApiProcess, sid: str, client_id: str | None, **headers: str) -> httpx.Response:
+    return await api.client.post(f"/session/{sid}/heartbeat", json={},
+                                 headers={**(as_client(client_id) if client_id else {}), **headers})
+
+
+async def detach(api: ApiProcess, sid: str, client_id: str | None, **headers: str) -> httpx.Response:
+    return await api.client.post(f"/session/{sid}/detach", headers={**(as_client(client_id) if client_id else {}), **headers})
+
+
+async def client_count(api: ApiProcess, sid: str) -> int:
+    return (await status(api, sid))["clientCount"]
+
+
+async def test_viewers_are_counted_while_present_and_leave_on_detach_or_silence(harness: Harness, workspace: str) -> None:
+    await harness.worker()
+    ttl = ("--client-ttl-ms", str(CLIENT_TTL_MS))
+    api1, api2 = await harness.api(*ttl), await harness.api(*ttl)
+    features = (await api1.client.get("/capabilities")).json()["features"]
+    assert "client_heartbeat" in features
+
+    created = await api1.client.post("/session", json={"cwd": workspace, "sessionScope": "thread"},
+                                     headers=as_client("tab-a"))
+    assert created.status_code == 200, created.text
+    sid = created.json()["sessionId"]
+    for tab in ("tab-b", "tab-c"):  # two more viewers open it, through the other API process
+        loaded = await api2.client.post(f"/session/{sid}/load", json={}, headers=as_client(tab))
+        assert loaded.status_code == 200, loaded.text
+    assert await client_count(api1, sid) == await client_count(api2, sid) == 3
+
+    # A heartbeat answers as the reference's: the session, the client, when it was seen.
+    beat = await heartbeat(api2, sid, "tab-a")
+    assert beat.status_code == 200, beat.text
+    assert set(beat.json()) == {"sessionId", "clientId", "lastSeenAt"}
+    assert beat.json()["sessionId"] == sid and beat.json()["clientId"] == "tab-a"
+    assert isinstance(beat.json()["lastSeenAt"], int)
+    anonymous = await heartbeat(api1, sid, None)
+    assert anonymous.status_code == 200 and set(anonymous.json()) == {"sessionId", "lastSeenAt"}
+
+    # A detach on one API process is seen at once on the other.
+    left = await detach(api2, sid, "tab-a")
+    assert left.status_code == 204 and left.content == b""
+    assert await client_count(api1, sid) == await client_count(api2, sid) == 2
+    again = await heartbeat(api1, sid, "tab-a")  # it is no longer the session's client
+    assert again.status_code == 400
+    assert again.json() == {
+        "error": f'Client id "tab-a" is not registered for session {sid}', "code": "invalid_client_id",
+        "sessionId": sid, "clientId": "tab-a",
+    }
+    assert (await detach(api1, sid, "tab-a")).status_code == 204  # leaving twice changes nothing
+    assert (await detach(api1, sid, None)).status_code == 204
+    assert await client_count(api1, sid) == 2
+
+    # tab-b heartbeats once and vanishes (a closed laptop); tab-c keeps heartbeating.
+    assert (await heartbeat(api1, sid, "tab-b")).status_code == 200
+    assert await client_count(api1, sid) == 2
+
+    beats = [0]
+
+    async def keep_beating() -> None:
+        while True:
+            assert (await heartbeat(api2, sid, "tab-c")).status_code == 200
+            beats[0] += 1
+            await asyncio.sleep(CLIENT_TTL_MS / 4000)  # four a TTL: the Web Shell's pace is three
+
+    beating = asyncio.ensure_future(keep_beating())
+    try:
+        await eventually(lambda: _count_is(api1, sid, 1), "the silent client leaving the session on API 1")
+        assert await client_count(api2, sid) == 1
+        assert (await heartbeat(api1, sid, "tab-b")).status_code == 400  # gone, as after a detach
+        # tab-c stays as long as it heartbeats: two TTLs more, on both API processes.
+        until = beats[0] + 8
+        await eventually(lambda: beating.done() or beats[0] >= until, "eight more heartbeats of tab-c")
+        assert not beating.done(), beating
+        assert await client_count(api1, sid) == await client_count(api2, sid) == 1
+    finally:
+        beating.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beating
+
+
+async def _count_is(api: ApiProcess, sid: str, count: int) -> bool:
+    return await client_count(api, sid) == count
+
+
+async def test_presence_routes_refuse_what_the_caller_may_not_see(harness: Harness, workspace: str, tmp_path) -> None:
+    other = tmp_path / "w2"
+    other.mkdir()
+    await harness.worker()
+    api = await harness.api("--token", f"{W1_TOKEN},workspace={workspace}", "--token", f"{W2_TOKEN},workspace={other}",
+                            workspaces=[workspace, str(other)])
+    w1, w2 = {"Authorization": f"Bearer {W1_TOKEN}"}, {"Authorization": f"Bearer {W2_TOKEN}"}
+    created = await api.client.post("/session", json={"cwd": workspace, "sessionScope": "thread"},
+                                    headers={**w1, **as_client("tab-a")})
+    assert created.status_code == 200, created.text
+    sid = created.json()["sessionId"]
+    unknown = "00000000-0000-4000-8000-000000000000"
+
+    for route in ("heartbeat", "detach"):
+        # Another workspace's token is told nothing: the 404 of an unknown session.
+        theirs = await api.client.post(f"/session/{sid}/{route}", headers={**w2, **as_client("tab-a")})
+        nobody = await api.client.post(f"/session/{unknown}/{route}", headers={**w1, **as_client("tab-a")})
+        assert theirs.status_code == nobody.status_code == 404
+        assert theirs.json()["code"] == nobody.json()["code"] == "session_not_found"
+        bad = await api.client.post(f"/session/{sid}/{route}", headers={**w1, "X-Qwen-Client-Id": "a b"})
+        assert bad.status_code == 400 and bad.json()["code"] == "invalid_client_id"
+        anonymous = await api.client.post(f"/session/{sid}/{route}", headers=as_client("tab-a"))
+        assert anonymous.status_code == 401
+    answer = (await api.client.get(f"/session/{sid}/status", headers=w1)).json()
+    assert answer["clientCount"] == 1  # none of these touched the session's client
+
+
+async def test_a_detached_client_stays_gone_when_the_worker_rewrites_its_session(
+    own_harness: Harness, own_client, workspace: str
+) -> None:
+    """The owner is told of a detach: when Redis loses everything (restarted empty) and the
+    worker rewrites the sessions it hosts from its memory, the client does not come back."""
+    await own_harness.worker()
+    api = await own_harness.api()
+    created = await api.client.post("/session", json={"cwd": workspace, "sessionScope": "thread"},
+                                    headers=as_client("tab-a"))
+    sid = created.json()["sessionId"]
+    assert (await api.client.post(f"/session/{sid}/load", json={}, headers=as_client("tab-b"))).status_code == 200
+    assert (await detach(api, sid, "tab-a")).status_code == 204
+    assert await client_count(api, sid) == 1
+    epoch = await own_client.hget(keys.session(workspace_id(workspace), sid), "epoch")
+    await own_client.flushall()
+
+    async def rewritten() -> bool:
+        now = await own_client.hget(keys.session(workspace_id(workspace), sid), "epoch")
+        return now is not None and now != epoch
+
+    await eventually(rewritten, "the worker rewriting its session after Redis lost it")
+    fresh = await own_harness.api()  # no cached copy of the session from before
+    assert await client_count(fresh, sid) == 1
+    assert (await heartbeat(fresh, sid, "tab-a")).status_code == 400
+    assert (await heartbeat(fresh, sid, "tab-b")).status_code == 200
