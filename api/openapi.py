@@ -551,8 +551,9 @@ def paths() -> Schema:
         "/session/{id}/detach": {
             "post": operation(
                 "detachSession", "Prompts and events", "A client leaves the session",
-                {"204": {"description": "Done, or nothing to do (no client id, or one the session does not know)."},
-                 "400": BAD_CLIENT, "404": not_found(NO_SESSION)},
+                {"204": {"description": "Done, or nothing to do (no client id, one the session does not know, or "
+                                        "no live session of that id the caller may see), as the reference."},
+                 "400": BAD_CLIENT},
                 parameters=[SESSION_ID, CLIENT_ID],
                 description="The client no longer counts (`clientCount`) nor may it vote. Any request body is ignored.",
             )

@@ -59,18 +59,23 @@ async def heartbeat(request: Request) -> Response:
 
 
 async def detach(request: Request) -> Response:
-    """204: the client no longer counts, nor may it vote. Without a client id, or with one the
-    session does not know, nothing changes (204 too, as the reference)."""
+    """204: the client no longer counts, nor may it vote. Without a client id, with one the
+    session does not know, or for a session that is not live (unknown, ended, or of a
+    workspace the caller may not see), nothing changes: 204 too, as the reference answers
+    (the Web Shell detaches from sessions that may have ended meanwhile)."""
     state = app_state(request)
     sid = request.path_params["id"]
     client_id = client_id_header(request)
-    ref = await state.locator.live(sid, principal_of(request))
+    try:
+        ref = await state.locator.live(sid, principal_of(request))
+    except ApiError as error:
+        if error.status != 404:
+            raise
+        return Response(status_code=204)
     if client_id is not None:
         command = commands.Detach(sid=sid, client_id=client_id)
-        done = await state.locator.to_owner(sid, ref, lambda owner: state.store.detach(ref.ws, owner, command),
-                                            lambda ok: not ok)
-        if not done:
-            raise not_found(sid)
+        await state.locator.to_owner(sid, ref, lambda owner: state.store.detach(ref.ws, owner, command),
+                                     lambda ok: not ok)  # a session that left meanwhile: nothing to leave
     return Response(status_code=204)
 
 

@@ -306,6 +306,28 @@ async def scenario(t: Target) -> None:
     await t.call("deleted", "GET /workspaces/:workspace/sessions/live-state", "GET",
                  f"/workspaces/{wid}/sessions/live-state")
 
+    # 9. Presence (issue 39): heartbeat and detach, on a session of their own, last (the
+    # reference closes a session once its last client left).
+    heartbeat, detach = "POST /session/:id/heartbeat", "POST /session/:id/detach"
+    other = await t.call("new", "POST /session", "POST", "/session", {"cwd": ws, "sessionScope": "thread"},
+                         timeout=CREATE_TIMEOUT_S)
+    other_body = other.body if other.is_json and isinstance(other.body, dict) else {}
+    o, viewer = f"/session/{other_body.get('sessionId', 'no-session')}", other_body.get("clientId", "no-client")
+    me = {"X-Qwen-Client-Id": viewer}
+    await t.call("present", heartbeat, "POST", f"{o}/heartbeat", {}, headers=me)
+    await t.call("no client id", heartbeat, "POST", f"{o}/heartbeat", {})
+    await t.call("unregistered client", heartbeat, "POST", f"{o}/heartbeat", {},
+                 headers={"X-Qwen-Client-Id": "client_unregistered"})
+    await t.call("malformed client id", heartbeat, "POST", f"{o}/heartbeat", {}, headers={"X-Qwen-Client-Id": "a b"})
+    await t.call("present", "GET /session/:id/status", "GET", f"{o}/status")
+    await t.call("unregistered client", detach, "POST", f"{o}/detach", headers={"X-Qwen-Client-Id": "client_unregistered"})
+    await t.call("no client id", detach, "POST", f"{o}/detach")
+    await t.call("present", detach, "POST", f"{o}/detach", headers=me)
+    await t.call("detached", "GET /session/:id/status", "GET", f"{o}/status")
+    await t.call("detached", heartbeat, "POST", f"{o}/heartbeat", {}, headers=me)
+    await t.call(unknown, heartbeat, "POST", f"{u}/heartbeat", {})
+    await t.call(unknown, detach, "POST", f"{u}/detach")
+
 
 async def start_acp_worker(harness: Harness, qwen: str, fake: FakeOpenAI, tmp_path: Path) -> WorkerProcess:
     """acp-state's worker hosting `qwen --acp` on the scripted LLM. Its agent's HOME (where
