@@ -558,6 +558,22 @@ def paths() -> Schema:
                 description="The client no longer counts (`clientCount`) nor may it vote. Any request body is ignored.",
             )
         },
+        "/session/{id}/pending-prompts": {
+            "get": operation(
+                "listPendingPrompts", "Prompts and events", "The session's prompt queue",
+                {
+                    "200": json_response("The prompts accepted and not ended: the running one, then the queued "
+                                         "ones in admission order.", obj({"pendingPrompts": array(obj(
+                                             {"promptId": string(), "text": string(), "queuedAt": integer(minimum=0),
+                                              "state": string(enum=["queued", "running"])},
+                                             {"originatorClientId": string()},
+                                         ))})),
+                    "400": BAD_CLIENT,
+                    "404": not_found(NO_SESSION),
+                },
+                parameters=[SESSION_ID, CLIENT_ID],
+            )
+        },
         "/session/{id}/status": {
             "get": operation(
                 "getSessionStatus", "Prompts and events", "Runtime status of a live session",

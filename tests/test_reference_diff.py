@@ -211,6 +211,7 @@ async def scenario(t: Target) -> None:
 
     # 1. A fresh idle session.
     await session_views("idle, fresh")
+    await t.call("idle, fresh", "GET /session/:id/pending-prompts", "GET", f"{s}/pending-prompts")
     await t.call("idle, path form", "GET /workspace/:id/sessions", "GET", f"/workspace/{enc}/sessions")
     await t.call("idle, path form", "GET /workspaces/:workspace/sessions/live-state", "GET",
                  f"/workspaces/{enc}/sessions/live-state")
@@ -257,9 +258,11 @@ async def scenario(t: Target) -> None:
                           text_prompt("hello queued"))
     pid4 = (queued.body or {}).get("promptId", "no-prompt") if queued.is_json else "no-prompt"
     await session_views("one running, one queued", pid3, pid4)
+    await t.call("one running, one queued", "GET /session/:id/pending-prompts", "GET", f"{s}/pending-prompts")
     await t.call("one running, one queued", "POST /session/:id/cancel", "POST", f"{s}/cancel")
     await t.wait_status("after cancel", sid, idle, stable_s=1.0)
     await session_views("after cancel", pid3, pid4)
+    await t.call("after cancel", "GET /session/:id/pending-prompts", "GET", f"{s}/pending-prompts")
     await t.call("idle", "POST /session/:id/cancel", "POST", f"{s}/cancel")
 
     # 5. Malformed bodies.
@@ -277,6 +280,7 @@ async def scenario(t: Target) -> None:
     await t.call(unknown, "GET /session/:id/turns/:promptId", "GET", f"{u}/turns/nope")
     await t.call(unknown, prompt, "POST", f"{u}/prompt", text_prompt("hello"))
     await t.call(unknown, "POST /session/:id/cancel", "POST", f"{u}/cancel")
+    await t.call(unknown, "GET /session/:id/pending-prompts", "GET", f"{u}/pending-prompts")
     await t.call(unknown, vote, "POST", f"{u}/permission/{UNKNOWN_SID}", PROCEED_ONCE)
     await t.headers_of_stream(unknown, "GET /session/:id/events", f"{u}/events")
     await t.call(unknown, "DELETE /session/:id", "DELETE", u)

@@ -133,6 +133,10 @@ async def test_presence_routes_refuse_what_the_caller_may_not_see(harness: Harne
         assert bad.status_code == 400 and bad.json()["code"] == "invalid_client_id"
         anonymous = await api.client.post(f"/session/{sid}/{route}", headers=as_client("tab-a"))
         assert anonymous.status_code == 401
+    theirs = await api.client.get(f"/session/{sid}/pending-prompts", headers=w2)
+    nobody = await api.client.get(f"/session/{unknown}/pending-prompts", headers=w1)
+    assert theirs.status_code == nobody.status_code == 404
+    assert theirs.content == nobody.content.replace(unknown.encode(), sid.encode())
     answer = (await api.client.get(f"/session/{sid}/status", headers=w1)).json()
     assert answer["clientCount"] == 1  # none of these touched the session's client
 
@@ -162,3 +166,42 @@ async def test_a_detached_client_stays_gone_when_the_worker_rewrites_its_session
     assert await client_count(fresh, sid) == 1
     assert (await heartbeat(fresh, sid, "tab-a")).status_code == 400
     assert (await heartbeat(fresh, sid, "tab-b")).status_code == 200
+
+
+async def test_the_prompt_queue_is_the_same_on_every_api_process(harness: Harness, workspace: str) -> None:
+    """`GET /session/:id/pending-prompts` (before: 404): the running prompt, then the queued
+    ones in the order they were accepted, whichever API process accepted them."""
+    events = await harness.events()
+    await harness.worker()
+    api1, api2 = await harness.api(), await harness.api()
+    created = await api1.client.post("/session", json={"cwd": workspace, "sessionScope": "thread"},
+                                     headers=as_client("tab-a"))
+    sid = created.json()["sessionId"]
+    assert (await api2.client.get(f"/session/{sid}/pending-prompts")).json() == {"pendingPrompts": []}
+
+    async def send(api: ApiProcess, text: str, client: str) -> str:
+        accepted = await api.client.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": text}]},
+                                         headers=as_client(client))
+        assert accepted.status_code == 202, accepted.text
+        return accepted.json()["promptId"]
+
+    running = await send(api1, "#permission please", "tab-a")
+    request = await events.wait_type(sid, "permission_request", promptId=running)
+    second = await send(api2, "hello second", "tab-a")
+    third = await send(api1, "hello third", "tab-a")
+    queues = [(await api.client.get(f"/session/{sid}/pending-prompts")).json() for api in (api1, api2)]
+    assert queues[0] == queues[1]
+    queue = queues[0]["pendingPrompts"]
+    assert [(p["promptId"], p["state"], p["text"]) for p in queue] == [
+        (running, "running", "#permission please"), (second, "queued", "hello second"), (third, "queued", "hello third"),
+    ]
+    assert all(p["originatorClientId"] == "tab-a" and isinstance(p["queuedAt"], int) for p in queue)
+    assert set(queue[0]) == {"promptId", "text", "queuedAt", "state", "originatorClientId"}
+
+    vote = await api2.client.post(f"/session/{sid}/permission/{request['data']['requestId']}",
+                                  json={"outcome": {"outcome": "selected", "optionId": "proceed_once"}})
+    assert vote.status_code == 200, vote.text
+    await events.wait_type(sid, "turn_complete", promptId=third)
+    assert (await api2.client.get(f"/session/{sid}/pending-prompts")).json() == {"pendingPrompts": []}
+    unknown = await api1.client.get("/session/00000000-0000-4000-8000-000000000000/pending-prompts")
+    assert unknown.status_code == 404 and unknown.json()["code"] == "session_not_found"
