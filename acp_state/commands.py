@@ -180,6 +180,18 @@ class Detach:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RemovePrompt:
+    """Take one accepted prompt out of the session's queue (a queued one ends `cancelled`
+    without running; the running one is cancelled); answered by `store.reply(request_id)`,
+    ok when the prompt was still pending (`DELETE /session/:id/pending-prompts/:promptId`)."""
+
+    TYPE: ClassVar[str] = "remove_prompt"
+    sid: str = _field()
+    prompt_id: str = _field("promptId")
+    request_id: str = _field("req")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Drain:
     """Drain this worker (control feed; `acp-state drain`, or its own SIGTERM): no more
     creates or loads, running turns get `grace_s` to finish, then every session moves to
@@ -200,7 +212,7 @@ class Moving:
     target: str = _field()
 
 
-Command = Create | Prompt | Cancel | Close | Vote | Attach | Detach | Drain | Moving
+Command = Create | Prompt | Cancel | Close | Vote | Attach | Detach | RemovePrompt | Drain | Moving
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,7 +244,7 @@ class Reply:
         return cls(**_values(cls, wire, "reply"))
 
 _BY_TYPE: dict[str, type[Command]] = {
-    cls.TYPE: cls for cls in (Create, Prompt, Cancel, Close, Vote, Attach, Detach, Drain, Moving)
+    cls.TYPE: cls for cls in (Create, Prompt, Cancel, Close, Vote, Attach, Detach, RemovePrompt, Drain, Moving)
 }
 
 
@@ -309,6 +321,7 @@ class CommandHandler(Protocol):
     def on_vote(self, command: Vote) -> None: ...
     def on_attach(self, command: Attach) -> None: ...
     def on_detach(self, command: Detach) -> None: ...
+    def on_remove_prompt(self, command: RemovePrompt) -> None: ...
     def on_drain(self, command: Drain) -> None: ...
     def on_moving(self, command: Moving) -> None: ...
 
@@ -330,6 +343,8 @@ def dispatch(handler: CommandHandler, command: Command) -> None:
             handler.on_attach(command)
         case Detach():
             handler.on_detach(command)
+        case RemovePrompt():
+            handler.on_remove_prompt(command)
         case Drain():
             handler.on_drain(command)
         case Moving():

@@ -84,6 +84,7 @@ ROUTES = [
     Route("/session/{id}/heartbeat", presence.heartbeat, methods=["POST"]),
     Route("/session/{id}/detach", presence.detach, methods=["POST"]),
     Route("/session/{id}/pending-prompts", pending_prompts.pending_prompts, methods=["GET"]),
+    Route("/session/{id}/pending-prompts/{promptId}", pending_prompts.remove_pending_prompt, methods=["DELETE"]),
     Route("/session/{id}/events", event_stream.stream_events, methods=["GET"]),
     Route("/session/{id}/transcript", history.transcript, methods=["GET"]),
     Route("/session/{id}/load", history.load, methods=["POST"]),

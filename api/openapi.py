@@ -574,6 +574,21 @@ def paths() -> Schema:
                 parameters=[SESSION_ID, CLIENT_ID],
             )
         },
+        "/session/{id}/pending-prompts/{promptId}": {
+            "delete": operation(
+                "removePendingPrompt", "Prompts and events", "Take a prompt out of the queue",
+                {
+                    "200": json_response("`removed: true`: it was pending (a queued one ends `cancelled` without "
+                                         "running, the running one is cancelled); false: unknown or ended.",
+                                         obj({"removed": boolean()})),
+                    "400": BAD_CLIENT,
+                    "404": not_found(NO_SESSION),
+                    "503": error("The worker did not answer in time (`outcome_unknown`), or the store is "
+                                 "unavailable."),
+                },
+                parameters=[SESSION_ID, path_param("promptId", "A prompt id the session accepted."), CLIENT_ID],
+            )
+        },
         "/session/{id}/status": {
             "get": operation(
                 "getSessionStatus", "Prompts and events", "Runtime status of a live session",

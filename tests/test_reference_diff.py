@@ -259,6 +259,11 @@ async def scenario(t: Target) -> None:
     pid4 = (queued.body or {}).get("promptId", "no-prompt") if queued.is_json else "no-prompt"
     await session_views("one running, one queued", pid3, pid4)
     await t.call("one running, one queued", "GET /session/:id/pending-prompts", "GET", f"{s}/pending-prompts")
+    remove = "DELETE /session/:id/pending-prompts/:promptId"
+    await t.call("one running, one queued", remove, "DELETE", f"{s}/pending-prompts/{pid4}")
+    await t.call("queued one removed", "GET /session/:id/pending-prompts", "GET", f"{s}/pending-prompts")
+    await t.call("queued one removed", remove, "DELETE", f"{s}/pending-prompts/{pid4}")
+    await t.call("queued one removed", "GET /session/:id/turns/:promptId", "GET", f"{s}/turns/{pid4}")
     await t.call("one running, one queued", "POST /session/:id/cancel", "POST", f"{s}/cancel")
     await t.wait_status("after cancel", sid, idle, stable_s=1.0)
     await session_views("after cancel", pid3, pid4)
@@ -281,6 +286,7 @@ async def scenario(t: Target) -> None:
     await t.call(unknown, prompt, "POST", f"{u}/prompt", text_prompt("hello"))
     await t.call(unknown, "POST /session/:id/cancel", "POST", f"{u}/cancel")
     await t.call(unknown, "GET /session/:id/pending-prompts", "GET", f"{u}/pending-prompts")
+    await t.call(unknown, "DELETE /session/:id/pending-prompts/:promptId", "DELETE", f"{u}/pending-prompts/{UNKNOWN_SID}")
     await t.call(unknown, vote, "POST", f"{u}/permission/{UNKNOWN_SID}", PROCEED_ONCE)
     await t.headers_of_stream(unknown, "GET /session/:id/events", f"{u}/events")
     await t.call(unknown, "DELETE /session/:id", "DELETE", u)

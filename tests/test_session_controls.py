@@ -198,10 +198,31 @@ async def test_the_prompt_queue_is_the_same_on_every_api_process(harness: Harnes
     assert all(p["originatorClientId"] == "tab-a" and isinstance(p["queuedAt"], int) for p in queue)
     assert set(queue[0]) == {"promptId", "text", "queuedAt", "state", "originatorClientId"}
 
-    vote = await api2.client.post(f"/session/{sid}/permission/{request['data']['requestId']}",
-                                  json={"outcome": {"outcome": "selected", "optionId": "proceed_once"}})
-    assert vote.status_code == 200, vote.text
+    assert request["data"]["requestId"]
+
+    # Taking a queued prompt out (DELETE .../pending-prompts/:promptId, before: 404): it ends
+    # `cancelled` without running, on every API process's view.
+    removed = await api2.client.delete(f"/session/{sid}/pending-prompts/{second}")
+    assert removed.status_code == 200 and removed.json() == {"removed": True}
+    said = await events.wait_type(sid, "pending_prompt_completed", promptId=second)
+    assert said["data"] == {"sessionId": sid, "promptId": second, "state": "removed"}
+    await events.wait_type(sid, "turn_complete", promptId=second)
+    assert [p["promptId"] for p in (await api1.client.get(f"/session/{sid}/pending-prompts")).json()["pendingPrompts"]] == [
+        running, third,
+    ]
+    turn = (await api1.client.get(f"/session/{sid}/turns/{second}")).json()
+    assert turn["state"] == "cancelled" and "startedAt" not in turn
+    for gone in (second, "no-such-prompt"):
+        again = await api1.client.delete(f"/session/{sid}/pending-prompts/{gone}")
+        assert again.status_code == 200 and again.json() == {"removed": False}
+
+    # Taking the running one out cancels it; the next queued prompt then runs.
+    assert (await api1.client.delete(f"/session/{sid}/pending-prompts/{running}")).json() == {"removed": True}
+    ended = await events.wait_type(sid, "turn_complete", promptId=running)
+    assert ended["data"]["stopReason"] == "cancelled"
     await events.wait_type(sid, "turn_complete", promptId=third)
     assert (await api2.client.get(f"/session/{sid}/pending-prompts")).json() == {"pendingPrompts": []}
-    unknown = await api1.client.get("/session/00000000-0000-4000-8000-000000000000/pending-prompts")
-    assert unknown.status_code == 404 and unknown.json()["code"] == "session_not_found"
+    unknown = "00000000-0000-4000-8000-000000000000"
+    for answer in (await api1.client.get(f"/session/{unknown}/pending-prompts"),
+                   await api1.client.delete(f"/session/{unknown}/pending-prompts/{third}")):
+        assert answer.status_code == 404 and answer.json()["code"] == "session_not_found"

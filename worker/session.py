@@ -514,6 +514,36 @@ class LiveSession(PermissionRequests, MovableSession):
         if transition.events:
             await self._write(transition)
 
+    async def remove_prompt(self, prompt_id: str) -> bool:
+        """Take an accepted prompt out (`DELETE /session/:id/pending-prompts/:promptId`): a
+        queued one ends `cancelled` without running, the running one is cancelled as a
+        cancel would; both announce `pending_prompt_completed` (`state: removed`), as the
+        reference does. False when the prompt is not pending here (unknown, or ended)."""
+        if self.closed:
+            return False
+        removed = {"sessionId": self.sid, "promptId": prompt_id, "state": "removed"}
+        running = self.active
+        if running is not None and running.prompt_id == prompt_id and not running.ended:
+            await self._write(Transition(events=[events.body("pending_prompt_completed", removed, prompt_id,
+                                                             running.client_id)]))
+            await self.cancel()
+            return True
+        for queue in (self.queue, *self.automatic.values()):
+            prompt = next((p for p in queue if p.prompt_id == prompt_id and not p.ended), None)
+            if prompt is None:
+                continue
+            queue.remove(prompt)
+            prompt.ended = True
+            prompt.turn = prompt.turn.finished(now_ms(), "cancelled", "")
+            done = {"sessionId": self.sid, "stopReason": "cancelled", "promptId": prompt_id}
+            await self._write(Transition(
+                prompts_ended=[prompt_id], admitted_change=-1, turns=[prompt.turn],
+                events=[events.body("pending_prompt_completed", removed, prompt_id, prompt.client_id),
+                        events.body("turn_complete", done, prompt_id)],
+            ))
+            return True
+        return False
+
     async def close(self, reason: str = "closed", publish: bool = True, uncatalog: bool = False) -> None:
         """Close the session: terminals for its prompts, pending cancelled, keys deleted."""
         if self.closed:

@@ -513,6 +513,18 @@ class Worker:
         if session is not None:
             session.clients.discard(command.client_id)
 
+    def on_remove_prompt(self, command: commands.RemovePrompt) -> None:
+        session = self.sessions.get(command.sid)
+        if session is None:
+            asyncio.ensure_future(self.store.reply(command.request_id, Reply(ok=False, code="session_not_found")))
+        else:
+            asyncio.ensure_future(self._remove_prompt(session, command))
+
+    async def _remove_prompt(self, session: LiveSession, command: commands.RemovePrompt) -> None:
+        removed = await session.remove_prompt(command.prompt_id)
+        with contextlib.suppress(Exception):  # the API's wait ends in outcome_unknown
+            await self.store.reply(command.request_id, Reply(ok=removed))
+
     def on_drain(self, command: commands.Drain) -> None:
         log.info("told to drain")
         self.begin_drain(command.grace_s)
