@@ -45,6 +45,7 @@ FEATURES = [
     "session_close",
     "session_transcript",
     "session_transcript_pagination",
+    "session_supported_commands",
     # acp-state's own
     "health_ready",
     "idempotency_key",

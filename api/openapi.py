@@ -589,6 +589,19 @@ def paths() -> Schema:
                 parameters=[SESSION_ID, path_param("promptId", "A prompt id the session accepted."), CLIENT_ID],
             )
         },
+        "/session/{id}/supported-commands": {
+            "get": operation(
+                "getSupportedCommands", "Prompts and events", "The commands the session's agent advertises",
+                {
+                    "200": json_response("The agent's last ACP `available_commands_update` (`[]` before any).", obj({
+                        "v": integer(minimum=1), "sessionId": string(), "availableCommands": array(obj({"name": string()})),
+                        "availableSkills": array(obj()),
+                    })),
+                    "404": not_found(NO_SESSION),
+                },
+                parameters=[SESSION_ID],
+            )
+        },
         "/session/{id}/status": {
             "get": operation(
                 "getSessionStatus", "Prompts and events", "Runtime status of a live session",

@@ -212,6 +212,7 @@ async def scenario(t: Target) -> None:
     # 1. A fresh idle session.
     await session_views("idle, fresh")
     await t.call("idle, fresh", "GET /session/:id/pending-prompts", "GET", f"{s}/pending-prompts")
+    await t.call("idle, fresh", "GET /session/:id/supported-commands", "GET", f"{s}/supported-commands")
     await t.call("idle, path form", "GET /workspace/:id/sessions", "GET", f"/workspace/{enc}/sessions")
     await t.call("idle, path form", "GET /workspaces/:workspace/sessions/live-state", "GET",
                  f"/workspaces/{enc}/sessions/live-state")
@@ -258,6 +259,7 @@ async def scenario(t: Target) -> None:
                           text_prompt("hello queued"))
     pid4 = (queued.body or {}).get("promptId", "no-prompt") if queued.is_json else "no-prompt"
     await session_views("one running, one queued", pid3, pid4)
+    await t.call("one running, one queued", "GET /session/:id/supported-commands", "GET", f"{s}/supported-commands")
     await t.call("one running, one queued", "GET /session/:id/pending-prompts", "GET", f"{s}/pending-prompts")
     remove = "DELETE /session/:id/pending-prompts/:promptId"
     await t.call("one running, one queued", remove, "DELETE", f"{s}/pending-prompts/{pid4}")
@@ -286,6 +288,7 @@ async def scenario(t: Target) -> None:
     await t.call(unknown, prompt, "POST", f"{u}/prompt", text_prompt("hello"))
     await t.call(unknown, "POST /session/:id/cancel", "POST", f"{u}/cancel")
     await t.call(unknown, "GET /session/:id/pending-prompts", "GET", f"{u}/pending-prompts")
+    await t.call(unknown, "GET /session/:id/supported-commands", "GET", f"{u}/supported-commands")
     await t.call(unknown, "DELETE /session/:id/pending-prompts/:promptId", "DELETE", f"{u}/pending-prompts/{UNKNOWN_SID}")
     await t.call(unknown, vote, "POST", f"{u}/permission/{UNKNOWN_SID}", PROCEED_ONCE)
     await t.headers_of_stream(unknown, "GET /session/:id/events", f"{u}/events")

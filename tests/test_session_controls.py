@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 import httpx
 
 from acp_state.ids import workspace_id
 from acp_state.store import keys
 from tests.harness import ApiProcess, Harness
-from tests.helpers import eventually, status
+from tests.helpers import create, eventually, status
 
 CLIENT_TTL_MS = 1500
 W1_TOKEN = "controls-one-token-0123456789"
@@ -226,3 +227,32 @@ async def test_the_prompt_queue_is_the_same_on_every_api_process(harness: Harnes
     for answer in (await api1.client.get(f"/session/{unknown}/pending-prompts"),
                    await api1.client.delete(f"/session/{unknown}/pending-prompts/{third}")):
         assert answer.status_code == 404 and answer.json()["code"] == "session_not_found"
+
+
+COMMANDS = [{"name": "review", "description": "Review the changes", "input": {"hint": "what to review"}},
+            {"name": "init", "description": "Write an AGENTS.md"}]
+
+
+async def test_supported_commands_are_what_the_agent_advertised(harness: Harness, workspace: str) -> None:
+    """`GET /session/:id/supported-commands` (before: 404): the agent's last
+    `available_commands_update`, on every API process; `[]` from an agent that sent none."""
+    events = await harness.events()
+    await harness.worker(env={"ACP_SCRIPTED_EAGER_UPDATE": "after", "ACP_SCRIPTED_COMMANDS": json.dumps(COMMANDS)})
+    api1, api2 = await harness.api(), await harness.api()
+    assert "session_supported_commands" in (await api1.client.get("/capabilities")).json()["features"]
+    sid = (await create(api1, workspace))["sessionId"]
+    await events.wait_type(sid, "session_update")  # the update reached the worker after the create's answer
+    for api in (api1, api2):
+        answer = await api.client.get(f"/session/{sid}/supported-commands")
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"v": 1, "sessionId": sid, "availableCommands": COMMANDS, "availableSkills": []}
+    unknown = await api2.client.get("/session/00000000-0000-4000-8000-000000000000/supported-commands")
+    assert unknown.status_code == 404 and unknown.json()["code"] == "session_not_found"
+
+
+async def test_an_agent_that_advertises_nothing_has_no_commands(harness: Harness, workspace: str) -> None:
+    await harness.worker()
+    api = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+    answer = await api.client.get(f"/session/{sid}/supported-commands")
+    assert answer.json() == {"v": 1, "sessionId": sid, "availableCommands": [], "availableSkills": []}

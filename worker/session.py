@@ -50,12 +50,20 @@ WRITE_PATIENCE_S = 120.0
 TERMINALS = ("turn_complete", "turn_error")
 
 
+def advertised(update: dict[str, Any]) -> dict[str, Any]:
+    """What an `available_commands_update` advertises, as `GET /session/:id/supported-commands`
+    answers it: its commands, and the skills Qwen Code names in its `_meta`."""
+    meta = update.get("_meta")
+    skills = meta.get("availableSkills") if isinstance(meta, dict) else None
+    return {"availableCommands": update["availableCommands"], "availableSkills": skills if isinstance(skills, list) else []}
+
+
 class LiveSession(PermissionRequests, MovableSession):
     # Slots, not a per-instance dict: a worker holds tens of thousands of idle sessions.
     __slots__ = ("store", "incarnation", "ws", "sid", "cwd", "agent", "agent_sid", "single",
         "_on_gone", "_on_fenced", "_published", "_publishing", "untold_request", "_in_order",
         "_op", "_unwritten", "_sent", "abandoned", "write_patience_s", "created_ms", "updated_ms",
-        "display_name", "clients", "loop_limits", "_on_state", "state", "active", "queue",
+        "display_name", "clients", "available_commands", "loop_limits", "_on_state", "state", "active", "queue",
         "automatic", "turn_error", "turn_error_event", "closed", "_runner",
         "_guard", "_loop_stop", "agent_name", "state_store", "resumable", "resumed", "holding",
         "moving", "arriving", "has_history", "_marker_read", "_idle")
@@ -106,6 +114,7 @@ class LiveSession(PermissionRequests, MovableSession):
         self.updated_ms = self.created_ms
         self.display_name: str | None = None
         self.clients: set[str] = set()
+        self.available_commands: dict[str, Any] | None = None  # the agent's last advertised (advertised())
         self.loop_limits = loop_limits or LoopLimits()
         self._on_state = on_state
         self.state: str | None = None  # None until published, and again once gone
@@ -180,6 +189,7 @@ class LiveSession(PermissionRequests, MovableSession):
             admitted=len(admitted),
             prompts_admitted=[prompt.prompt_id for prompt in admitted],
             clients=list(self.clients),
+            available_commands=self.available_commands,
             turn_error=self.turn_error.status_view() if self.turn_error is not None else None,
             interactions_added=self._pending_interactions(),
             catalog=self.catalog_row(),
@@ -618,6 +628,8 @@ class LiveSession(PermissionRequests, MovableSession):
         if self.active is not None:
             self.active.add_result(events.message_text(update))
         transition = Transition(events=[events.body("session_update", {"sessionId": self.sid, "update": update}, prompt_id)])
+        if update.get("sessionUpdate") == "available_commands_update" and isinstance(update.get("availableCommands"), list):
+            self.available_commands = transition.available_commands = advertised(update)
         if self.turn_error_event and events.is_turn_content(update):
             self.turn_error_event = False
             transition.clear_turn_error_event = True

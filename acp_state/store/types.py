@@ -278,6 +278,7 @@ class Transition:
     turns: list[TurnRecord] = field(default_factory=list)  # turn records to write whole
     told: bool = False  # the create's answer was taken: its request id goes (see SessionView.told)
     takeover_from: str | None = None  # TAKEOVER: the incarnation that is handing the session over
+    available_commands: dict[str, Any] | None = None  # set: {availableCommands, availableSkills} the agent advertised
 
 
 @dataclass(frozen=True)
@@ -309,6 +310,9 @@ class SessionView:
     # A draining worker is handing the session to another (`mv`): prompts sent meanwhile
     # wait for the new owner.
     moving: bool = False
+    # What the agent advertised last (`available_commands_update`): {availableCommands,
+    # availableSkills}; None: nothing yet.
+    available_commands: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,7 @@ Environment
 ``ACP_SCRIPTED_RECORD``  a file path; every message received is appended to it as one JSON line.
 ``ACP_SCRIPTED_EAGER_UPDATE``  set: an ``available_commands_update`` for each new session right
                         after the ``session/new`` answer; ``before``: right before it.
+``ACP_SCRIPTED_COMMANDS``  a JSON list of ACP ``AvailableCommand``s that update names (default ``[]``).
 ``ACP_SCRIPTED_STATE_DIR``  where the history (and its ``writes.log``) is kept (created on the
                         first write); default ``$HOME/.acp-state-scripted``.
 ``ACP_STATE_INCARNATION``  the incarnation a history write is logged with when the prompt's
@@ -258,6 +259,14 @@ class Session:
 # --------------------------------------------------------------------------- the agent
 
 
+def advertised_commands() -> list[JSON]:
+    """The commands a new session's ``available_commands_update`` names (``ACP_SCRIPTED_COMMANDS``)."""
+    commands = json.loads(os.environ.get("ACP_SCRIPTED_COMMANDS") or "[]")
+    if not isinstance(commands, list):
+        raise SystemExit("ACP_SCRIPTED_COMMANDS must be a JSON list")
+    return commands
+
+
 def checked_cwd(params: JSON) -> str:
     """The absolute `cwd` of session/new or session/load, whose `mcpServers` must be a list."""
     cwd = params.get("cwd")
@@ -314,7 +323,7 @@ class ScriptedAgent:
             await self.channel.respond_error(request_id, err)
         else:
             eager = os.environ.get("ACP_SCRIPTED_EAGER_UPDATE") if method == "session/new" else None
-            update = {"sessionUpdate": "available_commands_update", "availableCommands": []}
+            update = {"sessionUpdate": "available_commands_update", "availableCommands": advertised_commands()}
             if eager == "before":
                 # As Copilot does: an update for the new session before the answer that names it.
                 await self.channel.notify("session/update", {"sessionId": result["sessionId"], "update": update})
