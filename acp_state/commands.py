@@ -86,6 +86,10 @@ class Create:
     agent_sid: str | None = _field("agentSessionId", types=(str, _NONE), default=None, omit_none=True)
     move_from: str | None = _field("from", types=(str, _NONE), default=None, omit_none=True)
     carry: dict[str, Any] | None = _field(types=(dict, _NONE), default=None, omit_none=True)
+    # Where the session came from (the reference's `session_source_metadata`): stored in
+    # its catalog row, listed, and filtered on; a resume or a move keeps it.
+    source_type: str | None = _field("sourceType", types=(str, _NONE), default=None, omit_none=True)
+    source_id: str | None = _field("sourceId", types=(str, _NONE), default=None, omit_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)

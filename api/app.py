@@ -34,6 +34,7 @@ from . import (
     stream_tickets,
     supported_commands,
     turns,
+    unconfigured,
     web,
     workers,
     workspaces,
@@ -44,6 +45,7 @@ from .etag import ETagMiddleware
 from .locator import SessionLocator
 from .metrics import RequestCounts, RequestMetrics
 from .placement import LiveReports
+from .reference_shell import ReferenceShell
 from .openapi import openapi_json
 from .origins import Edge, cors_send
 from .responses import (
@@ -95,7 +97,12 @@ ROUTES = [
     Route("/openapi.json", openapi_json, methods=["GET"]),
     Route("/metrics", metrics.metrics, methods=["GET"]),
     Route("/stream-tickets", stream_tickets.create_ticket, methods=["POST"]),
-    Route("/", web.index, methods=["GET"]),  # the Web Shell
+    Route("/brand", unconfigured.brand, methods=["GET"]),
+    Route("/goals", unconfigured.goals, methods=["GET"]),
+]
+# acp-state's own Web Shell, unless `--web-shell` names another build (`reference_shell`).
+OWN_SHELL = [
+    Route("/", web.index, methods=["GET"]),
     Mount("/static", web.static_files, name="static"),
 ]
 
@@ -269,7 +276,7 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> ApiApp:
         counts,
         edge,
         Tickets(settings.tokens),
-        routes=ROUTES,
+        routes=ROUTES + (OWN_SHELL if settings.web_shell is None else ReferenceShell(settings.web_shell).routes()),
         lifespan=lifespan,
         exception_handlers={
             ApiError: api_error_handler,

@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from acp_state.ids import workspace_id
 
+from . import reference_shell
 from .responses import OrjsonResponse
 
 ROLES = ("user", "channel", "admin")
@@ -121,7 +122,7 @@ class AuthMiddleware:
             return
         principal = self.authenticator.principal(scope)
         path = scope["path"]
-        if principal is None and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES):
+        if principal is None and not _open(scope, path):
             response = OrjsonResponse(
                 {"error": "a valid bearer token is required", "code": "unauthorized"},
                 status_code=401,
@@ -131,6 +132,18 @@ class AuthMiddleware:
             return
         scope.setdefault("state", {})["principal"] = principal or Principal("user", frozenset())
         await self.app(scope, receive, send)
+
+
+def _open(scope: Scope, path: str) -> bool:
+    """The routes that answer without a token: health, and the Web Shell's files and page
+    loads (either shell's: the page asks for the token itself)."""
+    return (
+        path in OPEN_PATHS
+        or path.startswith(OPEN_PREFIXES)
+        or path in reference_shell.OPEN_PATHS
+        or path.startswith(reference_shell.OPEN_PREFIXES)
+        or reference_shell.is_open_page(scope)
+    )
 
 
 def principal_of(request: Request) -> Principal:

@@ -15,17 +15,18 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import workspace_ref
+from . import session_source, workspace_ref
 from .auth import principal_of
 from .responses import ApiError, OrjsonResponse, json_body
 from .state import app_state
-from .workspaces import DEFAULT_SIZE, MAX_SIZE, decode_cursor, listing
+from .workspaces import DEFAULT_SIZE, MAX_SIZE, decode_cursor, filtered_page, listing
 
 MAX_WORKSPACES = 20
 INVALID = "invalid_session_catalog_request"
 OPTIONS = {"size", "archiveState", "view", "group", "parentSessionId", "sourceType", "sourceId"}
-# Session organization (groups, organized view, child sessions, sources) is not kept here.
-UNSUPPORTED_OPTIONS = ("view", "group", "parentSessionId", "sourceType", "sourceId")
+# Session organization (groups, organized view, child sessions) is not kept here; sources are
+# (api/session_source.py).
+UNSUPPORTED_OPTIONS = ("view", "group", "parentSessionId")
 
 
 def _invalid(reason: str = "Invalid session catalog request.") -> ApiError:
@@ -56,6 +57,10 @@ def _selections(body: Any) -> tuple[list[dict[str, Any]] | str, dict[str, Any], 
         raise _invalid()
     if options.get("archiveState", "active") not in ("active", "archived"):
         raise _invalid()
+    try:
+        session_source.parse(options.get("sourceType"), options.get("sourceId"))
+    except ApiError as error:  # the reference's code here, with the source's reason
+        raise _invalid(error.body["error"]) from None
     unsupported = [name for name in UNSUPPORTED_OPTIONS if name in options]
     if unsupported:
         raise _invalid(f"acp-state keeps no session organization: {', '.join(unsupported)} cannot be used")
@@ -82,6 +87,11 @@ async def batch_catalog(request: Request) -> Response:
         except ApiError as error:
             members.append({**member, "error": {"code": "invalid_cursor", "message": error.body["error"], "status": 400}})
             continue
-        page = {"sessions": []} if archived else orjson.loads(await listing(state, ws, offset, size))
+        if archived:
+            page: dict[str, Any] = {"sessions": []}
+        elif options.get("sourceType") is not None:
+            page = await filtered_page(state, ws, offset, size, options["sourceType"], options.get("sourceId"))
+        else:
+            page = orjson.loads(await listing(state, ws, offset, size))
         members.append({**member, **page, **({"groups": []} if include_groups else {})})
     return OrjsonResponse({"workspaces": members})

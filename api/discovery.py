@@ -46,6 +46,7 @@ FEATURES = [
     "session_transcript",
     "session_transcript_pagination",
     "session_supported_commands",
+    "session_source_metadata",  # sourceType/sourceId on create, listed and filtered (session_source)
     # acp-state's own
     "health_ready",
     "idempotency_key",

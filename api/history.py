@@ -58,6 +58,19 @@ def _record(raw: str) -> dict[str, Any]:
     return {"v": 1, "type": envelope["type"], "data": envelope["data"]}
 
 
+def _replayed(entry_id: str, raw: str) -> dict[str, Any]:
+    """A transcript record as a load replays it: with its time, `_meta.serverTimestamp`
+    (epoch ms, when the worker recorded it; a record kept without one takes its entry id's
+    time, the same moment), which the reference's Web Shell shows as the message's time and
+    measures a turn's length by. The reference stamps its replayed entries so too."""
+    envelope = orjson.loads(raw)
+    meta = envelope.get("_meta")
+    stamp = meta.get("serverTimestamp") if isinstance(meta, dict) else None
+    if not isinstance(stamp, int):
+        stamp = int(entry_id.partition("-")[0])
+    return {"v": 1, "type": envelope["type"], "data": envelope["data"], "_meta": {"serverTimestamp": stamp}}
+
+
 async def transcript(request: Request) -> Response:
     state = app_state(request)
     sid = request.path_params["id"]
@@ -119,7 +132,7 @@ async def load(request: Request) -> Response:
         replay = [orjson.loads(raw) for raw in snapshot.log]
         has_more = False
     else:
-        replay = [_record(raw) for _, raw in reversed(page[:page_size])]
+        replay = [_replayed(entry_id, raw) for entry_id, raw in reversed(page[:page_size])]
         has_more = len(page) > page_size
         if view.turn_error_event is not None:
             replay.append(view.turn_error_event)

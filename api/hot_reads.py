@@ -30,7 +30,7 @@ from .responses import JSON_TYPE, ApiError
 from .sessions import status
 from .state import AppState
 from .summaries import status_answer
-from .workspaces import current_page, list_sessions, page_asked
+from .workspaces import current_page, list_sessions, unfiltered_page_asked
 
 log = logging.getLogger("api.hot_reads")
 
@@ -67,7 +67,7 @@ async def answer(state: AppState | None, auth: Authenticator, counts: RequestCou
             # Only the id form: a path selector is canonicalized (and may be refused) by the route.
             if ws not in state.workspaces or principal is None or not principal.may(ws):
                 return False
-            listed = _remembered(scope["query_string"], page_asked)
+            listed = _remembered(scope["query_string"], unfiltered_page_asked)
             if listed is None:
                 return False
             route, found = LISTING_ROUTE, _listing(await current_page(state, ws, *listed))

@@ -233,6 +233,8 @@ def _status_fields() -> dict[str, Schema]:
 SESSION_BASE = {"sessionId": string(), "workspaceCwd": string(), "createdAt": string()}
 MOVING = "acp-state's own: a draining worker is handing the session to another (prompts sent meanwhile wait)."
 AFTER_A_TURN = {"updatedAt": string(), "hasRunningBackgroundTasks": boolean()}
+# The reference's `session_source_metadata`: where a session came from (api/session_source.py).
+SOURCE = {"sourceType": string(pattern="^[a-z][a-z0-9_-]{0,63}$"), "sourceId": string(minLength=1, maxLength=256)}
 
 
 def components() -> Schema:
@@ -325,6 +327,7 @@ def components() -> Schema:
                 "options": obj(optional={
                     "size": integer(minimum=1, maximum=100),
                     "archiveState": string(enum=["active", "archived"]),
+                    **SOURCE,
                 }, extra=False),
                 "includeGroups": boolean(),
             },
@@ -352,10 +355,12 @@ def components() -> Schema:
                 "sessionId": string(pattern=UUID_PATTERN, description="Caller-chosen id (RFC 4122 UUID v1-5)."),
                 "agent": string(description="The agent to run (a name in `/capabilities` `agents`); default: the "
                                 "default agent of the worker that gets the session."),
+                **SOURCE,
             }
         ),
         "Session": obj(
-            {"sessionId": string(), "workspaceCwd": string(), "attached": boolean(), "clientId": string(), "createdAt": string()}
+            {"sessionId": string(), "workspaceCwd": string(), "attached": boolean(), "clientId": string(), "createdAt": string()},
+            {**SOURCE, "sourcePersisted": boolean()},
         ),
         "ContentBlock": {
             **obj({"type": string()}, {"text": string()}),
@@ -384,7 +389,7 @@ def components() -> Schema:
                 {**_status_fields(), **AFTER_A_TURN, "isArchived": {"const": False}, "displayName": string(),
                  "turnError": ref("TurnError"), "moving": {"const": True, "description": MOVING},
                  "resumable": {"type": "boolean", "description": "A persisted row's: whether a load can resume "
-                               "it (false: its agent cannot load sessions)."}},
+                               "it (false: its agent cannot load sessions)."}, **SOURCE},
             ),
         },
         "SessionList": obj({"sessions": array(ref("SessionRow"))}, {"nextCursor": string()}),
@@ -701,16 +706,20 @@ def paths() -> Schema:
                 "listWorkspaceSessions", "Sessions", "The workspace's sessions, newest first, live ones with runtime fields",
                 {
                     "200": json_response("One page.", ref("SessionList")),
-                    "400": error("Bad `size` (`invalid_size`), `archiveState` or `cursor` (`invalid_cursor`). Or: "
+                    "400": error("`size` not an integer (`invalid_size`), bad `archiveState` or `cursor` (`invalid_cursor`). Or: "
                                  + BAD_WORKSPACE),
                     "404": not_found("No route matches the path (a workspace the caller's token may not see is "
                                      "answered as an unregistered one: 400 `workspace_mismatch`)."),
                 },
                 parameters=[
                     WORKSPACE_ID,
-                    query_param("size", "Page size.", integer(minimum=1, maximum=MAX_SIZE, default=20)),
+                    query_param("size", f"Page size: any integer, clamped to 1..{MAX_SIZE} as the reference clamps it.",
+                                integer(default=20)),
                     query_param("archiveState", "Which sessions.", string(enum=["active", "archived"], default="active")),
                     query_param("cursor", "`nextCursor` of the previous page.", string()),
+                    query_param("sourceType", "Only sessions of this source (`default`: also those created "
+                                "without one); 400 `invalid_session_source` if malformed.", string()),
+                    query_param("sourceId", "With `sourceType`: only this source id.", string()),
                 ],
             )
         },
@@ -807,6 +816,21 @@ def paths() -> Schema:
                     **TOO_LARGE,
                 },
                 body=json_body(obj({"path": string()})),
+                store=False,
+            )
+        },
+        "/brand": {
+            "get": operation(
+                "getBrand", "Discovery", "The reference's white-label brand: none here (`{}`, the built-in one)",
+                {"200": json_response("No brand.", obj({}, extra=False))},
+                store=False,
+            )
+        },
+        "/goals": {
+            "get": operation(
+                "listGoals", "Discovery", "The reference's active session goals: none here (acp-state has no goals)",
+                {"200": json_response("No goal.", obj({"v": {"const": 1}, "goals": array({}, maxItems=0),
+                                                      "droppedCount": {"const": 0}}))},
                 store=False,
             )
         },

@@ -77,6 +77,7 @@ async def _load(state: AppState, ws: str, sid: str, row: dict, client_id: str) -
             wait_ms=int(state.settings.create_timeout_s * 1000), request_id=request_id, agent=row.get("agent"),
             # (A session never prompted has no history: its agent starts it anew.)
             load=carry.history, agent_sid=row.get("agentSessionId"), carry=carry.pack(),
+            source_type=row.get("sourceType"), source_id=row.get("sourceId"),  # the row keeps them
         )
 
     try:

@@ -21,7 +21,7 @@ from acp_state.ids import workspace_id
 from acp_state.clock import iso, now_ms
 from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateKey, CreateRecord, DeleteOutcome, IdClaim
 
-from . import workspace_ref
+from . import session_source, workspace_ref
 from .auth import principal_of
 from .locator import not_found
 from .outcomes import effect, idempotency_key, outcome_unknown
@@ -94,12 +94,14 @@ async def create_session(request: Request) -> Response:
     agent = body.get("agent")
     if agent is not None and not is_agent_name(agent):
         raise unknown_agent(agent)
+    source = session_source.requested(body)
     ws = workspace_id(cwd)
     client_id = header_client or ids.new_client_id()
     sid = requested or ids.new_id()
     given_key = idempotency_key(request)
     if given_key is None:
-        return OrjsonResponse(await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested, agent=agent))
+        return OrjsonResponse(
+            await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested, agent=agent, source=source))
     # Kept per workspace and per caller: another tenant's (or principal's) same key is
     # another create, and never learns the first one's session or client id.
     key = CreateKey(ws, principal_of(request).name, given_key)
@@ -114,7 +116,8 @@ async def create_session(request: Request) -> Response:
         sent.append(request_id)
 
     try:
-        body = await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested, note, agent=agent)
+        body = await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested, note, agent=agent,
+                                       source=source)
     except BaseException as error:
         if not (isinstance(error, ApiError) and error.body.get("code") == "outcome_unknown"):
             await state.store.forget_create(key, sid)  # it did not happen: the key is free
@@ -133,7 +136,7 @@ async def create_session(request: Request) -> Response:
             raise unavailable("the create was not confirmed and is undone; retry", "create_undone") from error
         await note_told(state, ws, sid)
         body = {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id,
-                "createdAt": late.created_at}
+                "createdAt": late.created_at, **session_source.echoed(*source)}
     await _keep(state, key, body["sessionId"], client_id, body["attached"])
     return OrjsonResponse(body)
 
@@ -149,6 +152,7 @@ async def _create_or_attach(
     before_send: Callable[[str], Awaitable[None]] | None = None,
     *,
     agent: str | None = None,
+    source: tuple[str | None, str | None] = (None, None),
 ) -> dict[str, Any]:
     """Create the session on a worker offering `agent`, or attach to the workspace's shared
     one (whichever agent it runs)."""
@@ -187,6 +191,7 @@ async def _create_or_attach(
         return commands.Create(
             ws=ws, sid=sid, cwd=cwd, scope=scope, client_id=client_id,
             wait_ms=int(state.settings.create_timeout_s * 1000), request_id=request_id, agent=agent,
+            source_type=source[0], source_id=source[1],
         )
 
     try:
@@ -197,7 +202,8 @@ async def _create_or_attach(
             await state.store.release_single(ws, sid)
         raise
     state.locator.remember(sid, ws)
-    return {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id, "createdAt": reply.created_at}
+    return {"sessionId": sid, "workspaceCwd": cwd, "attached": False, "clientId": client_id, "createdAt": reply.created_at,
+            **session_source.echoed(*source)}
 
 
 async def _repeated_create(state: AppState, key: CreateKey, ws: str, cwd: str, first: CreateRecord) -> Response:
@@ -247,7 +253,10 @@ async def _repeated_create(state: AppState, key: CreateKey, ws: str, cwd: str, f
     row = await state.store.catalog_row(ws, record.sid)
     state.locator.remember(record.sid, ws)
     body = {"sessionId": record.sid, "workspaceCwd": cwd, "attached": record.attached, "clientId": record.client_id}
-    return OrjsonResponse(dict(body, createdAt=row["createdAt"] if row else created_at or iso(now_ms())))
+    answer = dict(body, createdAt=row["createdAt"] if row else created_at or iso(now_ms()))
+    if row is not None and not record.attached:
+        answer.update(session_source.echoed(row.get("sourceType"), row.get("sourceId")))
+    return OrjsonResponse(answer)
 
 
 async def first_create_outcome(state: AppState, key: CreateKey, ws: str, first: CreateRecord) -> CreateRecord | None:

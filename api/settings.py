@@ -24,6 +24,7 @@ class Settings:
     tokens: list[Token] = field(default_factory=list)
     sse_send_timeout_s: float = 10.0
     allow_origins: list[str] = field(default_factory=list)  # --allow-origin: pages of other origins that may call
+    web_shell: str | None = None  # --web-shell: a Web Shell build (the reference's `web-shell/`) served at `/`
 
     def workspace_cwds(self) -> dict[str, str]:
         """Registered workspaces by id (first 16 hex chars of sha256 of the cwd)."""

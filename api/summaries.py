@@ -75,6 +75,14 @@ def live_state_row(view: SessionView) -> dict[str, Any]:
     return row
 
 
+def source_of(row: dict[str, Any]) -> dict[str, Any]:
+    """The session's source as the reference lists it (`sourceType`, `sourceId`), from its row."""
+    source = {"sourceType": row["sourceType"]} if row.get("sourceType") else {}
+    if source and isinstance(row.get("sourceId"), str):
+        source["sourceId"] = row["sourceId"]
+    return source
+
+
 def persisted_row(row: dict[str, Any]) -> dict[str, Any]:
     """A catalog row as the reference lists a non-live session: no runtime fields, never idle."""
     listed: dict[str, Any] = {
@@ -83,8 +91,9 @@ def persisted_row(row: dict[str, Any]) -> dict[str, Any]:
         "createdAt": row["createdAt"],
         "updatedAt": row.get("updatedAt", row["createdAt"]),
     }
-    if row.get("displayName"):
-        listed["displayName"] = row["displayName"]
+    # The reference lists its chat file's first prompt: "" for a session never prompted.
+    listed["displayName"] = row.get("displayName") or ""
+    listed.update(source_of(row))
     listed.update(clientCount=0, hasActivePrompt=False, isArchived=False)
     if isinstance(row.get("resumable"), bool):  # acp-state's own: whether a load can resume it
         listed["resumable"] = row["resumable"]
@@ -106,8 +115,10 @@ def merged_row(row: dict[str, Any], live: dict[str, Any], meta: dict[str, Any] |
             continue
         if key == "updatedAt":
             value = max(row.get("updatedAt", ""), value)
-        elif key == "clientCount" and display_name:
-            merged["displayName"] = display_name
+        elif key == "clientCount":
+            if display_name:
+                merged["displayName"] = display_name
+            merged.update(source_of(row))
         merged[key] = value
         if key == "hasActivePrompt":
             merged["isArchived"] = False  # the reference's key order

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Mapping
+import re
+from typing import Any, Mapping
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import workspace_ref
+from . import session_source, workspace_ref
 from .cache import CachedPage
 from .etag import weak_etag
-from .responses import ApiError, JSON_TYPE, OrjsonResponse, parse_decimal
+from .responses import ApiError, JSON_TYPE, OrjsonResponse
 from .state import AppState, app_state
 from .summaries import live_summary, merged_row, persisted_row
 
@@ -40,20 +41,46 @@ async def list_sessions(request: Request) -> Response:
     state = app_state(request)
     ws = workspace_ref.resolve(request, "id")
     asked = page_asked(request.query_params)
+    source_type, source_id = session_source.parse(request.query_params.get("sourceType"),
+                                                  request.query_params.get("sourceId"))
     if asked is None:
         return OrjsonResponse({"sessions": []})  # nothing is ever archived here
+    if source_type is not None:
+        return OrjsonResponse(await filtered_page(state, ws, *asked, source_type, source_id))
     page = await listing_page(state, ws, *asked)
     # The page's ETag was computed once, when it was kept (the ETag middleware keeps a
     # route's own): a poller's repeated reads do not hash the same body again.
     return Response(page.body, media_type=JSON_TYPE, headers={"ETag": page.etag} if page.etag else None)
 
 
+SIZE = re.compile(r"\s*([+-]?)0*([0-9]+)\s*")
+
+
+def page_size(text: str | None) -> int:
+    """`size` clamped to 1..100, as the reference clamps it (its Web Shell asks for 1,000):
+    any integer, signed or with spaces around it; anything else answers 400 `invalid_size`
+    (the reference takes it for the default)."""
+    if text is None:
+        return DEFAULT_SIZE
+    match = SIZE.fullmatch(text) if text.isascii() else None
+    if match is None:
+        raise ApiError(400, f"size must be an integer (clamped to 1..{MAX_SIZE})", "invalid_size")
+    sign, digits = match.groups()
+    if sign == "-" or digits == "0":
+        return 1
+    return MAX_SIZE if len(digits) > 3 else min(int(digits), MAX_SIZE)
+
+
+def unfiltered_page_asked(query: Mapping[str, str]) -> tuple[int, int] | None:
+    """`page_asked` of a listing that filters nothing (None otherwise): the hot reads answer
+    only those from their kept pages."""
+    return None if "sourceType" in query or "sourceId" in query else page_asked(query)
+
+
 def page_asked(query: Mapping[str, str]) -> tuple[int, int] | None:
     """The (offset, size) a listing's query asks for; None for the archived listing, which
     is always empty; a 400 for anything else."""
-    size = parse_decimal(query.get("size", str(DEFAULT_SIZE)), MAX_SIZE)
-    if size is None or size < 1:
-        raise ApiError(400, f"size must be an integer from 1 to {MAX_SIZE}", "invalid_size")
+    size = page_size(query.get("size"))
     archive_state = query.get("archiveState", "active")
     if archive_state not in ("active", "archived"):
         raise ApiError(400, "archiveState must be 'active' or 'archived'", "invalid_archive_state")
@@ -102,22 +129,10 @@ async def _read_page(state: AppState, ws: str, offset: int, size: int) -> Cached
     token = await state.locator.cache.begin_read(ws, ws)
     page = await state.store.list_page(ws, offset, size)
     sessions, owners = [], set()
-    cwd = state.workspaces[ws]
     for listed in page[:size]:
-        row = {"sessionId": listed.sid, "workspaceCwd": cwd, **listed.row} if listed.row else None
-        view = listed.view
-        if view is not None and not view.told:
-            continue  # its create may still be undone: nobody was told of it yet
-        live = view is not None and await state.registry.is_live(view.owner)
-        if row is None and not live:
-            continue
-        if live:
-            assert view is not None
-            owners.add(view.owner)
-            summary = live_summary(view)
-            sessions.append(merged_row(row or {}, summary, view.meta))
-        else:
-            sessions.append(persisted_row(row))  # type: ignore[arg-type]
+        listed_row = await _listed(state, ws, listed, owners)
+        if listed_row is not None:
+            sessions.append(listed_row)
     result: dict[str, object] = {"sessions": sessions}
     if len(page) > size:
         result["nextCursor"] = encode_cursor(offset + size)
@@ -126,6 +141,44 @@ async def _read_page(state: AppState, ws: str, offset: int, size: int) -> Cached
     # Kept until a change in the workspace arrives, or one of these owners' leases lapses.
     state.locator.cache.keep_page(ws, offset, size, token, page)
     return page
+
+
+async def _listed(state: AppState, ws: str, listed: Any, owners: set[str]) -> dict[str, Any] | None:
+    """One entry of the store's page as the listing shows it (live rows merged; the owner
+    noted in `owners`), or None: not listed (untold, or neither live nor kept)."""
+    row = {"sessionId": listed.sid, "workspaceCwd": state.workspaces[ws], **listed.row} if listed.row else None
+    view = listed.view
+    if view is not None and not view.told:
+        return None  # its create may still be undone: nobody was told of it yet
+    live = view is not None and await state.registry.is_live(view.owner)
+    if row is None and not live:
+        return None
+    if live:
+        assert view is not None
+        owners.add(view.owner)
+        return merged_row(row or {}, live_summary(view), view.meta)
+    return persisted_row(row)  # type: ignore[arg-type]
+
+
+async def filtered_page(state: AppState, ws: str, offset: int, size: int, source_type: str,
+                         source_id: str | None) -> dict[str, Any]:
+    """A page of the sessions of one source (the reference's `sourceType`/`sourceId` filter):
+    read through the listing in steps of 100 until `size` rows match; the cursor is the
+    listing's offset after the last row looked at. Not kept: a filter is a rare read."""
+    sessions: list[dict[str, Any]] = []
+    while True:
+        page = await state.store.list_page(ws, offset, MAX_SIZE)
+        entries = page[:MAX_SIZE]
+        for n, listed in enumerate(entries, 1):
+            row = await _listed(state, ws, listed, set())
+            if row is not None and session_source.matches(row, source_type, source_id):
+                sessions.append(row)
+                if len(sessions) == size:
+                    more = n < len(entries) or len(page) > MAX_SIZE
+                    return {"sessions": sessions, **({"nextCursor": encode_cursor(offset + n)} if more else {})}
+        if len(page) <= MAX_SIZE:
+            return {"sessions": sessions}
+        offset += len(entries)
 
 
 async def cached_page(state: AppState, ws: str, offset: int, size: int) -> CachedPage | None:

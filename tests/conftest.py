@@ -6,6 +6,7 @@ Nothing here touches the machine's shared Redis on 6379.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import AsyncIterator, Iterator
 
@@ -15,6 +16,7 @@ import redis.asyncio as aioredis
 from acp_state.store.connection import connect
 
 from bench import forkserver
+from bench.fake_openai import find_qwen
 from bench.redis_server import RedisServer, free_port
 from tests.harness import Harness
 
@@ -138,3 +140,15 @@ async def harness(redis_server: RedisServer, workspace: str) -> AsyncIterator[Ha
         yield h
     finally:
         await h.stop_all()
+
+
+@pytest.fixture
+def qwen() -> str:
+    """The pinned `qwen` (Qwen Code 0.24.4: the agent `qwen --acp` and the reference daemon
+    `qwen serve`); the tests that need it skip, saying why, where it or Node.js is missing."""
+    path = find_qwen()
+    if path is None:
+        pytest.skip("qwen is not installed: scripts/test installs @qwen-code/qwen-code@0.24.4 into tests/node")
+    if shutil.which("node") is None:
+        pytest.skip("node is not on PATH: qwen needs Node.js")
+    return path

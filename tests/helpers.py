@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import inspect
 import time
+from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -48,6 +49,16 @@ def eventually_sync(condition: Callable[[], Any], what: str, *, safety_stop_s: f
             pytest.fail(f"safety stop: {what} did not happen in {safety_stop_s:.0f} s")
         time.sleep(step)
     return value
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, pgrp) of a process from /proc, or None once it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    state, ppid, pgrp = raw[raw.rindex(")") + 2 :].split()[:3]
+    return state, int(ppid), int(pgrp)
 
 
 async def create(api: ApiProcess, workspace: str, **body: object) -> dict:
@@ -141,3 +152,27 @@ async def app_in_process(redis_url: str, workspace: str) -> AsyncIterator[tuple[
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
             sid = (await client.post("/session", json={"cwd": workspace}, timeout=60)).json()["sessionId"]
         yield app, sid
+
+
+async def turn_done(watcher, sid: str, prompt_id: str) -> dict:
+    return await watcher.wait_for(
+        lambda e: e["data"].get("sessionId") == sid and e["type"] in ("turn_complete", "turn_error")
+        and e["data"].get("promptId") == prompt_id
+    )
+
+
+async def recalled(harness: Harness, api: ApiProcess, sid: str) -> str:
+    """What the session's agent answers `#recall` (every earlier prompt of the session)."""
+    watcher = await harness.events()
+    sent = await prompt(api, sid, "#recall")
+    assert (await turn_done(watcher, sid, sent["promptId"]))["type"] == "turn_complete"
+    chunks = [
+        e["data"]["update"]["content"]["text"] for e in watcher.of(sid)
+        if e["type"] == "session_update" and e.get("promptId") == sent["promptId"]
+        and e["data"]["update"].get("sessionUpdate") == "agent_message_chunk"
+    ]
+    return "".join(chunks)
+
+
+async def load(api: ApiProcess, sid: str, **body: object):
+    return await api.client.post(f"/session/{sid}/load", json=body)

@@ -8,32 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 import pytest
 
-from bench.fake_openai import FakeOpenAI, find_qwen
+from bench.fake_openai import FakeOpenAI
 from tests.harness import Harness
 from tests.reference import reference_daemon
 
-QWEN = find_qwen()
 TOKEN = "admin-token-0123456789"
 SHELL = "http://shell.example:8080"
 EVIL = "http://evil.example"
 UNKNOWN_SID = "00000000-0000-4000-8000-000000000000"
 CORS = ("access-control-allow-origin", "access-control-allow-methods", "access-control-max-age", "vary")
-
-
-@pytest.fixture
-def qwen() -> str:
-    if QWEN is None:
-        pytest.skip("qwen is not installed: run `npm ci --prefix tests/node` to run the differential test")
-    if shutil.which("node") is None:
-        pytest.skip("node is not on PATH: the reference daemon (qwen serve) needs Node.js")
-    return QWEN
 
 
 @pytest.fixture

@@ -8,52 +8,15 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from typing import AsyncIterator, Iterator
 
 import pytest
 
-from bench.chaos_redis import bind_args
-from bench.hosts import HostsUnavailable, TestBed
-from bench.redis_server import RedisServer
-from tests.conftest import free_port
+from bench.hosts import TestBed
 from tests.harness import ApiProcess, Harness, SseClient
 from tests.helpers import create, eventually, is_type, prompt
+from tests.host_bed import across, bed, bed_redis  # noqa: F401 (fixtures)
 
 LEASE_MS = 2000
-
-
-@pytest.fixture(scope="module")
-def bed() -> Iterator[TestBed]:
-    try:
-        test_bed = TestBed(["api-1", "worker-1"]).start()
-    except HostsUnavailable as error:
-        pytest.skip(f"no host test bed here: {error}")
-    try:
-        yield test_bed
-    finally:
-        test_bed.stop()
-
-
-@pytest.fixture
-def bed_redis(bed: TestBed) -> Iterator[RedisServer]:
-    """A Redis of the test's own on the bed's Redis address (and loopback)."""
-    server = RedisServer().start(bind_args(bed.redis_ip))
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-async def across(bed: TestBed, bed_redis: RedisServer, workspace: str) -> AsyncIterator[Harness]:
-    """A harness whose processes reach Redis across the bed; every cut healed afterwards."""
-    harness = Harness(f"redis://{bed.redis_ip}:{bed_redis.port}/0", workspace, free_port)
-    try:
-        yield harness
-    finally:
-        for name in bed.hosts:
-            bed.heal(name)
-            bed.link_up(name)
-        bed.proxy().clear_all()
-        await harness.stop_all()
 
 
 async def incarnations(api: ApiProcess) -> set[str]:

@@ -11,23 +11,15 @@ from typing import Any, Iterator
 
 import pytest
 
-from bench.fake_openai import FakeOpenAI, find_qwen, message_text, qwen_env
+from bench.fake_openai import FakeOpenAI, message_text, qwen_env
 from tests.harness import ApiProcess, Harness
 
 pytestmark = pytest.mark.qwen
 
-QWEN = find_qwen()
 # Qwen needs ~3-4 s to start; the first create waits for initialize + session/new + set_mode.
 CREATE_TIMEOUT_S = 90
 EVENT_TIMEOUT_S = 60
 PROCEED_ONCE = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
-
-
-@pytest.fixture
-def qwen() -> str:
-    if QWEN is None:
-        pytest.skip("qwen is not installed: npm install @qwen-code/qwen-code@0.24.4 to run this test")
-    return QWEN
 
 
 @pytest.fixture

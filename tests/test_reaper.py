@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import proc_stat
 from tests.harness import ROOT, Harness
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
@@ -31,18 +32,8 @@ while True:
 """
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, pgrp) of a process, or None once it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    state, ppid, pgrp = raw[raw.rindex(")") + 2 :].split()[:3]
-    return state, int(ppid), int(pgrp)
-
-
 def _alive(pid: int) -> bool:
-    stat = _stat(pid)
+    stat = proc_stat(pid)
     return stat is not None and stat[0] not in ("Z", "X")  # a zombie has ended: only its entry is left
 
 
@@ -58,11 +49,11 @@ def _cmdline(pid: int) -> str:
 
 
 def _children(pid: int, marker: str) -> list[int]:
-    return [p for p in _pids() if (s := _stat(p)) and s[1] == pid and marker in _cmdline(p)]
+    return [p for p in _pids() if (s := proc_stat(p)) and s[1] == pid and marker in _cmdline(p)]
 
 
 def _group(pgid: int) -> set[int]:
-    return {p for p in _pids() if (s := _stat(p)) and s[2] == pgid and _alive(p)}
+    return {p for p in _pids() if (s := proc_stat(p)) and s[2] == pgid and _alive(p)}
 
 
 async def _all_gone(pids: set[int], timeout: float = GONE_TIMEOUT_S) -> set[int]:

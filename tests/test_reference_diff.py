@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
@@ -34,7 +33,7 @@ import httpx
 import pytest
 
 from acp_state.ids import workspace_id
-from bench.fake_openai import FakeOpenAI, find_qwen, message_text, qwen_env
+from bench.fake_openai import FakeOpenAI, message_text, qwen_env
 from tests.harness import Harness, WorkerProcess
 from tests.reference import (
     Exchange,
@@ -50,7 +49,6 @@ pytestmark = pytest.mark.qwen
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPATIBILITY = ROOT / "docs" / "compatibility.md"
-QWEN = find_qwen()
 CREATE_TIMEOUT_S = 90
 WAIT_TIMEOUT_S = 60
 SHORT_WAIT_S = 5
@@ -67,15 +65,6 @@ PROCEED_ONCE = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
 
 def text_prompt(text: str) -> dict[str, Any]:
     return {"prompt": [{"type": "text", "text": text}]}
-
-
-@pytest.fixture
-def qwen() -> str:
-    if QWEN is None:
-        pytest.skip("qwen is not installed: run `npm ci --prefix tests/node` to run the differential test")
-    if shutil.which("node") is None:
-        pytest.skip("node is not on PATH: the reference daemon (qwen serve) needs Node.js")
-    return QWEN
 
 
 @pytest.fixture
@@ -311,7 +300,29 @@ async def scenario(t: Target) -> None:
                  {"workspaces": [{"workspace": UNREGISTERED_CWD}]})
     await t.call("invalid request", catalog, "POST", "/sessions/catalog", {})
 
-    # 8. Close, then the session is gone.
+    # 8. What the reference's Web Shell relies on (issue 39): the page sizes it lists with, a
+    # session's source (every create of the page sends one), its brand and goals.
+    for size in ("1000", "200", "0", "-3"):
+        await t.call(f"size {size}", listing, "GET", f"/workspace/{enc}/sessions?size={size}&archiveState=active")
+    sourced = await t.call("new, with a source", "POST /session", "POST", "/session",
+                           {"cwd": ws, "sessionScope": "thread", "sourceType": "web_shell", "sourceId": "tab-1"},
+                           timeout=CREATE_TIMEOUT_S)
+    sourced_id = (sourced.body or {}).get("sessionId", "no-session") if sourced.is_json else "no-session"
+    for step, query in (("by source type", "sourceType=web_shell"),
+                        ("by source type and id", "sourceType=web_shell&sourceId=tab-1"),
+                        ("by another source id", "sourceType=web_shell&sourceId=tab-2"),
+                        ("by the default source", "sourceType=default&size=1000&archiveState=active")):
+        await t.call(f"sourced, {step}", listing, "GET", f"/workspace/{wid}/sessions?{query}")
+    for step, body in (("source type malformed", {"sourceType": "Web"}),
+                       ("source id without a type", {"sourceId": "tab-1"}),
+                       ("source reserved", {"sourceType": "standalone"})):
+        await t.call(step, "POST /session", "POST", "/session", {"cwd": ws, "sessionScope": "thread", **body})
+    await t.call("source id without a type", listing, "GET", f"/workspace/{wid}/sessions?sourceId=tab-1")
+    await t.call("sourced", "DELETE /session/:id", "DELETE", f"/session/{sourced_id}")
+    await t.call("daemon", "GET /brand", "GET", "/brand")
+    await t.call("daemon", "GET /goals", "GET", "/goals")
+
+    # 9. Close, then the session is gone.
     await t.call("idle", "DELETE /session/:id", "DELETE", s)
     await t.call("deleted", "GET /session/:id/status", "GET", f"{s}/status")
     await t.call("deleted", "GET /session/:id/turns/current", "GET", f"{s}/turns/current")
@@ -466,6 +477,25 @@ async def restore_scenario(t: Target, restart: Callable[[], Awaitable[None]]) ->
     await t.call("restored, turn ended", "GET /session/:id/status", "GET", f"{s}/status")
 
 
+def replay_time(entry: dict[str, Any]) -> int | None:
+    """A replayed entry's time (epoch ms) where the reference's Web Shell looks for it (its
+    `serverTimestamp` reader, web-shell/assets/index-*.js): the entry's, its `_meta`'s, its
+    data's or its update's `_meta.serverTimestamp`, then a `timestamp` of the update's
+    `_meta`, the update, the data's `_meta` or the data (a number or an ISO string)."""
+    data = entry.get("data") if isinstance(entry.get("data"), dict) else {}
+    update = data.get("update") if isinstance(data.get("update"), dict) else {}
+    metas = [m if isinstance(m, dict) else {} for m in (entry.get("_meta"), data.get("_meta"), update.get("_meta"))]
+    for found in (entry.get("serverTimestamp"), *(m.get("serverTimestamp") for m in metas)):
+        if isinstance(found, (int, float)):
+            return int(found)
+    for found in (metas[2].get("timestamp"), update.get("timestamp"), metas[1].get("timestamp"), data.get("timestamp")):
+        if isinstance(found, (int, float)):
+            return int(found)
+        if isinstance(found, str) and found:
+            return 0  # an ISO time: there
+    return None
+
+
 def steps_of(t: Target) -> list[str]:
     """What each step answered (status, or why it could not run, and the start of its body):
     the trace a failure prints."""
@@ -532,6 +562,14 @@ async def test_a_restored_session_answers_like_the_reference(
             + "\n".join(steps_of(target)) + f"\nthe reference's log ends:\n{reference_log_tail(tmp_path)}")
         assert any(fact_of(target) in text for text in history), (
             f"{target.name}: the model was not sent the fact told before the restart: {history}")
+
+    # Every entry the load replays carries its time, where the reference's Web Shell reads one
+    # (a reloaded transcript keeps its times; issue 39). The entries' shapes differ otherwise
+    # (docs/compatibility.md).
+    for target in (reference, ours):
+        loads = [e for e in target.exchanges if e.route == "POST /session/:id/load" and e.status == 200]
+        replay = loads[0].body["compactedReplay"] if loads else []
+        assert replay and all(replay_time(entry) is not None for entry in replay), (target.name, replay)
 
     asked = os.environ.get("ACP_DIFF_DUMP")
     dump_path = Path(asked).with_suffix(".restore.json") if asked else tmp_path / "restore-exchanges.json"

@@ -14,38 +14,14 @@ import sys
 
 from acp_state.store import keys
 from tests.harness import ROOT, ApiProcess, Harness, SseClient
-from tests.helpers import SAFETY_STOP_S, create, eventually, is_type, prompt, status
+from tests.helpers import SAFETY_STOP_S, create, eventually, is_type, load, prompt, recalled, status, turn_done
 
 LEASE_MS = "1500"
-
-
-async def turn_done(watcher, sid: str, prompt_id: str) -> dict:
-    return await watcher.wait_for(
-        lambda e: e["data"].get("sessionId") == sid and e["type"] in ("turn_complete", "turn_error")
-        and e["data"].get("promptId") == prompt_id
-    )
-
-
-async def recalled(harness: Harness, api: ApiProcess, sid: str) -> str:
-    """What the session's agent answers `#recall` (every earlier prompt of the session)."""
-    watcher = await harness.events()
-    sent = await prompt(api, sid, "#recall")
-    assert (await turn_done(watcher, sid, sent["promptId"]))["type"] == "turn_complete"
-    chunks = [
-        e["data"]["update"]["content"]["text"] for e in watcher.of(sid)
-        if e["type"] == "session_update" and e.get("promptId") == sent["promptId"]
-        and e["data"]["update"].get("sessionUpdate") == "agent_message_chunk"
-    ]
-    return "".join(chunks)
 
 
 async def told_a_fact(harness: Harness, api: ApiProcess, sid: str, fact: str) -> None:
     sent = await prompt(api, sid, fact)
     assert (await turn_done(await harness.events(), sid, sent["promptId"]))["type"] == "turn_complete"
-
-
-async def load(api: ApiProcess, sid: str, **body: object):
-    return await api.client.post(f"/session/{sid}/load", json=body)
 
 
 # ---- resume a persisted session ------------------------------------------------------------

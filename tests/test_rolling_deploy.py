@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from bench.fake_openai import FakeOpenAI, find_qwen
+from bench.fake_openai import FakeOpenAI
 from bench.redis_server import RedisServer
 from bench.rolling_deploy import Plan, deploy
 
@@ -32,14 +32,6 @@ SESSIONS = 4  # more sessions than the 3 workers
 IN_FLIGHT = 2
 GRACE_S = 20.0  # qwen's turns here take well under a second: none runs out of it
 EVENT_TIMEOUT_S = 90.0  # a prompt may wait for a move, whose target may be starting qwen
-
-
-@pytest.fixture
-def qwen() -> str:
-    path = find_qwen()
-    if path is None:
-        pytest.skip("qwen is not installed: npm install @qwen-code/qwen-code@0.24.4 to run this test")
-    return path
 
 
 @pytest.fixture

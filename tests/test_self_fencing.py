@@ -23,9 +23,8 @@ import redis.asyncio as aioredis
 
 from acp_state.store import keys
 from tests.harness import ApiProcess, EventWatcher, Harness, WorkerProcess
-from tests.helpers import create, eventually, prompt
-from tests.test_partitions import across, bed, bed_redis  # noqa: F401 (the host test bed's fixtures)
-from tests.test_resume import load, recalled, turn_done
+from tests.helpers import create, eventually, load, proc_stat, prompt, recalled, turn_done
+from tests.host_bed import across, bed, bed_redis  # noqa: F401 (the host test bed's fixtures)
 
 LEASE_MS = 2000
 STOPPED_LINE = re.compile(
@@ -36,22 +35,12 @@ STOPPED_LINE = re.compile(
 # ---- what /proc, the worker's log and Redis say ----------------------------------------------
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, pgrp) of a process, or None once it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    state, ppid, pgrp = raw[raw.rindex(")") + 2 :].split()[:3]
-    return state, int(ppid), int(pgrp)
-
-
 def _agent_of(worker: WorkerProcess) -> int:
     """The pid of the worker's one scripted agent child (its process group's id too)."""
     pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
     agents = []
     for pid in pids:
-        stat = _stat(pid)
+        stat = proc_stat(pid)
         if stat is None or stat[1] != worker.pid:
             continue
         try:
@@ -67,7 +56,7 @@ def _group(pgid: int) -> list[tuple[int, str]]:
     """(pid, state) of every live member of process group `pgid`."""
     members = []
     for name in os.listdir("/proc"):
-        if name.isdigit() and (stat := _stat(int(name))) and stat[2] == pgid and stat[0] not in ("Z", "X"):
+        if name.isdigit() and (stat := proc_stat(int(name))) and stat[2] == pgid and stat[0] not in ("Z", "X"):
             members.append((int(name), stat[0]))
     return members
 

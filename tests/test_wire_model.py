@@ -457,7 +457,8 @@ def test_persisted_row_has_no_runtime_fields() -> None:
 
 def test_persisted_row_without_update_uses_created_at() -> None:
     row = summaries.persisted_row({k: v for k, v in ROW.items() if k not in ("updatedAt", "displayName")})
-    assert row["updatedAt"] == ROW["createdAt"] and "displayName" not in row
+    # A session never prompted: the reference lists its chat file's empty first prompt.
+    assert row["updatedAt"] == ROW["createdAt"] and row["displayName"] == ""
 
 
 def live(**overrides: object) -> dict:

@@ -185,7 +185,7 @@ class Drain:
             # A session whose agent was never sent a prompt has nothing to load: the target
             # starts a new agent session for it.
             load=session.has_history, agent_sid=session.agent_sid, move_from=session.incarnation,
-            carry=session.carry().pack(),
+            carry=session.carry().pack(), source_type=session.source[0], source_id=session.source[1],
         )
         await self.worker.store.send_control(target, create)
         reply = await self.worker.store.await_reply(

@@ -66,6 +66,7 @@ class LiveSession(PermissionRequests, MovableSession):
         "display_name", "clients", "available_commands", "loop_limits", "_on_state", "state", "active", "queue",
         "automatic", "turn_error", "turn_error_event", "closed", "_runner",
         "_guard", "_loop_stop", "agent_name", "state_store", "resumable", "resumed", "holding",
+        "source",
         "moving", "arriving", "has_history", "_marker_read", "_idle")
 
     def __init__(
@@ -134,6 +135,7 @@ class LiveSession(PermissionRequests, MovableSession):
         self.agent_name: str | None = None
         self.state_store: str | None = None
         self.resumable: bool | None = None
+        self.source: tuple[str | None, str | None] = (None, None)  # (sourceType, sourceId), kept in its row
         self.resumed = False  # loaded from the agent's history (its row existed before)
         self.has_history = False  # the agent was sent a prompt of it: it has something to load
         # A drain holds the session: no new turn starts here; what is admitted waits, queued,
@@ -175,6 +177,7 @@ class LiveSession(PermissionRequests, MovableSession):
         return CatalogRow(
             iso(self.created_ms), iso(self.updated_ms), self.updated_ms, self.display_name or None,
             agent=self.agent_name, state_store=self.state_store, agent_sid=self.agent_sid, resumable=self.resumable,
+            source_type=self.source[0], source_id=self.source[1],
         )
 
     def snapshot(self, reason_event: str | None = None) -> Transition:

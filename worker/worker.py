@@ -626,6 +626,7 @@ class Worker:
         session.agent_name = name
         session.state_store = self.config.state_store
         session.resumable = agent.supports_load
+        session.source = (command.source_type, command.source_id)
         return session
 
     def host(self, session: LiveSession) -> None:

@@ -39,10 +39,22 @@ def _api_settings(args: argparse.Namespace) -> Any:
         workspaces=workspaces,
         tokens=tokens,
         allow_origins=args.allow_origin,
+        web_shell=_web_shell(args.web_shell),
         sse_send_timeout_s=args.sse_send_timeout_s,
         create_timeout_s=args.create_timeout_s,
         client_ttl_ms=args.client_ttl_ms,
     )
+
+
+def _web_shell(path: str | None) -> str | None:
+    """--web-shell: the folder of a Web Shell build, checked now rather than at the first page load."""
+    if path is None:
+        return None
+    folder = os.path.abspath(path)
+    if not os.path.isfile(os.path.join(folder, "index.html")) or not os.path.isdir(os.path.join(folder, "assets")):
+        raise SystemExit(f"acp-state: --web-shell {path}: not a Web Shell build (no index.html and assets/ there; "
+                         "the reference's is the web-shell/ folder of @qwen-code/qwen-code)")
+    return folder
 
 
 def _tokens(args: argparse.Namespace) -> list[Any]:
@@ -244,6 +256,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                        help="a web origin (scheme://host[:port]) whose pages may call this API (repeatable; "
                        "'*' any, with a token only); other origins' requests answer 403")
+        p.add_argument("--web-shell", metavar="PATH",
+                       help="serve this Web Shell build at / instead of acp-state's own: the web-shell/ folder "
+                            "of an installed @qwen-code/qwen-code (docs/api.md)")
         p.add_argument("--sse-send-timeout-s", type=float, default=10.0,
                        help="drop an SSE client whose socket stays full this long")
         p.add_argument("--create-timeout-s", type=float, default=60.0,

@@ -166,7 +166,8 @@ def _catalog_json(row: CatalogRow) -> dict[str, Any]:
     if row.display_name:
         value["displayName"] = row.display_name
     for name, field_value in (("agent", row.agent), ("stateStore", row.state_store),
-                              ("agentSessionId", row.agent_sid), ("resumable", row.resumable)):
+                              ("agentSessionId", row.agent_sid), ("resumable", row.resumable),
+                              ("sourceType", row.source_type), ("sourceId", row.source_id)):
         if field_value is not None:
             value[name] = field_value
     return value

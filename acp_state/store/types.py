@@ -229,6 +229,9 @@ class CatalogRow:
     state_store: str | None = None
     agent_sid: str | None = None
     resumable: bool | None = None
+    # The reference's session source (`sourceType`, `sourceId`), given on create.
+    source_type: str | None = None
+    source_id: str | None = None
 
 
 @dataclass(frozen=True)
