@@ -90,6 +90,9 @@ class Create:
     # its catalog row, listed, and filtered on; a resume or a move keeps it.
     source_type: str | None = _field("sourceType", types=(str, _NONE), default=None, omit_none=True)
     source_id: str | None = _field("sourceId", types=(str, _NONE), default=None, omit_none=True)
+    # The session mode to start a new session in (the create's `approvalMode`), if the agent
+    # offers it; else the worker's --session-mode.
+    mode: str | None = _field(types=(str, _NONE), default=None, omit_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,6 +199,19 @@ class RemovePrompt:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SetMode:
+    """Switch the agent's session mode (ACP `session/set_mode`; `POST
+    /session/:id/approval-mode`); answered by `store.reply(request_id)`: ok with `previous`,
+    or `mode_not_offered` with the `modes` the agent offers."""
+
+    TYPE: ClassVar[str] = "set_mode"
+    sid: str = _field()
+    mode: str = _field()
+    request_id: str = _field("req")
+    client_id: str | None = _field("clientId", types=(str, _NONE), default=None, omit_none=True)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Drain:
     """Drain this worker (control feed; `acp-state drain`, or its own SIGTERM): no more
     creates or loads, running turns get `grace_s` to finish, then every session moves to
@@ -216,7 +232,7 @@ class Moving:
     target: str = _field()
 
 
-Command = Create | Prompt | Cancel | Close | Vote | Attach | Detach | RemovePrompt | Drain | Moving
+Command = Create | Prompt | Cancel | Close | Vote | Attach | Detach | RemovePrompt | SetMode | Drain | Moving
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,6 +249,9 @@ class Reply:
     # A created (or moved) session's: when it was created, and the worker that holds it.
     created_at: str | None = _field("createdAt", types=(str, _NONE), default=None, omit_none=True)
     incarnation: str | None = _field(types=(str, _NONE), default=None, omit_none=True)
+    # A set_mode's: the mode before (ok), or the modes the agent offers (mode_not_offered).
+    previous: str | None = _field(types=(str, _NONE), default=None, omit_none=True)
+    modes: list[str] | None = _field(types=(list, _NONE), default=None, omit_none=True)
 
     def encode(self) -> bytes:
         """The JSON the reply list holds."""
@@ -248,7 +267,7 @@ class Reply:
         return cls(**_values(cls, wire, "reply"))
 
 _BY_TYPE: dict[str, type[Command]] = {
-    cls.TYPE: cls for cls in (Create, Prompt, Cancel, Close, Vote, Attach, Detach, RemovePrompt, Drain, Moving)
+    cls.TYPE: cls for cls in (Create, Prompt, Cancel, Close, Vote, Attach, Detach, RemovePrompt, SetMode, Drain, Moving)
 }
 
 
@@ -326,6 +345,7 @@ class CommandHandler(Protocol):
     def on_attach(self, command: Attach) -> None: ...
     def on_detach(self, command: Detach) -> None: ...
     def on_remove_prompt(self, command: RemovePrompt) -> None: ...
+    def on_set_mode(self, command: SetMode) -> None: ...
     def on_drain(self, command: Drain) -> None: ...
     def on_moving(self, command: Moving) -> None: ...
 
@@ -349,6 +369,8 @@ def dispatch(handler: CommandHandler, command: Command) -> None:
             handler.on_detach(command)
         case RemovePrompt():
             handler.on_remove_prompt(command)
+        case SetMode():
+            handler.on_set_mode(command)
         case Drain():
             handler.on_drain(command)
         case Moving():

@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 from acp_state.store import STORE_ERRORS, Change, RedisStore, WorkerRegistry, run_sweeper
 
 from . import (
+    approval_mode,
     attention,
     catalog,
     discovery,
@@ -88,6 +89,7 @@ ROUTES = [
     Route("/session/{id}/detach", presence.detach, methods=["POST"]),
     Route("/session/{id}/pending-prompts", pending_prompts.pending_prompts, methods=["GET"]),
     Route("/session/{id}/supported-commands", supported_commands.supported_commands, methods=["GET"]),
+    Route("/session/{id}/approval-mode", approval_mode.set_approval_mode, methods=["POST"]),
     Route("/session/{id}/pending-prompts/{promptId}", pending_prompts.remove_pending_prompt, methods=["DELETE"]),
     Route("/session/{id}/events", event_stream.stream_events, methods=["GET"]),
     Route("/session/{id}/transcript", history.transcript, methods=["GET"]),

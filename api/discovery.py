@@ -46,6 +46,7 @@ FEATURES = [
     "session_transcript",
     "session_transcript_pagination",
     "session_supported_commands",
+    "session_approval_mode_control",
     "session_source_metadata",  # sourceType/sourceId on create, listed and filtered (session_source)
     # acp-state's own
     "health_ready",

@@ -379,7 +379,8 @@ def components() -> Schema:
         "PendingInteraction": _pending_interaction(),
         "SessionStatus": obj(
             {**SESSION_BASE, **_status_fields()},
-            {**AFTER_A_TURN, "turnError": ref("TurnError"), "moving": {"const": True, "description": MOVING}},
+            {**AFTER_A_TURN, "turnError": ref("TurnError"), "moving": {"const": True, "description": MOVING},
+             "approvalMode": string(description="The agent's ACP session mode, when it has modes.")},
         ),
         "SessionRow": {
             "description": "A live session (status fields and `isArchived: false`) or a persisted one "
@@ -605,6 +606,26 @@ def paths() -> Schema:
                     "404": not_found(NO_SESSION),
                 },
                 parameters=[SESSION_ID],
+            )
+        },
+        "/session/{id}/approval-mode": {
+            "post": operation(
+                "setApprovalMode", "Prompts and events", "Switch the agent's session mode",
+                {
+                    "200": json_response("Switched (ACP `session/set_mode`); nothing is persisted.", obj({
+                        "sessionId": string(), "mode": string(), "previous": string(), "persisted": boolean(),
+                    })),
+                    "400": error("`invalid_approval_mode` (not one of the reference's modes, or not one the agent "
+                                 "offers: `allowed` names those), `invalid_persist_flag`, `invalid_plan_mode`, "
+                                 "`invalid_client_id`, `invalid_json`."),
+                    "404": not_found(NO_SESSION),
+                    "502": error("The agent refused the mode (`agent_error`)."),
+                    "503": error("The worker did not answer in time (`outcome_unknown`), or the store is "
+                                 "unavailable."),
+                },
+                parameters=[SESSION_ID, CLIENT_ID],
+                body=json_body(obj({"mode": string(enum=["plan", "default", "auto-edit", "auto", "yolo"])},
+                                   {"persist": boolean(), "planMode": boolean()}), required=False),
             )
         },
         "/session/{id}/status": {

@@ -344,6 +344,12 @@ async def scenario(t: Target) -> None:
                  headers={"X-Qwen-Client-Id": "client_unregistered"})
     await t.call("malformed client id", heartbeat, "POST", f"{o}/heartbeat", {}, headers={"X-Qwen-Client-Id": "a b"})
     await t.call("present", "GET /session/:id/status", "GET", f"{o}/status")
+    mode = "POST /session/:id/approval-mode"
+    await t.call("present", mode, "POST", f"{o}/approval-mode", {"mode": "plan"}, headers=me)
+    await t.call("unknown mode", mode, "POST", f"{o}/approval-mode", {"mode": "sideways"})
+    await t.call("bad persist flag", mode, "POST", f"{o}/approval-mode", {"mode": "plan", "persist": "yes"})
+    await t.call("plan mode", "GET /session/:id/status", "GET", f"{o}/status")
+    await t.call(unknown, mode, "POST", f"{u}/approval-mode", {"mode": "plan"})
     await t.call("unregistered client", detach, "POST", f"{o}/detach", headers={"X-Qwen-Client-Id": "client_unregistered"})
     await t.call("no client id", detach, "POST", f"{o}/detach")
     await t.call("present", detach, "POST", f"{o}/detach", headers=me)

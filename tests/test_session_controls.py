@@ -256,3 +256,55 @@ async def test_an_agent_that_advertises_nothing_has_no_commands(harness: Harness
     sid = (await create(api, workspace))["sessionId"]
     answer = await api.client.get(f"/session/{sid}/supported-commands")
     assert answer.json() == {"v": 1, "sessionId": sid, "availableCommands": [], "availableSkills": []}
+
+
+async def test_the_approval_mode_is_the_agents_session_mode(harness: Harness, workspace: str) -> None:
+    """`POST /session/:id/approval-mode` (before: 404, the Web Shell's red toast) switches the
+    agent's ACP session mode; the status shows it on every API process; a mode the agent does
+    not offer gets the reference's 400, naming the ones it does; `approvalMode` on create
+    starts the session in that mode (before: ignored)."""
+    events = await harness.events()
+    await harness.worker(env={"ACP_SCRIPTED_MODES": "default,auto-edit,plan"})
+    api1, api2 = await harness.api(), await harness.api()
+    assert "session_approval_mode_control" in (await api1.client.get("/capabilities")).json()["features"]
+    created = await api1.client.post("/session", json={"cwd": workspace, "sessionScope": "thread"},
+                                     headers=as_client("tab-a"))
+    sid = created.json()["sessionId"]
+    assert (await status(api2, sid))["approvalMode"] == "default"
+
+    switched = await api2.client.post(f"/session/{sid}/approval-mode", json={"mode": "plan"}, headers=as_client("tab-a"))
+    assert switched.status_code == 200, switched.text
+    assert switched.json() == {"sessionId": sid, "mode": "plan", "previous": "default", "persisted": False}
+    changed = await events.wait_type(sid, "approval_mode_changed")
+    assert changed["data"] == {"sessionId": sid, "previous": "default", "next": "plan", "persisted": False}
+    assert changed["originatorClientId"] == "tab-a"
+    assert (await status(api1, sid))["approvalMode"] == (await status(api2, sid))["approvalMode"] == "plan"
+
+    not_offered = await api1.client.post(f"/session/{sid}/approval-mode", json={"mode": "yolo"})
+    assert not_offered.status_code == 400
+    assert not_offered.json() == {"error": "`mode` is required and must be one of the allowed values",
+                                  "code": "invalid_approval_mode", "allowed": ["default", "auto-edit", "plan"]}
+    unknown_name = await api1.client.post(f"/session/{sid}/approval-mode", json={"mode": "sideways"})
+    assert unknown_name.status_code == 400
+    assert unknown_name.json()["allowed"] == ["plan", "default", "auto-edit", "auto", "yolo"]
+    for body, code in (({"mode": "plan", "persist": "yes"}, "invalid_persist_flag"),
+                       ({"mode": "plan", "planMode": True}, "invalid_plan_mode")):
+        refused = await api1.client.post(f"/session/{sid}/approval-mode", json=body)
+        assert refused.status_code == 400 and refused.json()["code"] == code
+    assert (await status(api1, sid))["approvalMode"] == "plan"  # none of those changed it
+    nobody = await api1.client.post("/session/00000000-0000-4000-8000-000000000000/approval-mode", json={"mode": "plan"})
+    assert nobody.status_code == 404 and nobody.json()["code"] == "session_not_found"
+
+    started = await create(api2, workspace, approvalMode="auto-edit")
+    assert (await status(api1, started["sessionId"]))["approvalMode"] == "auto-edit"
+    bad = await api2.client.post("/session", json={"cwd": workspace, "approvalMode": "sideways"})
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_approval_mode"
+
+
+async def test_an_agent_without_modes_offers_none(harness: Harness, workspace: str) -> None:
+    await harness.worker()
+    api = await harness.api()
+    sid = (await create(api, workspace))["sessionId"]
+    assert "approvalMode" not in await status(api, sid)
+    refused = await api.client.post(f"/session/{sid}/approval-mode", json={"mode": "default"})
+    assert refused.status_code == 400 and refused.json()["allowed"] == []

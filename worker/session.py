@@ -16,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from acp_state import events, ids, interactions
-from acp_state.commands import CHANNEL, FOREGROUND
+from acp_state.commands import CHANNEL, FOREGROUND, Reply
 from acp_state.clock import iso, now_ms
 from acp_state.store import (
     Applied,
@@ -193,6 +193,7 @@ class LiveSession(PermissionRequests, MovableSession):
             prompts_admitted=[prompt.prompt_id for prompt in admitted],
             clients=list(self.clients),
             available_commands=self.available_commands,
+            approval_mode=self.agent.modes.get(self.agent_sid, (None, []))[0],
             turn_error=self.turn_error.status_view() if self.turn_error is not None else None,
             interactions_added=self._pending_interactions(),
             catalog=self.catalog_row(),
@@ -527,20 +528,38 @@ class LiveSession(PermissionRequests, MovableSession):
         if transition.events:
             await self._write(transition)
 
-    async def remove_prompt(self, prompt_id: str) -> bool:
+    async def set_mode(self, mode: str, client_id: str | None) -> Reply:
+        """Switch the agent's session mode (ACP `session/set_mode`): `approval_mode_changed`
+        and the status's `approvalMode`, as the reference's approval mode. A mode the agent
+        does not offer is refused (`mode_not_offered`, with the modes it offers)."""
+        current, offered = self.agent.modes.get(self.agent_sid, (None, []))
+        if self.closed or mode not in offered:
+            return Reply(ok=False, code="mode_not_offered", modes=offered)
+        try:
+            await self.agent.set_mode(self.agent_sid, mode)
+        except Exception as error:  # the agent refused it
+            return Reply(ok=False, code="mode_failed", error=str(error)[:500])
+        previous = current or mode
+        data = {"sessionId": self.sid, "previous": previous, "next": mode, "persisted": False}
+        prompt_id = self.active.prompt_id if self.active else None
+        await self._write(Transition(approval_mode=mode,
+                                     events=[events.body("approval_mode_changed", data, prompt_id, client_id)]))
+        return Reply(ok=True, previous=previous)
+
+    async def remove_prompt(self, prompt_id: str) -> Reply:
         """Take an accepted prompt out (`DELETE /session/:id/pending-prompts/:promptId`): a
         queued one ends `cancelled` without running, the running one is cancelled as a
         cancel would; both announce `pending_prompt_completed` (`state: removed`), as the
         reference does. False when the prompt is not pending here (unknown, or ended)."""
         if self.closed:
-            return False
+            return Reply(ok=False)
         removed = {"sessionId": self.sid, "promptId": prompt_id, "state": "removed"}
         running = self.active
         if running is not None and running.prompt_id == prompt_id and not running.ended:
             await self._write(Transition(events=[events.body("pending_prompt_completed", removed, prompt_id,
                                                              running.client_id)]))
             await self.cancel()
-            return True
+            return Reply(ok=True)
         for queue in (self.queue, *self.automatic.values()):
             prompt = next((p for p in queue if p.prompt_id == prompt_id and not p.ended), None)
             if prompt is None:
@@ -554,8 +573,8 @@ class LiveSession(PermissionRequests, MovableSession):
                 events=[events.body("pending_prompt_completed", removed, prompt_id, prompt.client_id),
                         events.body("turn_complete", done, prompt_id)],
             ))
-            return True
-        return False
+            return Reply(ok=True)
+        return Reply(ok=False)
 
     async def close(self, reason: str = "closed", publish: bool = True, uncatalog: bool = False) -> None:
         """Close the session: terminals for its prompts, pending cancelled, keys deleted."""

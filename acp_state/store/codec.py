@@ -62,6 +62,7 @@ def view_of(fields: dict[str, str], sid: str) -> SessionView | None:
         told=F.REQUEST not in fields,
         moving=F.MOVING in fields,
         available_commands=orjson.loads(fields[F.COMMANDS]) if F.COMMANDS in fields else None,
+        approval_mode=fields.get(F.MODE),
     )
 
 
@@ -92,6 +93,8 @@ def transition_ops(sid: str, t: Transition, retention: Retention) -> dict[str, A
         fields[F.CLIENT + client_id] = "1"
     if t.turn_error is not None:
         fields[F.TURN_ERROR] = orjson.dumps(t.turn_error).decode()
+    if t.approval_mode is not None:
+        fields[F.MODE] = t.approval_mode
     if t.available_commands is not None:
         fields[F.COMMANDS] = orjson.dumps(t.available_commands).decode()
     for pending in t.interactions_added:

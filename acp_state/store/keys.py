@@ -273,6 +273,7 @@ class F:
     OP = "op"  # running number of the owner's last transition (a retry applies once)
     REQUEST = "rq"  # the create's request id, until an API took its answer (told its creator)
     MOVING = "mv"  # the incarnation a draining owner is handing the session to
+    MODE = "am"  # the agent's current session mode (status approvalMode), when it has modes
     COMMANDS = "cmds"  # JSON {availableCommands, availableSkills}: the agent's last available_commands_update
     CLIENT = "c:"  # + clientId -> "1": a registered client (its presence, if it heartbeats: keys.presence)
     INTERACTION = "pi:"  # + requestId -> PendingInteraction JSON

@@ -282,6 +282,7 @@ class Transition:
     told: bool = False  # the create's answer was taken: its request id goes (see SessionView.told)
     takeover_from: str | None = None  # TAKEOVER: the incarnation that is handing the session over
     available_commands: dict[str, Any] | None = None  # set: {availableCommands, availableSkills} the agent advertised
+    approval_mode: str | None = None  # set: the agent's current session mode (approvalMode)
 
 
 @dataclass(frozen=True)
@@ -316,6 +317,7 @@ class SessionView:
     # What the agent advertised last (`available_commands_update`): {availableCommands,
     # availableSkills}; None: nothing yet.
     available_commands: dict[str, Any] | None = None
+    approval_mode: str | None = None  # the agent's current session mode, when it has modes
 
 
 @dataclass(frozen=True)
