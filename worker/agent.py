@@ -265,6 +265,7 @@ class AgentProcess:
         its memory, and run its turn on."""
         self.sessions.pop(agent_sid, None)
         self._early.pop(agent_sid, None)  # (updates sent after it left)
+        self.modes.pop(agent_sid, None)
         if not self.alive:
             return True
         assert self.process is not None
