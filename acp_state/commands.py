@@ -90,6 +90,9 @@ class Create:
     # its catalog row, listed, and filtered on; a resume or a move keeps it.
     source_type: str | None = _field("sourceType", types=(str, _NONE), default=None, omit_none=True)
     source_id: str | None = _field("sourceId", types=(str, _NONE), default=None, omit_none=True)
+    # The session mode to start a new session in (the create's `approvalMode`), if the agent
+    # offers it; else the worker's --session-mode.
+    mode: str | None = _field(types=(str, _NONE), default=None, omit_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,6 +176,42 @@ class Attach:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Detach:
+    """A client left the session (`POST /session/:id/detach`, or its presence lapsed: the
+    DETACH and PRUNE_CLIENTS scripts already removed it), so that a rewrite of the session
+    (a move, a restore) does not register it again."""
+
+    TYPE: ClassVar[str] = "detach"
+    sid: str = _field()
+    client_id: str = _field("clientId")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemovePrompt:
+    """Take one accepted prompt out of the session's queue (a queued one ends `cancelled`
+    without running; the running one is cancelled); answered by `store.reply(request_id)`,
+    ok when the prompt was still pending (`DELETE /session/:id/pending-prompts/:promptId`)."""
+
+    TYPE: ClassVar[str] = "remove_prompt"
+    sid: str = _field()
+    prompt_id: str = _field("promptId")
+    request_id: str = _field("req")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetMode:
+    """Switch the agent's session mode (ACP `session/set_mode`; `POST
+    /session/:id/approval-mode`); answered by `store.reply(request_id)`: ok with `previous`,
+    or `mode_not_offered` with the `modes` the agent offers."""
+
+    TYPE: ClassVar[str] = "set_mode"
+    sid: str = _field()
+    mode: str = _field()
+    request_id: str = _field("req")
+    client_id: str | None = _field("clientId", types=(str, _NONE), default=None, omit_none=True)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Drain:
     """Drain this worker (control feed; `acp-state drain`, or its own SIGTERM): no more
     creates or loads, running turns get `grace_s` to finish, then every session moves to
@@ -193,7 +232,7 @@ class Moving:
     target: str = _field()
 
 
-Command = Create | Prompt | Cancel | Close | Vote | Attach | Drain | Moving
+Command = Create | Prompt | Cancel | Close | Vote | Attach | Detach | RemovePrompt | SetMode | Drain | Moving
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,6 +249,9 @@ class Reply:
     # A created (or moved) session's: when it was created, and the worker that holds it.
     created_at: str | None = _field("createdAt", types=(str, _NONE), default=None, omit_none=True)
     incarnation: str | None = _field(types=(str, _NONE), default=None, omit_none=True)
+    # A set_mode's: the mode before (ok), or the modes the agent offers (mode_not_offered).
+    previous: str | None = _field(types=(str, _NONE), default=None, omit_none=True)
+    modes: list[str] | None = _field(types=(list, _NONE), default=None, omit_none=True)
 
     def encode(self) -> bytes:
         """The JSON the reply list holds."""
@@ -225,7 +267,7 @@ class Reply:
         return cls(**_values(cls, wire, "reply"))
 
 _BY_TYPE: dict[str, type[Command]] = {
-    cls.TYPE: cls for cls in (Create, Prompt, Cancel, Close, Vote, Attach, Drain, Moving)
+    cls.TYPE: cls for cls in (Create, Prompt, Cancel, Close, Vote, Attach, Detach, RemovePrompt, SetMode, Drain, Moving)
 }
 
 
@@ -301,6 +343,9 @@ class CommandHandler(Protocol):
     def on_close(self, command: Close) -> None: ...
     def on_vote(self, command: Vote) -> None: ...
     def on_attach(self, command: Attach) -> None: ...
+    def on_detach(self, command: Detach) -> None: ...
+    def on_remove_prompt(self, command: RemovePrompt) -> None: ...
+    def on_set_mode(self, command: SetMode) -> None: ...
     def on_drain(self, command: Drain) -> None: ...
     def on_moving(self, command: Moving) -> None: ...
 
@@ -320,6 +365,12 @@ def dispatch(handler: CommandHandler, command: Command) -> None:
             handler.on_vote(command)
         case Attach():
             handler.on_attach(command)
+        case Detach():
+            handler.on_detach(command)
+        case RemovePrompt():
+            handler.on_remove_prompt(command)
+        case SetMode():
+            handler.on_set_mode(command)
         case Drain():
             handler.on_drain(command)
         case Moving():

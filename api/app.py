@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 from acp_state.store import STORE_ERRORS, Change, RedisStore, WorkerRegistry, run_sweeper
 
 from . import (
+    approval_mode,
     attention,
     catalog,
     discovery,
@@ -27,9 +28,12 @@ from . import (
     live_feed,
     live_state,
     metrics,
+    pending_prompts,
     permissions,
+    presence,
     sessions,
     stream_tickets,
+    supported_commands,
     turns,
     unconfigured,
     web,
@@ -81,6 +85,12 @@ ROUTES = [
     Route("/session/{id}", sessions.close, methods=["DELETE"]),
     Route("/session/{id}/prompt", sessions.prompt, methods=["POST"]),
     Route("/session/{id}/cancel", sessions.cancel, methods=["POST"]),
+    Route("/session/{id}/heartbeat", presence.heartbeat, methods=["POST"]),
+    Route("/session/{id}/detach", presence.detach, methods=["POST"]),
+    Route("/session/{id}/pending-prompts", pending_prompts.pending_prompts, methods=["GET"]),
+    Route("/session/{id}/supported-commands", supported_commands.supported_commands, methods=["GET"]),
+    Route("/session/{id}/approval-mode", approval_mode.set_approval_mode, methods=["POST"]),
+    Route("/session/{id}/pending-prompts/{promptId}", pending_prompts.remove_pending_prompt, methods=["DELETE"]),
     Route("/session/{id}/events", event_stream.stream_events, methods=["GET"]),
     Route("/session/{id}/transcript", history.transcript, methods=["GET"]),
     Route("/session/{id}/load", history.load, methods=["POST"]),
@@ -248,11 +258,13 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> ApiApp:
         )
         stop = asyncio.Event()
         sweeper = asyncio.ensure_future(run_sweeper(own_store, settings.sweep_interval_s, stop))
+        pruner = asyncio.ensure_future(presence.run_pruner(own_store, list(cwds), settings.presence_prune_s, stop))
         try:
             yield
         finally:
             stop.set()
             await sweeper
+            await pruner
             feeds.stop()
             inbox.stop()
             await fanout.stop()

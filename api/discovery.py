@@ -38,12 +38,15 @@ FEATURES = [
     "session_cancel",
     "session_events",
     "client_identity",
+    "client_heartbeat",
     "session_permission_vote",
     "permission_vote",
     "session_status",
     "session_close",
     "session_transcript",
     "session_transcript_pagination",
+    "session_supported_commands",
+    "session_approval_mode_control",
     "session_source_metadata",  # sourceType/sourceId on create, listed and filtered (session_source)
     # acp-state's own
     "health_ready",

@@ -379,7 +379,8 @@ def components() -> Schema:
         "PendingInteraction": _pending_interaction(),
         "SessionStatus": obj(
             {**SESSION_BASE, **_status_fields()},
-            {**AFTER_A_TURN, "turnError": ref("TurnError"), "moving": {"const": True, "description": MOVING}},
+            {**AFTER_A_TURN, "turnError": ref("TurnError"), "moving": {"const": True, "description": MOVING},
+             "approvalMode": string(description="The agent's ACP session mode, when it has modes.")},
         ),
         "SessionRow": {
             "description": "A live session (status fields and `isArchived: false`) or a persisted one "
@@ -535,6 +536,96 @@ def paths() -> Schema:
                 {"204": {"description": "Sent (no body, as the reference)."}, "400": BAD_CLIENT, "404": not_found(NO_SESSION)},
                 parameters=[SESSION_ID, CLIENT_ID, IDEMPOTENCY_KEY],
                 description="Any request body is ignored.",
+            )
+        },
+        "/session/{id}/heartbeat": {
+            "post": operation(
+                "heartbeatSession", "Prompts and events", "A client is still watching the session",
+                {
+                    "200": json_response("Recorded; `lastSeenAt` is Redis's clock (epoch ms).", obj(
+                        {"sessionId": string(), "lastSeenAt": integer(minimum=0)}, {"clientId": string()},
+                    )),
+                    "400": error("`X-Qwen-Client-Id` is malformed, or not registered on the session "
+                                 "(`invalid_client_id`, with `sessionId` and `clientId`)."),
+                    "404": not_found(NO_SESSION),
+                },
+                parameters=[SESSION_ID, CLIENT_ID],
+                description="The named client counts (`clientCount`) until `--client-ttl-ms` after its last "
+                "heartbeat, or until it detaches. Any request body is ignored.",
+            )
+        },
+        "/session/{id}/detach": {
+            "post": operation(
+                "detachSession", "Prompts and events", "A client leaves the session",
+                {"204": {"description": "Done, or nothing to do (no client id, one the session does not know, or "
+                                        "no live session of that id the caller may see), as the reference."},
+                 "400": BAD_CLIENT},
+                parameters=[SESSION_ID, CLIENT_ID],
+                description="The client no longer counts (`clientCount`) nor may it vote. Any request body is ignored.",
+            )
+        },
+        "/session/{id}/pending-prompts": {
+            "get": operation(
+                "listPendingPrompts", "Prompts and events", "The session's prompt queue",
+                {
+                    "200": json_response("The prompts accepted and not ended: the running one, then the queued "
+                                         "ones in admission order.", obj({"pendingPrompts": array(obj(
+                                             {"promptId": string(), "text": string(), "queuedAt": integer(minimum=0),
+                                              "state": string(enum=["queued", "running"])},
+                                             {"originatorClientId": string()},
+                                         ))})),
+                    "400": BAD_CLIENT,
+                    "404": not_found(NO_SESSION),
+                },
+                parameters=[SESSION_ID, CLIENT_ID],
+            )
+        },
+        "/session/{id}/pending-prompts/{promptId}": {
+            "delete": operation(
+                "removePendingPrompt", "Prompts and events", "Take a prompt out of the queue",
+                {
+                    "200": json_response("`removed: true`: it was pending (a queued one ends `cancelled` without "
+                                         "running, the running one is cancelled); false: unknown or ended.",
+                                         obj({"removed": boolean()})),
+                    "400": BAD_CLIENT,
+                    "404": not_found(NO_SESSION),
+                    "503": error("The worker did not answer in time (`outcome_unknown`), or the store is "
+                                 "unavailable."),
+                },
+                parameters=[SESSION_ID, path_param("promptId", "A prompt id the session accepted."), CLIENT_ID],
+            )
+        },
+        "/session/{id}/supported-commands": {
+            "get": operation(
+                "getSupportedCommands", "Prompts and events", "The commands the session's agent advertises",
+                {
+                    "200": json_response("The agent's last ACP `available_commands_update` (`[]` before any).", obj({
+                        "v": integer(minimum=1), "sessionId": string(), "availableCommands": array(obj({"name": string()})),
+                        "availableSkills": array(obj()),
+                    })),
+                    "404": not_found(NO_SESSION),
+                },
+                parameters=[SESSION_ID],
+            )
+        },
+        "/session/{id}/approval-mode": {
+            "post": operation(
+                "setApprovalMode", "Prompts and events", "Switch the agent's session mode",
+                {
+                    "200": json_response("Switched (ACP `session/set_mode`); nothing is persisted.", obj({
+                        "sessionId": string(), "mode": string(), "previous": string(), "persisted": boolean(),
+                    })),
+                    "400": error("`invalid_approval_mode` (not one of the reference's modes, or not one the agent "
+                                 "offers: `allowed` names those), `invalid_persist_flag`, `invalid_plan_mode`, "
+                                 "`invalid_client_id`, `invalid_json`."),
+                    "404": not_found(NO_SESSION),
+                    "502": error("The agent refused the mode (`agent_error`)."),
+                    "503": error("The worker did not answer in time (`outcome_unknown`), or the store is "
+                                 "unavailable."),
+                },
+                parameters=[SESSION_ID, CLIENT_ID],
+                body=json_body(obj({"mode": string(enum=["plan", "default", "auto-edit", "auto", "yolo"])},
+                                   {"persist": boolean(), "planMode": boolean()}), required=False),
             )
         },
         "/session/{id}/status": {

@@ -21,7 +21,7 @@ from acp_state.ids import workspace_id
 from acp_state.clock import iso, now_ms
 from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateKey, CreateRecord, DeleteOutcome, IdClaim
 
-from . import session_source, workspace_ref
+from . import approval_mode, session_source, workspace_ref
 from .auth import principal_of
 from .locator import not_found
 from .outcomes import effect, idempotency_key, outcome_unknown
@@ -95,13 +95,15 @@ async def create_session(request: Request) -> Response:
     if agent is not None and not is_agent_name(agent):
         raise unknown_agent(agent)
     source = session_source.requested(body)
+    mode = approval_mode.on_create(body)
     ws = workspace_id(cwd)
     client_id = header_client or ids.new_client_id()
     sid = requested or ids.new_id()
     given_key = idempotency_key(request)
     if given_key is None:
         return OrjsonResponse(
-            await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested, agent=agent, source=source))
+            await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested, agent=agent, source=source,
+                                   mode=mode))
     # Kept per workspace and per caller: another tenant's (or principal's) same key is
     # another create, and never learns the first one's session or client id.
     key = CreateKey(ws, principal_of(request).name, given_key)
@@ -117,7 +119,7 @@ async def create_session(request: Request) -> Response:
 
     try:
         body = await _create_or_attach(state, ws, cwd, scope, sid, client_id, requested, note, agent=agent,
-                                       source=source)
+                                       source=source, mode=mode)
     except BaseException as error:
         if not (isinstance(error, ApiError) and error.body.get("code") == "outcome_unknown"):
             await state.store.forget_create(key, sid)  # it did not happen: the key is free
@@ -153,6 +155,7 @@ async def _create_or_attach(
     *,
     agent: str | None = None,
     source: tuple[str | None, str | None] = (None, None),
+    mode: str | None = None,
 ) -> dict[str, Any]:
     """Create the session on a worker offering `agent`, or attach to the workspace's shared
     one (whichever agent it runs)."""
@@ -191,7 +194,7 @@ async def _create_or_attach(
         return commands.Create(
             ws=ws, sid=sid, cwd=cwd, scope=scope, client_id=client_id,
             wait_ms=int(state.settings.create_timeout_s * 1000), request_id=request_id, agent=agent,
-            source_type=source[0], source_id=source[1],
+            source_type=source[0], source_id=source[1], mode=mode,
         )
 
     try:

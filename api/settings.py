@@ -19,6 +19,8 @@ class Settings:
     create_timeout_s: float = 60.0
     close_timeout_s: float = 15.0
     sweep_interval_s: float = 5.0
+    client_ttl_ms: int = 90_000  # a heartbeating client's presence lasts this long after its last heartbeat
+    presence_prune_s: float = 1.0  # how often lapsed clients are removed from their sessions
     tokens: list[Token] = field(default_factory=list)
     sse_send_timeout_s: float = 10.0
     allow_origins: list[str] = field(default_factory=list)  # --allow-origin: pages of other origins that may call

@@ -129,6 +129,9 @@ def status_answer(ref: CachedSession) -> tuple[bytes, str]:
     """The status answer of a kept session and its ETag, made on its first read: a poller's
     reads hash nothing again, as a listing page's do not."""
     if ref.status_body is None:
-        ref.status_body = orjson.dumps(live_summary(ref.view))
+        summary = live_summary(ref.view)
+        if ref.view.approval_mode is not None:  # the agent's session mode (api/approval_mode.py)
+            summary["approvalMode"] = ref.view.approval_mode
+        ref.status_body = orjson.dumps(summary)
         ref.status_etag = weak_etag(ref.status_body)
     return ref.status_body, ref.status_etag

@@ -12,7 +12,7 @@ import pytest
 
 from acp_state import commands
 from acp_state.store import keys
-from acp_state.commands import Attach, Cancel, Close, Create, MalformedCommand, Prompt, Reply, Vote
+from acp_state.commands import Attach, Cancel, Detach, RemovePrompt, SetMode, Close, Create, MalformedCommand, Prompt, Reply, Vote
 from acp_state.store import RedisStore
 
 BLOCKS = [{"type": "text", "text": "hi"}, {"type": "image", "data": "AA==", "mimeType": "image/png"}]
@@ -54,6 +54,11 @@ CASES: list[tuple[commands.Command, dict[str, Any]]] = [
          "clientId": None},
     ),
     (Attach(sid="s-1", client_id="c-2"), {"t": "attach", "sid": "s-1", "clientId": "c-2"}),
+    (Detach(sid="s-1", client_id="c-2"), {"t": "detach", "sid": "s-1", "clientId": "c-2"}),
+    (RemovePrompt(sid="s-1", prompt_id="p-1", request_id="r-1"),
+     {"t": "remove_prompt", "sid": "s-1", "promptId": "p-1", "req": "r-1"}),
+    (SetMode(sid="s-1", mode="plan", request_id="r-1", client_id="c-1"),
+     {"t": "set_mode", "sid": "s-1", "mode": "plan", "req": "r-1", "clientId": "c-1"}),
 ]
 
 
@@ -66,7 +71,7 @@ def test_every_command_encodes_to_the_old_bytes_and_decodes_back(command: comman
 
 
 def test_every_command_type_is_covered() -> None:
-    assert {type(c) for c, _ in CASES} == {Create, Prompt, Cancel, Close, Vote, Attach}
+    assert {type(c) for c, _ in CASES} == {Create, Prompt, Cancel, Close, Vote, Attach, Detach, RemovePrompt, SetMode}
 
 
 def test_optional_fields_take_the_defaults_the_worker_used() -> None:
@@ -186,6 +191,15 @@ class Recorder:
 
     def on_attach(self, command: Attach) -> None:
         self.calls.append(("attach", command))
+
+    def on_detach(self, command: Detach) -> None:
+        self.calls.append(("detach", command))
+
+    def on_remove_prompt(self, command: RemovePrompt) -> None:
+        self.calls.append(("remove_prompt", command))
+
+    def on_set_mode(self, command: SetMode) -> None:
+        self.calls.append(("set_mode", command))
 
 
 def test_dispatch_hands_each_command_to_its_method_in_order() -> None:

@@ -279,6 +279,8 @@ async def _renewed_after(redis_client: aioredis.Redis, incarnation: str, before:
 class _QuietAgent:
     """The agent side of a LiveSession, for driving its state machine directly."""
 
+    modes: dict = {}  # the agent's session modes by agent session id (none here)
+
     async def cancel(self, agent_sid: str) -> None: ...
     async def forget(self, agent_sid: str) -> None: ...
 

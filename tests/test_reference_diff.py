@@ -200,6 +200,8 @@ async def scenario(t: Target) -> None:
 
     # 1. A fresh idle session.
     await session_views("idle, fresh")
+    await t.call("idle, fresh", "GET /session/:id/pending-prompts", "GET", f"{s}/pending-prompts")
+    await t.call("idle, fresh", "GET /session/:id/supported-commands", "GET", f"{s}/supported-commands")
     await t.call("idle, path form", "GET /workspace/:id/sessions", "GET", f"/workspace/{enc}/sessions")
     await t.call("idle, path form", "GET /workspaces/:workspace/sessions/live-state", "GET",
                  f"/workspaces/{enc}/sessions/live-state")
@@ -246,9 +248,17 @@ async def scenario(t: Target) -> None:
                           text_prompt("hello queued"))
     pid4 = (queued.body or {}).get("promptId", "no-prompt") if queued.is_json else "no-prompt"
     await session_views("one running, one queued", pid3, pid4)
+    await t.call("one running, one queued", "GET /session/:id/supported-commands", "GET", f"{s}/supported-commands")
+    await t.call("one running, one queued", "GET /session/:id/pending-prompts", "GET", f"{s}/pending-prompts")
+    remove = "DELETE /session/:id/pending-prompts/:promptId"
+    await t.call("one running, one queued", remove, "DELETE", f"{s}/pending-prompts/{pid4}")
+    await t.call("queued one removed", "GET /session/:id/pending-prompts", "GET", f"{s}/pending-prompts")
+    await t.call("queued one removed", remove, "DELETE", f"{s}/pending-prompts/{pid4}")
+    await t.call("queued one removed", "GET /session/:id/turns/:promptId", "GET", f"{s}/turns/{pid4}")
     await t.call("one running, one queued", "POST /session/:id/cancel", "POST", f"{s}/cancel")
     await t.wait_status("after cancel", sid, idle, stable_s=1.0)
     await session_views("after cancel", pid3, pid4)
+    await t.call("after cancel", "GET /session/:id/pending-prompts", "GET", f"{s}/pending-prompts")
     await t.call("idle", "POST /session/:id/cancel", "POST", f"{s}/cancel")
 
     # 5. Malformed bodies.
@@ -266,6 +276,9 @@ async def scenario(t: Target) -> None:
     await t.call(unknown, "GET /session/:id/turns/:promptId", "GET", f"{u}/turns/nope")
     await t.call(unknown, prompt, "POST", f"{u}/prompt", text_prompt("hello"))
     await t.call(unknown, "POST /session/:id/cancel", "POST", f"{u}/cancel")
+    await t.call(unknown, "GET /session/:id/pending-prompts", "GET", f"{u}/pending-prompts")
+    await t.call(unknown, "GET /session/:id/supported-commands", "GET", f"{u}/supported-commands")
+    await t.call(unknown, "DELETE /session/:id/pending-prompts/:promptId", "DELETE", f"{u}/pending-prompts/{UNKNOWN_SID}")
     await t.call(unknown, vote, "POST", f"{u}/permission/{UNKNOWN_SID}", PROCEED_ONCE)
     await t.headers_of_stream(unknown, "GET /session/:id/events", f"{u}/events")
     await t.call(unknown, "DELETE /session/:id", "DELETE", u)
@@ -316,6 +329,34 @@ async def scenario(t: Target) -> None:
     await t.call("deleted", "GET /workspace/:id/sessions", "GET", f"/workspace/{wid}/sessions")
     await t.call("deleted", "GET /workspaces/:workspace/sessions/live-state", "GET",
                  f"/workspaces/{wid}/sessions/live-state")
+
+    # 9. Presence (issue 39): heartbeat and detach, on a session of their own, last (the
+    # reference closes a session once its last client left).
+    heartbeat, detach = "POST /session/:id/heartbeat", "POST /session/:id/detach"
+    other = await t.call("new", "POST /session", "POST", "/session", {"cwd": ws, "sessionScope": "thread"},
+                         timeout=CREATE_TIMEOUT_S)
+    other_body = other.body if other.is_json and isinstance(other.body, dict) else {}
+    o, viewer = f"/session/{other_body.get('sessionId', 'no-session')}", other_body.get("clientId", "no-client")
+    me = {"X-Qwen-Client-Id": viewer}
+    await t.call("present", heartbeat, "POST", f"{o}/heartbeat", {}, headers=me)
+    await t.call("no client id", heartbeat, "POST", f"{o}/heartbeat", {})
+    await t.call("unregistered client", heartbeat, "POST", f"{o}/heartbeat", {},
+                 headers={"X-Qwen-Client-Id": "client_unregistered"})
+    await t.call("malformed client id", heartbeat, "POST", f"{o}/heartbeat", {}, headers={"X-Qwen-Client-Id": "a b"})
+    await t.call("present", "GET /session/:id/status", "GET", f"{o}/status")
+    mode = "POST /session/:id/approval-mode"
+    await t.call("present", mode, "POST", f"{o}/approval-mode", {"mode": "plan"}, headers=me)
+    await t.call("unknown mode", mode, "POST", f"{o}/approval-mode", {"mode": "sideways"})
+    await t.call("bad persist flag", mode, "POST", f"{o}/approval-mode", {"mode": "plan", "persist": "yes"})
+    await t.call("plan mode", "GET /session/:id/status", "GET", f"{o}/status")
+    await t.call(unknown, mode, "POST", f"{u}/approval-mode", {"mode": "plan"})
+    await t.call("unregistered client", detach, "POST", f"{o}/detach", headers={"X-Qwen-Client-Id": "client_unregistered"})
+    await t.call("no client id", detach, "POST", f"{o}/detach")
+    await t.call("present", detach, "POST", f"{o}/detach", headers=me)
+    await t.call("detached", "GET /session/:id/status", "GET", f"{o}/status")
+    await t.call("detached", heartbeat, "POST", f"{o}/heartbeat", {}, headers=me)
+    await t.call(unknown, heartbeat, "POST", f"{u}/heartbeat", {})
+    await t.call(unknown, detach, "POST", f"{u}/detach")
 
 
 async def start_acp_worker(harness: Harness, qwen: str, fake: FakeOpenAI, tmp_path: Path) -> WorkerProcess:

@@ -11,6 +11,8 @@ from acp_state.worker.session import LiveSession
 
 
 class _Agent:
+    modes: dict = {}  # the agent's session modes by agent session id (none here)
+
     async def forget(self, agent_sid: str) -> None:
         pass
 

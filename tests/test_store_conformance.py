@@ -30,6 +30,7 @@ from acp_state.store import (
     LoadClaim,
     Mode,
     PendingInteraction,
+    Presence,
     RedisStore,
     Standing,
     Transition,
@@ -316,6 +317,39 @@ async def test_attach_and_the_single_slot(store: RedisStore) -> None:
     assert await store.claim_single(s.ws, "other", 60_000) == s.sid
     await store.release_single(s.ws, s.sid)
     assert await store.claim_single(s.ws, "other", 60_000) is None
+
+
+async def test_presence_heartbeat_detach_and_lapse(store: RedisStore) -> None:
+    """Issue 39: a client that heartbeats stays counted until its presence lapses, then the
+    pruning removes it as a detach does (its owner told, the change announced); a detach is
+    fenced by the owner; a client that never heartbeats is never pruned."""
+    s = Session()
+    await s.create(store)
+    for client in ("stays", "lapses", "leaves", "silent"):
+        assert await store.attach(s.ws, s.inc, commands.Attach(sid=s.sid, client_id=client))
+    inbox = keys.inbox(s.ws, s.inc)
+    attached = await store.read_commands({inbox: "0-0"}, 1000)
+    assert await store.client_seen(s.ws, s.sid, "nobody", 60_000) == (Presence.UNKNOWN_CLIENT, 0)
+    assert (await store.client_seen(s.ws, new_id(), "stays", 60_000))[0] is Presence.GONE
+    seen, at = await store.client_seen(s.ws, s.sid, "stays", 60_000)
+    assert seen is Presence.SEEN and at > 0
+    assert (await store.client_seen(s.ws, s.sid, "lapses", 0))[0] is Presence.SEEN  # lapses at once
+    assert (await store.client_seen(s.ws, s.sid, None, 60_000))[0] is Presence.SEEN  # the session alone
+
+    version = await store.catalog_version(s.ws)
+    assert not await store.detach(s.ws, "w-intruder", commands.Detach(sid=s.sid, client_id="leaves"))
+    assert await store.detach(s.ws, s.inc, commands.Detach(sid=s.sid, client_id="leaves"))
+    assert await store.detach(s.ws, s.inc, commands.Detach(sid=s.sid, client_id="leaves"))  # twice: nothing more
+    assert await store.prune_clients(s.ws) == 1
+    assert await store.prune_clients(s.ws) == 0
+    view = await store.session(s.ws, s.sid)
+    assert view is not None and view.client_count == 2  # "stays" and "silent"
+    told = await store.read_commands({inbox: attached[-1][1]}, 1000)
+    assert [command for _, _, command in told] == [
+        commands.Detach(sid=s.sid, client_id="leaves"), commands.Detach(sid=s.sid, client_id="lapses"),
+    ]
+    assert (await store.catalog_version(s.ws)).revision == version.revision + 2  # each announced
+    assert (await store.client_seen(s.ws, s.sid, "lapses", 60_000))[0] is Presence.UNKNOWN_CLIENT
 
 
 async def test_a_session_id_belongs_to_one_workspace(store: RedisStore) -> None:

@@ -117,6 +117,8 @@ class AgentProcess:
         # is never placed on a child that hosted the session before, whose memory of it may
         # hold turns the session's clients were told failed (see Worker.agent_for).
         self.hosted: set[str] = set()
+        # Agent session id -> (current mode id, the mode ids it offers), from its ACP `modes`.
+        self.modes: dict[str, tuple[str | None, list[str]]] = {}
         # In the child's environment, inherited by its descendants: finds those that leave
         # its process group (a daemon, such as Cline's hub) when the agent is stopped.
         self.tag = secrets.token_hex(8)
@@ -214,11 +216,25 @@ class AgentProcess:
                 await asyncio.sleep(0.05)  # a group's end is not an event we can await
         reaper().forget(pgid)
 
-    async def new_session(self, cwd: str) -> str:
+    async def new_session(self, cwd: str, mode: str | None = None) -> str:
+        """A new agent session, in `mode` if the agent offers it, else in the worker's
+        `--session-mode` if given."""
         response = await self.conn.new_session(cwd=cwd, mcp_servers=[])
-        if self.session_mode:
-            await self.conn.set_session_mode(session_id=response.session_id, mode_id=self.session_mode)
+        self._note_modes(response.session_id, response)
+        wanted = mode if mode in self.modes.get(response.session_id, (None, []))[1] else self.session_mode
+        if wanted:
+            await self.set_mode(response.session_id, wanted)
         return response.session_id
+
+    def _note_modes(self, agent_sid: str, response: Any) -> None:
+        modes = getattr(response, "modes", None)
+        if modes is not None:
+            self.modes[agent_sid] = (modes.current_mode_id, [mode.id for mode in modes.available_modes])
+
+    async def set_mode(self, agent_sid: str, mode: str) -> None:
+        """ACP `session/set_mode`; the mode is the session's current one once it answered."""
+        await self.conn.set_session_mode(session_id=agent_sid, mode_id=mode)
+        self.modes[agent_sid] = (mode, self.modes.get(agent_sid, (None, []))[1])
 
     async def load_session(self, agent_sid: str, cwd: str) -> str:
         """Resume the agent's session `agent_sid` from its history (ACP `session/load`). The
@@ -226,12 +242,12 @@ class AgentProcess:
         have it already (its transcript outlives the worker), so those are dropped here."""
         self._loading.add(agent_sid)
         try:
-            await self.conn.load_session(cwd=cwd, mcp_servers=[], session_id=agent_sid)
+            self._note_modes(agent_sid, await self.conn.load_session(cwd=cwd, mcp_servers=[], session_id=agent_sid))
         finally:
             self._loading.discard(agent_sid)
             self._early.pop(agent_sid, None)
         if self.session_mode:
-            await self.conn.set_session_mode(session_id=agent_sid, mode_id=self.session_mode)
+            await self.set_mode(agent_sid, self.session_mode)
         return agent_sid
 
     async def prompt(self, agent_sid: str, blocks: list[dict[str, Any]], meta: dict[str, Any] | None) -> Any:
@@ -249,6 +265,7 @@ class AgentProcess:
         its memory, and run its turn on."""
         self.sessions.pop(agent_sid, None)
         self._early.pop(agent_sid, None)  # (updates sent after it left)
+        self.modes.pop(agent_sid, None)
         if not self.alive:
             return True
         assert self.process is not None

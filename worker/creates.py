@@ -108,7 +108,7 @@ class Creates:
             if command.load:
                 agent_sid = await agent.load_session(command.agent_sid or sid, cwd)
             else:
-                agent_sid = await agent.new_session(cwd)
+                agent_sid = await agent.new_session(cwd, command.mode)
         except Exception as error:
             self.under_way -= 1
             log.exception("%s the session failed", "loading" if command.load else "creating", extra={"sessionId": sid})

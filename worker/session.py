@@ -16,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from acp_state import events, ids, interactions
-from acp_state.commands import CHANNEL, FOREGROUND
+from acp_state.commands import CHANNEL, FOREGROUND, Reply
 from acp_state.clock import iso, now_ms
 from acp_state.store import (
     Applied,
@@ -50,12 +50,20 @@ WRITE_PATIENCE_S = 120.0
 TERMINALS = ("turn_complete", "turn_error")
 
 
+def advertised(update: dict[str, Any]) -> dict[str, Any]:
+    """What an `available_commands_update` advertises, as `GET /session/:id/supported-commands`
+    answers it: its commands, and the skills Qwen Code names in its `_meta`."""
+    meta = update.get("_meta")
+    skills = meta.get("availableSkills") if isinstance(meta, dict) else None
+    return {"availableCommands": update["availableCommands"], "availableSkills": skills if isinstance(skills, list) else []}
+
+
 class LiveSession(PermissionRequests, MovableSession):
     # Slots, not a per-instance dict: a worker holds tens of thousands of idle sessions.
     __slots__ = ("store", "incarnation", "ws", "sid", "cwd", "agent", "agent_sid", "single",
         "_on_gone", "_on_fenced", "_published", "_publishing", "untold_request", "_in_order",
         "_op", "_unwritten", "_sent", "abandoned", "write_patience_s", "created_ms", "updated_ms",
-        "display_name", "clients", "loop_limits", "_on_state", "state", "active", "queue",
+        "display_name", "clients", "available_commands", "loop_limits", "_on_state", "state", "active", "queue",
         "automatic", "turn_error", "turn_error_event", "closed", "_runner",
         "_guard", "_loop_stop", "agent_name", "state_store", "resumable", "resumed", "holding",
         "source",
@@ -107,6 +115,7 @@ class LiveSession(PermissionRequests, MovableSession):
         self.updated_ms = self.created_ms
         self.display_name: str | None = None
         self.clients: set[str] = set()
+        self.available_commands: dict[str, Any] | None = None  # the agent's last advertised (advertised())
         self.loop_limits = loop_limits or LoopLimits()
         self._on_state = on_state
         self.state: str | None = None  # None until published, and again once gone
@@ -183,6 +192,8 @@ class LiveSession(PermissionRequests, MovableSession):
             admitted=len(admitted),
             prompts_admitted=[prompt.prompt_id for prompt in admitted],
             clients=list(self.clients),
+            available_commands=self.available_commands,
+            approval_mode=self.agent.modes.get(self.agent_sid, (None, []))[0],
             turn_error=self.turn_error.status_view() if self.turn_error is not None else None,
             interactions_added=self._pending_interactions(),
             catalog=self.catalog_row(),
@@ -517,6 +528,54 @@ class LiveSession(PermissionRequests, MovableSession):
         if transition.events:
             await self._write(transition)
 
+    async def set_mode(self, mode: str, client_id: str | None) -> Reply:
+        """Switch the agent's session mode (ACP `session/set_mode`): `approval_mode_changed`
+        and the status's `approvalMode`, as the reference's approval mode. A mode the agent
+        does not offer is refused (`mode_not_offered`, with the modes it offers)."""
+        current, offered = self.agent.modes.get(self.agent_sid, (None, []))
+        if self.closed or mode not in offered:
+            return Reply(ok=False, code="mode_not_offered", modes=offered)
+        try:
+            await self.agent.set_mode(self.agent_sid, mode)
+        except Exception as error:  # the agent refused it
+            return Reply(ok=False, code="mode_failed", error=str(error)[:500])
+        previous = current or mode
+        data = {"sessionId": self.sid, "previous": previous, "next": mode, "persisted": False}
+        prompt_id = self.active.prompt_id if self.active else None
+        await self._write(Transition(approval_mode=mode,
+                                     events=[events.body("approval_mode_changed", data, prompt_id, client_id)]))
+        return Reply(ok=True, previous=previous)
+
+    async def remove_prompt(self, prompt_id: str) -> Reply:
+        """Take an accepted prompt out (`DELETE /session/:id/pending-prompts/:promptId`): a
+        queued one ends `cancelled` without running, the running one is cancelled as a
+        cancel would; both announce `pending_prompt_completed` (`state: removed`), as the
+        reference does. False when the prompt is not pending here (unknown, or ended)."""
+        if self.closed:
+            return Reply(ok=False)
+        removed = {"sessionId": self.sid, "promptId": prompt_id, "state": "removed"}
+        running = self.active
+        if running is not None and running.prompt_id == prompt_id and not running.ended:
+            await self._write(Transition(events=[events.body("pending_prompt_completed", removed, prompt_id,
+                                                             running.client_id)]))
+            await self.cancel()
+            return Reply(ok=True)
+        for queue in (self.queue, *self.automatic.values()):
+            prompt = next((p for p in queue if p.prompt_id == prompt_id and not p.ended), None)
+            if prompt is None:
+                continue
+            queue.remove(prompt)
+            prompt.ended = True
+            prompt.turn = prompt.turn.finished(now_ms(), "cancelled", "")
+            done = {"sessionId": self.sid, "stopReason": "cancelled", "promptId": prompt_id}
+            await self._write(Transition(
+                prompts_ended=[prompt_id], admitted_change=-1, turns=[prompt.turn],
+                events=[events.body("pending_prompt_completed", removed, prompt_id, prompt.client_id),
+                        events.body("turn_complete", done, prompt_id)],
+            ))
+            return Reply(ok=True)
+        return Reply(ok=False)
+
     async def close(self, reason: str = "closed", publish: bool = True, uncatalog: bool = False) -> None:
         """Close the session: terminals for its prompts, pending cancelled, keys deleted."""
         if self.closed:
@@ -591,6 +650,8 @@ class LiveSession(PermissionRequests, MovableSession):
         if self.active is not None:
             self.active.add_result(events.message_text(update))
         transition = Transition(events=[events.body("session_update", {"sessionId": self.sid, "update": update}, prompt_id)])
+        if update.get("sessionUpdate") == "available_commands_update" and isinstance(update.get("availableCommands"), list):
+            self.available_commands = transition.available_commands = advertised(update)
         if self.turn_error_event and events.is_turn_content(update):
             self.turn_error_event = False
             transition.clear_turn_error_event = True

@@ -508,6 +508,24 @@ class Worker:
         if session is not None:
             session.clients.add(command.client_id)
 
+    def on_detach(self, command: commands.Detach) -> None:
+        session = self.sessions.get(command.sid)
+        if session is not None:
+            session.clients.discard(command.client_id)
+
+    def on_remove_prompt(self, command: commands.RemovePrompt) -> None:
+        session = self.sessions.get(command.sid)
+        asyncio.ensure_future(self._reply(command.request_id, session and session.remove_prompt(command.prompt_id)))
+
+    def on_set_mode(self, command: commands.SetMode) -> None:
+        session = self.sessions.get(command.sid)
+        asyncio.ensure_future(self._reply(command.request_id, session and session.set_mode(command.mode, command.client_id)))
+
+    async def _reply(self, request_id: str, answer: Awaitable[Reply] | None) -> None:
+        reply = await answer if answer is not None else Reply(ok=False, code="session_not_found")
+        with contextlib.suppress(Exception):  # the API's wait ends in outcome_unknown
+            await self.store.reply(request_id, reply)
+
     def on_drain(self, command: commands.Drain) -> None:
         log.info("told to drain")
         self.begin_drain(command.grace_s)

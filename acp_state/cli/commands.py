@@ -42,6 +42,7 @@ def _api_settings(args: argparse.Namespace) -> Any:
         web_shell=_web_shell(args.web_shell),
         sse_send_timeout_s=args.sse_send_timeout_s,
         create_timeout_s=args.create_timeout_s,
+        client_ttl_ms=args.client_ttl_ms,
     )
 
 
@@ -263,6 +264,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--create-timeout-s", type=float, default=60.0,
                        help="how long a create waits for its worker's answer (an answer nobody took "
                             "is taken back this long plus 5 s after it was given, and the session undone)")
+        p.add_argument("--client-ttl-ms", type=int, default=90_000,
+                       help="a client that heartbeats (POST /session/:id/heartbeat) leaves its session this "
+                            "long after its last heartbeat")
 
     def redis_url_option(p: argparse.ArgumentParser, default: str | None = None) -> None:
         p.set_defaults(redis_fallback=default)

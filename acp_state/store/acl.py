@@ -36,7 +36,8 @@ PROBE_TIMEOUT_S = 5.0
 SWEEPER_SCRIPTS = ("CLAIM_DEAD", "SWEEP")
 WORKER_SCRIPTS = ("APPLY", "MOVE", "REPLY", "RECLAIM", "CLAIM_SID", "HEARTBEAT", "RELEASE", "RESIGN", *SWEEPER_SCRIPTS)
 API_SCRIPTS = ("SEND", "VOTE", "ATTACH", "TOLD", "TAKE", "ABANDON", "RELEASE_SINGLE", "CLAIM_SID", "CLAIM_LOAD",
-               "DELETE_LISTED", "LIST", "VERSION", "CURRENT_TURN", "ATTENTION_PAGE", "ATTENTION_OF", *SWEEPER_SCRIPTS)
+               "DELETE_LISTED", "LIST", "VERSION", "CURRENT_TURN", "ATTENTION_PAGE", "ATTENTION_OF", "CLIENT_SEEN", "DETACH",
+               "PRUNE_CLIENTS", *SWEEPER_SCRIPTS)
 
 # What every client of a Redis runs: the health check and the version check; on a cluster
 # the slot map, the command table and ASKING during a slot's migration. (AUTH and HELLO need

@@ -61,6 +61,8 @@ def view_of(fields: dict[str, str], sid: str) -> SessionView | None:
         epoch=fields.get(F.EPOCH, ""),
         told=F.REQUEST not in fields,
         moving=F.MOVING in fields,
+        available_commands=orjson.loads(fields[F.COMMANDS]) if F.COMMANDS in fields else None,
+        approval_mode=fields.get(F.MODE),
     )
 
 
@@ -91,6 +93,10 @@ def transition_ops(sid: str, t: Transition, retention: Retention) -> dict[str, A
         fields[F.CLIENT + client_id] = "1"
     if t.turn_error is not None:
         fields[F.TURN_ERROR] = orjson.dumps(t.turn_error).decode()
+    if t.approval_mode is not None:
+        fields[F.MODE] = t.approval_mode
+    if t.available_commands is not None:
+        fields[F.COMMANDS] = orjson.dumps(t.available_commands).decode()
     for pending in t.interactions_added:
         fields[F.INTERACTION + pending.rid] = orjson.dumps(pending.interaction).decode()
         fields[F.VOTABLE + pending.rid] = orjson.dumps([pending.order, pending.allowed]).decode()

@@ -118,6 +118,14 @@ def change_log(ws: str) -> str:
 CHANGE_LOG_FLOOR = "!"
 
 
+def presence(ws: str) -> str:
+    """ZSET `<sessionId> <clientId>` -> when that client's presence lapses (Redis ms): the
+    clients of the workspace's live sessions that heartbeat (`POST /session/:id/heartbeat`);
+    PRUNE_CLIENTS removes a lapsed one from its session. PX = twice the longest presence TTL
+    given, refreshed per heartbeat."""
+    return f"{PREFIX}:{{{ws}}}:pres"
+
+
 def attention(ws: str) -> str:
     """ZSET `<sessionId>/<requestId>` (`<sessionId>/!` for a turn error) -> since (epoch ms):
     what the workspace's live sessions wait for a human for, kept by APPLY and VOTE."""
@@ -265,7 +273,9 @@ class F:
     OP = "op"  # running number of the owner's last transition (a retry applies once)
     REQUEST = "rq"  # the create's request id, until an API took its answer (told its creator)
     MOVING = "mv"  # the incarnation a draining owner is handing the session to
-    CLIENT = "c:"  # + clientId -> "1"
+    MODE = "am"  # the agent's current session mode (status approvalMode), when it has modes
+    COMMANDS = "cmds"  # JSON {availableCommands, availableSkills}: the agent's last available_commands_update
+    CLIENT = "c:"  # + clientId -> "1": a registered client (its presence, if it heartbeats: keys.presence)
     INTERACTION = "pi:"  # + requestId -> PendingInteraction JSON
     VOTABLE = "pv:"  # + requestId -> JSON [order, [allowed option ids]]
 

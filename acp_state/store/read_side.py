@@ -258,6 +258,12 @@ class ReadSide(RedisSide):
         packed = await self.redis.hget(keys.turns(ws, sid), prompt_id)
         return None if packed is None else TurnRecord.unpack(packed)
 
+    async def pending_turns(self, ws: str, sid: str) -> list[TurnRecord]:
+        """The turns the session accepted that have not ended (running, then queued), oldest
+        admission first: the prompt queue."""
+        records = [TurnRecord.unpack(packed) for packed in (await self.redis.hgetall(keys.turns(ws, sid))).values()]
+        return sorted((r for r in records if not r.ended), key=lambda r: (r.queued_at, r.state.value != "running"))
+
     async def current_turn(self, ws: str, sid: str) -> TurnRecord | None:
         """The running turn, else the oldest queued one, else the one that ended last."""
         packed = await self._current_turn([keys.session(ws, sid), keys.turns(ws, sid), keys.turns_ended(ws, sid)], [])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from . import keys
 from .api_side import ApiSide
+from .presence_side import PresenceSide
 from .connection import MEMORY, Client, connect, is_cluster
 from .read_side import ReadSide
 from .sweeper_side import SweeperSide
@@ -38,7 +39,7 @@ def lease_socket_timeout(lease_ms: int | None) -> float:
     return max(LEASE_SOCKET_TIMEOUT_S, 0.75 * (lease_ms or 0) / 1000)
 
 
-class RedisStore(WorkerSide, ApiSide, ReadSide, SweeperSide):
+class RedisStore(WorkerSide, ApiSide, PresenceSide, ReadSide, SweeperSide):
     """`Store` over redis-py. Transitions from one process are auto-pipelined in order."""
 
     def __init__(

@@ -59,6 +59,9 @@ SEND = load("send")
 MOVE = load("move", "changes")
 VOTE = load("vote", "changes", "attention")
 ATTACH = load("attach", "changes")
+CLIENT_SEEN = load("client_seen")
+DETACH = load("detach", "changes")
+PRUNE_CLIENTS = load("prune_clients", "changes")
 VERSION = load("version", "changes")
 TOLD = load("told", "changes")
 CURRENT_TURN = load("current_turn")
@@ -88,5 +91,5 @@ ALL = {
     "APPLY": APPLY, "SWEEP": SWEEP, "SEND": SEND, "MOVE": MOVE, "VOTE": VOTE, "ATTACH": ATTACH, "VERSION": VERSION, "TOLD": TOLD, "CURRENT_TURN": CURRENT_TURN, "LIST": LIST,
     "RELEASE_SINGLE": RELEASE_SINGLE, "CLAIM_LOAD": CLAIM_LOAD, "DELETE_LISTED": DELETE_LISTED, "ATTENTION_PAGE": ATTENTION_PAGE, "ATTENTION_OF": ATTENTION_OF, "HEARTBEAT": HEARTBEAT, "CLAIM_DEAD": CLAIM_DEAD,
     "RELEASE": RELEASE, "RESIGN": RESIGN, "REPLY": REPLY, "ABANDON": ABANDON, "TAKE": TAKE, "RECLAIM": RECLAIM,
-    "CLAIM_SID": CLAIM_SID,
+    "CLAIM_SID": CLAIM_SID, "CLIENT_SEEN": CLIENT_SEEN, "DETACH": DETACH, "PRUNE_CLIENTS": PRUNE_CLIENTS,
 }

@@ -88,6 +88,15 @@ class LoadClaim(enum.StrEnum):
     GONE = "gone"
 
 
+class Presence(enum.StrEnum):
+    """What a client's heartbeat found: recorded, no live session, or a client id that is
+    not registered on the session."""
+
+    SEEN = "seen"
+    GONE = "gone"
+    UNKNOWN_CLIENT = "unknown_client"
+
+
 class Mode(enum.Enum):
     """How a transition treats the session as a whole."""
 
@@ -272,6 +281,8 @@ class Transition:
     turns: list[TurnRecord] = field(default_factory=list)  # turn records to write whole
     told: bool = False  # the create's answer was taken: its request id goes (see SessionView.told)
     takeover_from: str | None = None  # TAKEOVER: the incarnation that is handing the session over
+    available_commands: dict[str, Any] | None = None  # set: {availableCommands, availableSkills} the agent advertised
+    approval_mode: str | None = None  # set: the agent's current session mode (approvalMode)
 
 
 @dataclass(frozen=True)
@@ -303,6 +314,10 @@ class SessionView:
     # A draining worker is handing the session to another (`mv`): prompts sent meanwhile
     # wait for the new owner.
     moving: bool = False
+    # What the agent advertised last (`available_commands_update`): {availableCommands,
+    # availableSkills}; None: nothing yet.
+    available_commands: dict[str, Any] | None = None
+    approval_mode: str | None = None  # the agent's current session mode, when it has modes
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ Methods
                         text block each), then answers ``{}``. A session already hosted here is
                         replayed the same way. Neither hosted nor recorded: -32002 "Resource not
                         found: <id>" (``data.errorKind == "session_not_found"``).
-``session/set_mode``    -> ``{}``.
+``session/set_mode``    -> ``{}`` (with ``ACP_SCRIPTED_MODES``: a ``modeId`` not offered is -32602).
 ``session/close``       -> ``{}``; cancels a running prompt and forgets the session (its history
                         stays on disk, so ``session/load`` brings it back).
 ``session/prompt``      runs a scenario, see below.
@@ -99,6 +99,9 @@ Environment
 ``ACP_SCRIPTED_RECORD``  a file path; every message received is appended to it as one JSON line.
 ``ACP_SCRIPTED_EAGER_UPDATE``  set: an ``available_commands_update`` for each new session right
                         after the ``session/new`` answer; ``before``: right before it.
+``ACP_SCRIPTED_MODES``  comma-separated session modes ``session/new`` offers (``modes``), the first
+                        current; default none.
+``ACP_SCRIPTED_COMMANDS``  a JSON list of ACP ``AvailableCommand``s that update names (default ``[]``).
 ``ACP_SCRIPTED_STATE_DIR``  where the history (and its ``writes.log``) is kept (created on the
                         first write); default ``$HOME/.acp-state-scripted``.
 ``ACP_STATE_INCARNATION``  the incarnation a history write is logged with when the prompt's
@@ -258,6 +261,22 @@ class Session:
 # --------------------------------------------------------------------------- the agent
 
 
+def offered_modes() -> list[str]:
+    """The session modes a new session offers (``ACP_SCRIPTED_MODES``, comma-separated; the
+    first is current), none by default."""
+    return [mode for mode in (os.environ.get("ACP_SCRIPTED_MODES") or "").split(",") if mode]
+
+
+def advertised_commands() -> list[JSON]:
+    """The commands a new session's ``available_commands_update`` names (``ACP_SCRIPTED_MODES``  comma-separated session modes ``session/new`` offers (``modes``), the first
+                        current; default none.
+``ACP_SCRIPTED_COMMANDS``)."""
+    commands = json.loads(os.environ.get("ACP_SCRIPTED_COMMANDS") or "[]")
+    if not isinstance(commands, list):
+        raise SystemExit("ACP_SCRIPTED_COMMANDS must be a JSON list")
+    return commands
+
+
 def checked_cwd(params: JSON) -> str:
     """The absolute `cwd` of session/new or session/load, whose `mcpServers` must be a list."""
     cwd = params.get("cwd")
@@ -314,7 +333,7 @@ class ScriptedAgent:
             await self.channel.respond_error(request_id, err)
         else:
             eager = os.environ.get("ACP_SCRIPTED_EAGER_UPDATE") if method == "session/new" else None
-            update = {"sessionUpdate": "available_commands_update", "availableCommands": []}
+            update = {"sessionUpdate": "available_commands_update", "availableCommands": advertised_commands()}
             if eager == "before":
                 # As Copilot does: an update for the new session before the answer that names it.
                 await self.channel.notify("session/update", {"sessionId": result["sessionId"], "update": update})
@@ -341,7 +360,12 @@ class ScriptedAgent:
     def new_session(self, params: JSON) -> JSON:
         session = Session(session_id=str(uuid.uuid4()), cwd=checked_cwd(params))
         self.sessions[session.session_id] = session
-        return {"sessionId": session.session_id}
+        modes = offered_modes()
+        if not modes:
+            return {"sessionId": session.session_id}
+        return {"sessionId": session.session_id, "modes": {
+            "currentModeId": modes[0], "availableModes": [{"id": mode, "name": mode.title()} for mode in modes],
+        }}
 
     async def load_session(self, params: JSON) -> None:
         """Host a recorded session (or keep hosting it) and replay its history."""
@@ -367,6 +391,9 @@ class ScriptedAgent:
 
     def set_mode(self, params: JSON) -> JSON:
         self.session(params)
+        modes = offered_modes()
+        if modes and params.get("modeId") not in modes:
+            raise invalid_params("modeId is not one of the session's modes", {"modeId": params.get("modeId")})
         return {}
 
     def close_session(self, params: JSON) -> JSON:

@@ -1,0 +1,81 @@
+"""The agent's session mode as the reference's approval mode: `POST
+/session/:id/approval-mode` (`{mode, persist?, planMode?}`, feature
+`session_approval_mode_control`) and `approvalMode` on create.
+
+acp-state serves any ACP agent, so the mode is the agent's ACP session mode (`session/set_mode`,
+among the `modes` its `session/new` offered): the reference's mode names are checked as the
+reference checks them, then the session's owner refuses one its agent does not offer with the
+reference's error, naming the modes it does offer. A switch is announced as the reference's
+`approval_mode_changed` event, and the status carries the current mode as `approvalMode`.
+Nothing is persisted to workspace settings (`persisted: false`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from acp_state import commands, ids
+from acp_state.store import AdmissionStatus
+
+from .auth import principal_of
+from .locator import not_found
+from .outcomes import effect, outcome_unknown
+from .responses import ApiError, OrjsonResponse, json_body
+from .session_requests import client_id_header
+from .state import app_state
+
+APPROVAL_MODES = ["plan", "default", "auto-edit", "auto", "yolo"]  # the reference's names
+
+
+def invalid_mode(allowed: list[str]) -> ApiError:
+    return ApiError(400, "`mode` is required and must be one of the allowed values", "invalid_approval_mode",
+                    allowed=allowed)
+
+
+def on_create(body: dict[str, Any]) -> str | None:
+    """A create's `approvalMode`, checked as the reference does (a mode the agent does not
+    offer leaves the session in the worker's --session-mode or the agent's default)."""
+    mode = body.get("approvalMode")
+    if mode is not None and (not isinstance(mode, str) or mode not in APPROVAL_MODES):
+        raise ApiError(400, "`approvalMode` must be a known approval mode when provided", "invalid_approval_mode",
+                       allowed=APPROVAL_MODES)
+    return mode
+
+
+async def set_approval_mode(request: Request) -> Response:
+    state = app_state(request)
+    sid = request.path_params["id"]
+    ref = await state.locator.live(sid, principal_of(request))
+    body = await json_body(request, required=False)
+    body = body if isinstance(body, dict) else {}
+    mode, persist, plan_mode = body.get("mode"), body.get("persist"), body.get("planMode")
+    if not isinstance(mode, str) or mode not in APPROVAL_MODES:
+        raise invalid_mode(APPROVAL_MODES)
+    if persist is not None and not isinstance(persist, bool):
+        raise ApiError(400, "`persist` must be a boolean when provided", "invalid_persist_flag")
+    if plan_mode is not None and (not isinstance(plan_mode, bool) or mode == "plan"):
+        raise ApiError(400, "`planMode` must be a boolean with a non-plan execution mode", "invalid_plan_mode")
+    client_id = client_id_header(request)
+    command = commands.SetMode(sid=sid, mode=mode, request_id=ids.new_id(), client_id=client_id)
+    async with effect(state.store.resends):
+        admission = await state.locator.to_owner(
+            sid, ref, lambda owner: state.store.send(ref.ws, owner, command),
+            lambda sent: sent.status is AdmissionStatus.GONE,
+        )
+    if admission.status is not AdmissionStatus.OK:
+        raise not_found(sid)
+    async with effect(state.store.resends):  # sent: a lost reply leaves its outcome unknown
+        reply = await state.store.await_reply(command.request_id, state.settings.close_timeout_s)
+    if reply is None:
+        raise outcome_unknown()
+    if reply.code == "session_not_found":
+        raise not_found(sid)
+    if reply.code == "mode_not_offered":
+        raise invalid_mode(reply.modes or [])
+    if not reply.ok:
+        raise ApiError(502, f"the agent refused the mode: {reply.error or 'no reason given'}", "agent_error",
+                       sessionId=sid)
+    return OrjsonResponse({"sessionId": sid, "mode": mode, "previous": reply.previous or mode, "persisted": False})
