@@ -18,11 +18,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from acp_state import commands, ids
-from acp_state.store import AdmissionStatus
 
 from .auth import principal_of
-from .locator import not_found
-from .outcomes import effect, outcome_unknown
+from .outcomes import ask_owner
 from .responses import ApiError, OrjsonResponse, json_body
 from .session_requests import client_id_header
 from .state import app_state
@@ -60,19 +58,7 @@ async def set_approval_mode(request: Request) -> Response:
         raise ApiError(400, "`planMode` must be a boolean with a non-plan execution mode", "invalid_plan_mode")
     client_id = client_id_header(request)
     command = commands.SetMode(sid=sid, mode=mode, request_id=ids.new_id(), client_id=client_id)
-    async with effect(state.store.resends):
-        admission = await state.locator.to_owner(
-            sid, ref, lambda owner: state.store.send(ref.ws, owner, command),
-            lambda sent: sent.status is AdmissionStatus.GONE,
-        )
-    if admission.status is not AdmissionStatus.OK:
-        raise not_found(sid)
-    async with effect(state.store.resends):  # sent: a lost reply leaves its outcome unknown
-        reply = await state.store.await_reply(command.request_id, state.settings.close_timeout_s)
-    if reply is None:
-        raise outcome_unknown()
-    if reply.code == "session_not_found":
-        raise not_found(sid)
+    reply = await ask_owner(state, sid, ref, command)
     if reply.code == "mode_not_offered":
         raise invalid_mode(reply.modes or [])
     if not reply.ok:

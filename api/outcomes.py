@@ -10,13 +10,14 @@ with the same key and get the first outcome back, never a second effect.
 from __future__ import annotations
 
 import contextlib
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from starlette.requests import Request
 
 from acp_state import ids
-from acp_state.store import is_transient, never_ran
+from acp_state.store import AdmissionStatus, is_transient, never_ran
 
+from .locator import not_found
 from .responses import ApiError
 
 IDEMPOTENCY_HEADER = "idempotency-key"
@@ -56,3 +57,23 @@ async def effect(resent: bool = False) -> AsyncIterator[None]:
         if not is_transient(error) or (never_ran(error) and not resent):
             raise  # a bug (500), or a refusal: the app's store error handler answers it
         raise outcome_unknown() from error
+
+
+async def ask_owner(state: Any, sid: str, ref: Any, command: Any) -> Any:
+    """Send `command` (one that carries a `request_id`) to the worker that owns session
+    `sid` and await its reply: 404 if the session is gone, 503 `outcome_unknown` if the
+    command was sent but no reply came (its effect is then unknown)."""
+    async with effect(state.store.resends):
+        admission = await state.locator.to_owner(
+            sid, ref, lambda owner: state.store.send(ref.ws, owner, command),
+            lambda sent: sent.status is AdmissionStatus.GONE,
+        )
+    if admission.status is not AdmissionStatus.OK:
+        raise not_found(sid)
+    async with effect(state.store.resends):  # sent: a lost reply leaves its outcome unknown
+        reply = await state.store.await_reply(command.request_id, state.settings.close_timeout_s)
+    if reply is None:
+        raise outcome_unknown()
+    if reply.code == "session_not_found":
+        raise not_found(sid)
+    return reply

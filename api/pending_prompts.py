@@ -18,12 +18,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from acp_state import commands, ids
-from acp_state.store import AdmissionStatus
 from acp_state.turns import TurnRecord
 
 from .auth import principal_of
-from .locator import not_found
-from .outcomes import effect, outcome_unknown
+from .outcomes import ask_owner
 from .responses import OrjsonResponse
 from .session_requests import client_id_header
 from .state import app_state
@@ -55,17 +53,5 @@ async def remove_pending_prompt(request: Request) -> Response:
     if not ids.is_token(prompt_id):  # never a prompt id this session has
         return OrjsonResponse({"removed": False})
     command = commands.RemovePrompt(sid=sid, prompt_id=prompt_id, request_id=ids.new_id())
-    async with effect(state.store.resends):
-        admission = await state.locator.to_owner(
-            sid, ref, lambda owner: state.store.send(ref.ws, owner, command),
-            lambda sent: sent.status is AdmissionStatus.GONE,
-        )
-    if admission.status is not AdmissionStatus.OK:
-        raise not_found(sid)
-    async with effect(state.store.resends):  # sent: a lost reply leaves its outcome unknown
-        reply = await state.store.await_reply(command.request_id, state.settings.close_timeout_s)
-    if reply is None:
-        raise outcome_unknown()
-    if reply.code == "session_not_found":
-        raise not_found(sid)
+    reply = await ask_owner(state, sid, ref, command)
     return OrjsonResponse({"removed": reply.ok})
