@@ -33,7 +33,7 @@ from acp_state.store import keys
 from acp_state.cli.serving import DEFAULT_SERVER, SERVERS
 from acp_state.store.connection import connect
 from acp_state.ids import workspace_id
-from acp_state.store import Mode, RedisStore, Transition
+from acp_state.store import Mode, RedisStore, Transition, WorkerReport
 
 from . import sse_latency
 from .procs import ROOT, AcpProcess, RedisServer, api, free_port, worker
@@ -260,11 +260,11 @@ async def heartbeat_cost(sessions: int) -> float:
                 pipe.sadd(keys.worker_sessions("bench-1"), f"{ws}/s{n}")
                 pipe.hset(keys.session(ws, f"s{n}"), mapping={"inc": "bench-1", "meta": "{}"})
             await pipe.execute()
-        await store.heartbeat("bench-1", {"sessions": sessions}, 3000)  # loads the script
+        await store.heartbeat("bench-1", WorkerReport("bench-1", sessions=sessions), 3000)  # loads the script
         beats = 10
         before = await command_calls(redis)
         for _ in range(beats):
-            await store.heartbeat("bench-1", {"sessions": sessions}, 3000)
+            await store.heartbeat("bench-1", WorkerReport("bench-1", sessions=sessions), 3000)
         after = await command_calls(redis)
         return (delta(after, before) - 1) / beats  # less our own INFO
     finally:

@@ -56,7 +56,7 @@ import redis.asyncio as aioredis
 
 from acp_state.cli.serving import DEFAULT_SERVER, SERVERS
 from acp_state.ids import workspace_id
-from acp_state.store import CatalogRow, Mode, RedisStore, Transition
+from acp_state.store import CatalogRow, Mode, RedisStore, Transition, WorkerReport
 
 from .__main__ import RESULTS, command_calls, create_sessions, ensure_wrk, log, run_wrk, server_stack, wait_port
 from .push_load import mark
@@ -371,8 +371,7 @@ BENCH_LEASE_MS = 10_000
 async def hold_lease(store: RedisStore, stop: asyncio.Event) -> None:
     """Renew the bench owner's lease as a worker does (a third of a lease apart), reported as
     draining with no room, so that no create is placed on it."""
-    report = {"incarnation": BENCH_OWNER, "host": "bench", "pid": os.getpid(), "sessions": 0, "maxSessions": 0,
-              "agents": 0, "agentNames": [], "states": {}, "leaseMs": BENCH_LEASE_MS, "draining": True}
+    report = WorkerReport(BENCH_OWNER, host="bench", pid=os.getpid(), agents=0, lease_ms=BENCH_LEASE_MS, draining=True)
     while not stop.is_set():
         await store.heartbeat(BENCH_OWNER, report, BENCH_LEASE_MS)
         try:

@@ -372,7 +372,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(REPLY_KEPT_S)
         memory1 = (await redis.info("memory"))["used_memory"]
         reports = await store.worker_reports(list((await store.lease_view()).deadlines))
-        per_worker_sessions = {inc: r["sessions"] for inc, r in reports.items()}
+        per_worker_sessions = {inc: r.sessions for inc, r in reports.items()}
         rss1 = {w.pid: rss_bytes(w.pid) for w in cluster.workers}
         all_sessions = sum(len(v) for v in sids.values())
         hosted = sum(per_worker_sessions.values())

@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 
 from acp_state import commands, events, ids
 from acp_state.clock import from_iso, iso, now_ms
-from acp_state.moves import Carry, accepts
-from acp_state.store import Applied, CatalogRow, Mode, Transition, WorkerRegistry
+from acp_state.moves import Carry
+from acp_state.placement import accepts, ranked
+from acp_state.store import Applied, CatalogRow, Mode, Transition, WorkerRegistry, WorkerReport
 from acp_state.turn_errors import TurnError
 
 from .prompt import AUTOMATIC_KINDS, Prompt
@@ -86,7 +87,7 @@ class Drain:
         self.registry = WorkerRegistry(worker.store)
         self.assigned: Counter[str] = Counter()  # moves sent to each target by this drain
         self.slots: dict[str, asyncio.Semaphore] = {}
-        self._reports: list[dict] = []
+        self._reports: list[WorkerReport] = []
         self._read_at = float("-inf")
 
     async def run(self) -> None:
@@ -163,18 +164,12 @@ class Drain:
             live = [inc for inc in await self.registry.live() if inc != self.worker.incarnation]
             self._reports = list((await self.worker.store.worker_reports(live)).values())
         agent = session.agent_name or self.worker.config.default_agent
-        fitting = [
-            r for r in self._reports
-            if r["incarnation"] not in tried and accepts(r, agent, session.state_store)
-        ]
+        fitting = [r for r in self._reports if r.incarnation not in tried and accepts(r, agent, session.state_store)]
         if not fitting:
             return None
-        chosen = min(
-            fitting,
-            key=lambda r: (r.get("sessions", 0) + self.assigned[r["incarnation"]]) / max(r.get("maxSessions", 1), 1),
-        )
-        self.assigned[chosen["incarnation"]] += 1  # counted at once: concurrent moves spread
-        return chosen["incarnation"]
+        chosen = ranked(fitting, self.assigned)[0].incarnation
+        self.assigned[chosen] += 1  # counted at once: concurrent moves spread
+        return chosen
 
     async def _hand_to(self, session: LiveSession, target: str) -> str | None:
         """Send `target` the create that loads the session; who holds it now (None: no one)."""

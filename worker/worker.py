@@ -28,7 +28,7 @@ from acp_state import commands
 from acp_state.commands import Reply
 from acp_state.agents import DEFAULT_AGENT
 from acp_state.clock import iso, now_ms
-from acp_state.store import ApplyOutcome, Standing, Store, run_sweeper
+from acp_state.store import ApplyOutcome, Standing, Store, WorkerReport, run_sweeper
 from acp_state.summary import SESSION_STATES
 from acp_state.tasks import cancel_until_done, survive
 
@@ -148,24 +148,24 @@ class Worker:
 
     # ---- lifecycle ----------------------------------------------------------------------
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> WorkerReport:
         """The load report stored with the lease: what placement and `acp-state status` read."""
-        return {
-            "incarnation": self.incarnation,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "startedAt": iso(self.started_ms),
-            "sessions": len(self.sessions) + self.creates.under_way,
-            "maxSessions": self.config.max_sessions,
-            "agents": len(self.agents),  # running agent children
-            "agentNames": list(self.config.agents),  # the agents on offer (placement)
-            "defaultAgent": self.config.default_agent,
-            "states": self.state_counts,
-            "leaseMs": self.config.lease_ms,
-            "renewedAt": now_ms(),
-            "stateStore": self.config.state_store,
-            "draining": self.draining,
-        }
+        return WorkerReport(
+            self.incarnation,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=iso(self.started_ms),
+            sessions=len(self.sessions) + self.creates.under_way,
+            max_sessions=self.config.max_sessions,
+            agents=len(self.agents),
+            agent_names=list(self.config.agents),
+            default_agent=self.config.default_agent,
+            states=dict(self.state_counts),
+            lease_ms=self.config.lease_ms,
+            renewed_at=now_ms(),
+            state_store=self.config.state_store,
+            draining=self.draining,
+        )
 
     async def run(self) -> None:
         """Register, then serve until `stop()`; always leaves Redis clean on the way out."""

@@ -51,6 +51,7 @@ from .types import (
     Standing,
     Transition,
     VoteOutcome,
+    WorkerReport,
 )
 
 __all__ = [
@@ -60,6 +61,6 @@ __all__ = [
     "PendingInteraction", "Presence", "ReaderStore",
     "RedisStore", "ReplyFate", "Retention", "STORE_ERRORS", "SessionView", "Standing", "Store",
     "Subscription", "SweeperStore", "Transition", "UnsuitableRedis", "VoteOutcome",
-    "WorkerRegistry", "WorkerStore", "check_permissions", "check_redis", "is_out_of_memory", "is_transient", "never_ran",
+    "WorkerRegistry", "WorkerReport", "WorkerStore", "check_permissions", "check_redis", "is_out_of_memory", "is_transient", "never_ran",
     "run_sweeper",
 ]
