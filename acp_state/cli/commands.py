@@ -81,7 +81,7 @@ def _check_origins(origins: list[str], has_token: bool) -> None:
 
 def _worker_config(args: argparse.Namespace) -> Any:
     from acp_state.worker.loop_guard import LoopLimits
-    from acp_state.worker.worker import WorkerConfig
+    from acp_state.worker.config import WorkerConfig
 
     agents, modes = _agents(args)
     return WorkerConfig(
