@@ -31,6 +31,8 @@ from typing import Any
 
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
+from testbed.hosts import UNAVAILABLE_EXIT, HostsUnavailable, TestBed
+from testbed.redis_server import free_port
 
 from . import chaos_check, chaos_network
 from .chaos_faults import Faults
@@ -47,8 +49,6 @@ from .chaos_schedule import (
     format_schedule,
     make_schedule,
 )
-from .hosts import UNAVAILABLE_EXIT, HostsUnavailable, TestBed
-from .redis_server import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CREATE_TIMEOUT_S = 15
@@ -321,7 +321,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: a new temporary folder)")
     parser.add_argument("--print-schedule", action="store_true", help="print the fault schedule as JSON and exit")
     parser.add_argument("--hosts", action="store_true",
-                        help="run each process on its own host of a network-namespace test bed (bench/hosts.py, "
+                        help="run each process on its own host of a network-namespace test bed (testbed/hosts.py, "
                              "root and nftables needed) and draw network faults too (bench/chaos_network.py)")
     return parser.parse_args(argv)
 

@@ -1,6 +1,6 @@
 """The chaos run's network faults, for a run across hosts (`python -m bench.chaos --hosts`).
 
-Two kinds of fault, on the hosts of bench/hosts.py's test bed:
+Two kinds of fault, on the hosts of testbed/hosts.py's test bed:
 
 - **cuts** (in the fault schedule, never overlapping another fault): a host partitioned
   from Redis both ways (`host_partition`) or one way (`host_partition_oneway`: only what
@@ -23,7 +23,7 @@ import random
 import time
 from typing import Any
 
-from .hosts import TestBed
+from testbed.hosts import TestBed
 
 CUTS = ("host_partition", "host_partition_oneway", "half_open", "link_down")  # chaos_check.STOPPING too
 CONDITIONS = ("latency", "jitter", "packet_loss")

@@ -14,9 +14,9 @@ from typing import IO, Sequence
 
 from acp_state.cli.serving import DEFAULT_SERVER
 
-from . import forkserver
-from .redis_server import RedisServer as _RedisServer
-from .redis_server import free_port
+from testbed import forkserver
+from testbed.redis_server import RedisServer as _RedisServer
+from testbed.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER_BANNER = "acp-state worker "  # `acp-state worker <incarnation> serving <url>`
@@ -37,7 +37,7 @@ class AcpProcess:
     on past the banner, so a process that prints more never blocks on a full pipe.
 
     `prefix` runs it through another command (`ip netns exec <host>`: on a host of the
-    test bed, bench/hosts.py); `env` is laid over this process's environment."""
+    test bed, testbed/hosts.py); `env` is laid over this process's environment."""
 
     # A subclass that sets this reads every stderr line (`on_stderr`) before it is logged;
     # otherwise stderr is the log file itself, and the event loop never sees it.

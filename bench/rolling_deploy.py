@@ -65,13 +65,13 @@ from typing import Any
 
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
+from testbed.redis_server import RedisServer, free_port
 
 from . import chaos_check, chaos_history
 from .chaos_load import CHAIN_BUDGET_S
 from .chaos_schedule import APIS
 from .fake_openai import FakeOpenAI, find_qwen, message_text, qwen_env
 from .procs import AcpProcess, ApiProcess, WorkerProcess, percentile
-from .redis_server import RedisServer, free_port
 from .rolling_deploy_client import TERMINALS, Client, Tracked, log, now
 
 RESULTS = Path(__file__).resolve().parent / "results"

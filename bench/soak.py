@@ -23,10 +23,10 @@ import httpx
 import redis.asyncio as aioredis
 
 from acp_state.ids import workspace_id
+from testbed.redis_server import RedisCluster
 
 from .__main__ import create_sessions, log
 from .procs import RedisServer, api, percentile, worker
-from .redis_server import RedisCluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

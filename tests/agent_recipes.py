@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from bench.redis_server import free_port
+from testbed.redis_server import free_port
 
 NODE_BIN = Path(__file__).resolve().parent / "node" / "node_modules" / ".bin"
 MODEL = "fake-model"

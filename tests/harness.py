@@ -17,8 +17,8 @@ from acp_state.store import is_transient, keys
 from acp_state.store.connection import connect
 from acp_state.store.fanout import Fanout
 from acp_state.ids import workspace_id
-from bench import forkserver
-from bench.redis_server import die_with_parent
+from testbed import forkserver
+from testbed.redis_server import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 30
@@ -44,7 +44,7 @@ class Process:
     def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None,
                  prefix: list[str] | None = None) -> None:
         self.argv = argv
-        self.prefix = prefix or []  # e.g. `ip netns exec <host>` (bench/hosts.py)
+        self.prefix = prefix or []  # e.g. `ip netns exec <host>` (testbed/hosts.py)
         self.log_path = log_path
         self.env = env  # extra variables, laid over os.environ
         self.proc: asyncio.subprocess.Process | forkserver.Child | None = None
@@ -249,7 +249,7 @@ class Harness:
         return process
 
     async def api(self, *args: str, workspaces: list[str] | None = None, host: Any = None) -> ApiProcess:
-        """An API process; `host`: on that host of a test bed (bench/hosts.py), listening on
+        """An API process; `host`: on that host of a test bed (testbed/hosts.py), listening on
         its address with a bearer token (off loopback one is required)."""
         port = self.free_port()
         ws_args = [a for w in (workspaces or [self.workspace]) for a in ("--workspace", w)]

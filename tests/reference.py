@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator, Iterable
 import httpx
 
 from bench.fake_openai import qwen_env
-from bench.redis_server import free_port
+from testbed.redis_server import free_port
 
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 15

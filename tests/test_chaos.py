@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.hosts import UNAVAILABLE_EXIT
+from testbed.hosts import UNAVAILABLE_EXIT
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 391  # its schedules: pub/sub kill, API kill -9, a drain, a SIGSTOP of a worker alone

@@ -9,7 +9,7 @@ import sys
 import httpx
 import pytest
 
-from bench.redis_server import RedisServer, free_port
+from testbed.redis_server import RedisServer, free_port
 from tests.harness import ROOT, Harness
 
 

@@ -1,5 +1,5 @@
 """Network faults across hosts: each process on its own host of a network-namespace test bed
-(bench/hosts.py), Redis on the bed's Redis address, partitions as kernel drop rules (no RST,
+(testbed/hosts.py), Redis on the bed's Redis address, partitions as kernel drop rules (no RST,
 no FIN), latency through the bed's fault proxy. Skipped, saying why, where namespaces or
 nftables are not available (not root, no `ip netns`)."""
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from bench.hosts import TestBed
+from testbed.hosts import TestBed
 from tests.harness import ApiProcess, Harness, SseClient
 from tests.helpers import create, eventually, is_type, prompt
 from tests.host_bed import across, bed, bed_redis  # noqa: F401 (fixtures)

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 
 from bench.fake_openai import FakeOpenAI
-from bench.redis_server import RedisServer
+from testbed.redis_server import RedisServer
 from bench.rolling_deploy import Plan, deploy
 
 pytestmark = pytest.mark.qwen

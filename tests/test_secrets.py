@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from acp_state.cli import secrets
-from bench.redis_server import RedisServer, die_with_parent, free_port
+from testbed.redis_server import RedisServer, die_with_parent, free_port
 from tests.harness import ROOT
 from tests.helpers import eventually
 

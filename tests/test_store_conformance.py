@@ -37,7 +37,7 @@ from acp_state.store import (
     VoteOutcome,
 )
 from acp_state.store import keys
-from bench.redis_server import RedisCluster, RedisServer
+from testbed.redis_server import RedisCluster, RedisServer
 
 BACKENDS = ["memory", "redis", "cluster"]
 LEASE_MS = 60_000
