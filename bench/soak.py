@@ -126,7 +126,7 @@ async def soak(minutes: float, sessions: int, cluster: bool = False) -> dict[str
         for client in clients:
             await client.aclose()
         for process in workers + [a for a, _ in apis]:
-            await process.stop()
+            await process.terminate(30)
         server.stop()
     first, last = rss[0], rss[-1]
     return {

@@ -1,5 +1,5 @@
 """How each real ACP coding agent is installed and pointed at the scripted model endpoint
-(tests/model_endpoint.py), offline: its environment and configuration files. It is launched
+(testbed/model_endpoint.py), offline: its environment and configuration files. It is launched
 by its `--agent-preset` (acp_state/agents.py), found on PATH in tests/node's `.bin`.
 docs/agents.md tells the same for users.
 

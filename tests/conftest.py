@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from acp_state.store.connection import connect
 
 from testbed import forkserver
-from bench.fake_openai import find_qwen
+from testbed.qwen import find_qwen
 from testbed.redis_server import RedisServer, free_port
 from tests.harness import Harness
 

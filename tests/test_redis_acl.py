@@ -24,8 +24,9 @@ from redis.exceptions import NoPermissionError
 from acp_state.ids import workspace_id
 from acp_state.store import acl, keys, scripts
 from acp_state.store.acl import API, WORKER, script_commands, users_acl
+from testbed.processes import ROOT, ApiProcess, WorkerProcess
 from testbed.redis_server import RedisServer, free_cluster_port, free_port
-from tests.harness import ROOT, ApiProcess, Harness, SseClient, WorkerProcess
+from tests.harness import Harness, SseClient
 from tests.helpers import create, eventually, is_type, prompt
 
 SHIPPED = ROOT / "deploy" / "redis" / "users.acl"

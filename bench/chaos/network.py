@@ -13,7 +13,7 @@ Two kinds of fault, on the hosts of testbed/hosts.py's test bed:
   one host's connections to Redis or on every host's, through the fault proxy.
 
 Only `random.Random(seed)` picks kinds, targets, parameters and times, as for the other
-faults (bench/chaos_schedule.py's make_schedule).
+faults (bench/chaos/schedule.py's make_schedule).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 from testbed.hosts import TestBed
 
-CUTS = ("host_partition", "host_partition_oneway", "half_open", "link_down")  # chaos_check.STOPPING too
+CUTS = ("host_partition", "host_partition_oneway", "half_open", "link_down")  # checker.STOPPING too
 CONDITIONS = ("latency", "jitter", "packet_loss")
 WORKER_HOSTS = ("worker-1", "worker-2")
 API_HOSTS = ("api-1", "api-2")
