@@ -220,7 +220,7 @@ async def dashboard_reads_everything_and_writes_nothing(server: Deployment, ws: 
                 before = await read_as(admin, key, key_type)
                 assert await read_as(dashboard, key, key_type) == before or key_type == "stream", key
         assert {"hash", "set", "zset", "stream", "string"} <= kinds.keys(), kinds.keys()
-        # What docs/architecture.md tells a dashboard to read: the session hash, its owner's
+        # What docs/internals.md ("Scripts") tells a dashboard to read: the session hash, its owner's
         # lease in the registry, against Redis's TIME.
         session = await dashboard.hgetall(keys.session(ws, sid))
         deadline = await dashboard.zscore(keys.WORKERS, session["inc"])
