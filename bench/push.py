@@ -57,10 +57,12 @@ import redis.asyncio as aioredis
 from acp_state.cli.serving import DEFAULT_SERVER, SERVERS
 from acp_state.ids import workspace_id
 from acp_state.store import CatalogRow, Mode, RedisStore, Transition, WorkerReport
+from testbed.processes import ROOT, AcpProcess
+from testbed.redis_server import free_port
 
 from .__main__ import RESULTS, command_calls, create_sessions, ensure_wrk, log, run_wrk, server_stack, wait_port
 from .push_load import mark
-from .procs import ROOT, AcpProcess, RedisServer, api, cpu_s, free_port, percentile, worker
+from .procs import RedisServer, api, cpu_s, percentile, worker
 
 LOAD = [sys.executable, "-m", "bench.push_load"]
 
@@ -230,7 +232,7 @@ async def bench_fanout(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         await redis.aclose()
     finally:
         for process in reversed(processes):
-            await process.stop()
+            await process.terminate(30)
         server.stop()
 
     def load_side(result: dict[str, Any], n: int) -> dict[str, Any]:
@@ -355,7 +357,7 @@ async def bench_views(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
                 await asyncio.sleep(1)
     finally:
         for process in reversed(processes):
-            await process.stop()
+            await process.terminate(30)
         server.stop()
     return {"views": view_count, "workspaces": n_workspaces, "sessions_per_workspace": per_workspace,
             "window_s": window_s, "prompt_every_s": prompt_every_s, "modes": modes}
@@ -541,7 +543,7 @@ async def bench_attention(args: argparse.Namespace, logs: Path) -> dict[str, Any
             hello.terminate()
             hello.wait(10)
         for process in reversed(processes):
-            await process.stop()
+            await process.terminate(30)
         server.stop()
     first = rows[0]["rps"]
     for row in rows[3:]:

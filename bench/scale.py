@@ -45,9 +45,11 @@ import redis.asyncio as aioredis
 
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
+from testbed.processes import ROOT, AcpProcess
+from testbed.redis_server import free_port
 
 from .__main__ import heartbeat_cost, log, run_wrk, server_stack, wait_port
-from .procs import ROOT, AcpProcess, RedisServer, api, children, cpu_s, free_port, percentile, rss_bytes, worker
+from .procs import RedisServer, api, children, cpu_s, percentile, rss_bytes, worker
 from .scale_load import Http, now_ns
 from .scale_streams import Streams, bare_stream_rss_bytes, delivery, emit_one_event_each
 
@@ -515,9 +517,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             hello_proc.terminate()
             hello_proc.wait(10)
         for w in cluster.workers:
-            await w.stop()
+            await w.terminate(30)
         for process, _ in cluster.apis:
-            await process.stop()
+            await process.terminate(30)
         await store.close()
         await redis.aclose()
         redis_server.stop()

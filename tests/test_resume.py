@@ -13,7 +13,8 @@ import asyncio
 import sys
 
 from acp_state.store import keys
-from tests.harness import ROOT, ApiProcess, Harness, SseClient
+from testbed.processes import ROOT, ApiProcess
+from tests.harness import Harness, SseClient
 from tests.helpers import SAFETY_STOP_S, create, eventually, is_type, load, prompt, recalled, status, turn_done
 
 LEASE_MS = "1500"

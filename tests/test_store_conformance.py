@@ -38,7 +38,7 @@ from acp_state.store import (
     WorkerReport,
 )
 from acp_state.store import keys
-from bench.redis_server import RedisCluster, RedisServer
+from testbed.redis_server import RedisCluster, RedisServer
 
 BACKENDS = ["memory", "redis", "cluster"]
 LEASE_MS = 60_000
@@ -220,7 +220,7 @@ async def test_send_admits_fences_and_keeps_the_first_outcome(store: RedisStore)
     assert [c[2].prompt_id for c in received] == ["p1"]  # type: ignore[union-attr]
     # Nothing more. (This also leaves a cluster's reader waiting inside XREAD when the store
     # closes: cancelled the instant after a read returned, redis-py's cluster client can
-    # hang the cancellation; see docs/architecture.md, "What is not built yet".)
+    # hang the cancellation; see docs/internals.md, "What is not built yet".)
     assert await store.read_commands({inbox: received[0][1]}, 200) == []
 
 
