@@ -15,7 +15,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from acp_state import events, ids, interactions
+from acp_state import events, ids, interactions, tracing
 from acp_state.commands import CHANNEL, FOREGROUND, Reply
 from acp_state.clock import iso, now_ms
 from acp_state.store import (
@@ -364,6 +364,9 @@ class LiveSession(PermissionRequests, MovableSession):
                 # `_meta` names the incarnation that sends the turn (the scripted agent logs its
                 # history writes with it: docs/chaos.md, invariant j), over any client's claim.
                 meta = {**(prompt.meta or {}), "acpState.incarnation": self.incarnation}
+                prompt.trace_turn = tracing.start_turn(prompt.trace_parent, self.sid, prompt.prompt_id, prompt.kind,
+                                                       self.incarnation)
+                meta.update(tracing.agent_meta(prompt.trace_turn))  # the agent goes on with the turn's trace
                 response = await self.agent.prompt(self.agent_sid, prompt.blocks, meta)
             except ConnectionError:
                 return  # the child died; AgentProcess ends every prompt with channel_closed
@@ -373,6 +376,7 @@ class LiveSession(PermissionRequests, MovableSession):
                 await self._end_with_stop(prompt, getattr(response, "stop_reason", None) or "end_turn")
             finally:
                 self._sent = None
+                tracing.end_turn(prompt.trace_turn, prompt.turn)
 
     async def _start(self, prompt: Prompt) -> None:
         """The prompt actually starts. Any start supersedes the kept turn-error event; only an
