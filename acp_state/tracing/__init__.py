@@ -48,8 +48,8 @@ def setup(service: str, environ: Mapping[str, str] = os.environ) -> bool:
         return False
     try:
         from .provider import Provider
-    except ImportError as error:  # installed without its dependencies (pip --no-deps)
-        log.error("tracing off: OpenTelemetry is not installed (%s)", error)
+    except ImportError as error:  # installed without its extra
+        log.error("tracing off: OpenTelemetry is not installed (pip install 'acp-state[tracing]'): %s", error)
         return False
     _provider = Provider(service)
     atexit.register(shutdown)
