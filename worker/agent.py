@@ -18,11 +18,13 @@ from typing import Any, Awaitable, Callable, Protocol
 import acp
 from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementation
 
-from acp_state import __version__
+from acp_state import __version__, tracing
 from acp_state.commands import cancelled_response
 from acp_state.interactions import CancelSentinelCollision
 
 from .reaper import TAG_VARIABLE, parent_death_signal, reaper, tagged
+
+tracing.quiet_acp_sdk()  # its own spans, one per message, even when acp-state does not trace
 
 log = logging.getLogger("worker.agent")
 

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from acp_state import commands, events, ids, interactions
+from acp_state import commands, events, ids, interactions, tracing
 from acp_state.clock import iso
 from acp_state.commands import cancelled_response
 from acp_state.store import Applied, ApplyOutcome, PendingInteraction, Transition, WorkerStore
@@ -93,9 +93,11 @@ class PermissionRequests:
             self.pending.pop(rid, None)
             return cancelled_response()
         await self._locate_request(rid, True)
+        wait = tracing.start_wait(self.active.trace_turn if self.active else None, rid, interaction["kind"])
         try:
             vote = await pending.answer
         finally:
+            tracing.end_wait(wait, pending.answer)
             # The request's index stays until it expires: a vote repeated with the same
             # Idempotency-Key on the legacy route must still find the session.
             still_ours = self.pending.pop(rid, None) is not None

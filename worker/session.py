@@ -17,7 +17,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from acp_state import commands, events, ids, interactions
+from acp_state import commands, events, ids, interactions, tracing
 from acp_state.commands import CHANNEL, FOREGROUND, Reply, cancelled_response
 from acp_state.clock import from_iso, iso, now_ms
 from acp_state.moves import Carry
@@ -266,6 +266,9 @@ class LiveSession(StoredSession):
                 # `_meta` names the incarnation that sends the turn (the scripted agent logs its
                 # history writes with it: docs/chaos.md, invariant j), over any client's claim.
                 meta = {**(prompt.meta or {}), "acpState.incarnation": self.incarnation}
+                prompt.trace_turn = tracing.start_turn(prompt.trace_parent, self.sid, prompt.prompt_id, prompt.kind,
+                                                       self.incarnation)
+                meta.update(tracing.agent_meta(prompt.trace_turn))  # the agent goes on with the turn's trace
                 response = await self.agent.prompt(self.agent_sid, prompt.blocks, meta)
             except ConnectionError:
                 return  # the child died; AgentProcess ends every prompt with channel_closed
@@ -275,6 +278,7 @@ class LiveSession(StoredSession):
                 await self._end_with_stop(prompt, getattr(response, "stop_reason", None) or "end_turn")
             finally:
                 self._sent = None
+                tracing.end_turn(prompt.trace_turn, prompt.turn)
 
     async def _start(self, prompt: Prompt) -> None:
         """The prompt actually starts. Any start supersedes the kept turn-error event; only an

@@ -24,7 +24,7 @@ from typing import Any, Awaitable
 
 from prometheus_client import REGISTRY, make_asgi_app
 
-from acp_state import commands
+from acp_state import commands, tracing
 from acp_state.commands import Reply
 from acp_state.clock import iso, now_ms
 from acp_state.store import ApplyOutcome, Standing, WorkerReport, WorkerStore, run_sweeper
@@ -447,7 +447,8 @@ class Worker:
                 continue
             COMMANDS.labels(command.TYPE).inc()
             try:
-                commands.dispatch(self, command)
+                with tracing.processing(command, stream):  # a span when its sender's trace came along
+                    commands.dispatch(self, command)
             except Exception:  # one command that fails must not cost the ones behind it
                 log.exception("dropping a command that could not be handled: %r", command)
         now = asyncio.get_running_loop().time()

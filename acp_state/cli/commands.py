@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Awaitable, Callable
 
-from .. import logs
+from .. import logs, tracing
 from ..agents import PRESETS, offered_agents, session_modes, with_presets
 from ..moves import default_state_store
 from ..store import MEMORY, MissingPermission, RedisStore, Retention, UnsuitableRedis, check_permissions, check_redis
@@ -126,7 +126,7 @@ async def run_api(args: argparse.Namespace) -> None:
 
     settings = _api_settings(args)
     app = create_app(settings)
-    server = serve_http(app, settings.host, settings.port, args.server)
+    server = serve_http(tracing.asgi(app), settings.host, settings.port, args.server)
 
     def stop() -> None:
         end_streams(app)  # open event streams end cleanly now, not when the grace period ends
@@ -180,7 +180,7 @@ async def run_dev(args: argparse.Namespace) -> None:
     settings = _api_settings(args)
     worker = Worker(store, _worker_config(args))
     app = create_app(settings, store=store)
-    server = serve_http(app, settings.host, settings.port, args.server)
+    server = serve_http(tracing.asgi(app), settings.host, settings.port, args.server)
 
     def stop() -> None:
         end_streams(app)
@@ -359,6 +359,7 @@ async def _run(runner: Callable[[argparse.Namespace], Awaitable[None]], args: ar
     await _check_redis(args.redis_url)
     await _check_permissions(args.redis_url, args.command)
     await runner(args)
+    tracing.shutdown()  # the spans still buffered go out before the exit (a bounded wait)
     if args.command in ("api", "dev") and args.server == "granian":
         # Every request, stream and the lifespan have ended: exit here. Dropping granian's
         # server (with the loop, or at the interpreter's exit) joins its Rust connection
@@ -418,6 +419,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(2, f"acp-state: {error}\n")  # a usage error, like argparse's own: exit code 2
     default_format = "json" if args.command in ("api", "worker") else "text"
     logs.configure(args.log_level, args.log_format or default_format)
+    if args.command in ("api", "worker", "dev"):  # on from the OTEL_* variables (docs/architecture.md, "Traces")
+        tracing.setup(f"acp-state-{args.command}")
     _warn_of_visible_secrets(args, argv)
     runner = {"api": run_api, "worker": run_worker, "dev": run_dev, "status": run_status, "drain": run_drain}[args.command]
     try:
