@@ -23,6 +23,16 @@ grace runs out ends with a `turn_error` (`worker_draining`), its pending request
 A session that finds no target before the grace ends is closed, as a stop without a drain
 closes it.
 
+A stop ends within its bound whatever the store does. Until the grace ends, a store that is
+away only delays the moves (they look for targets again); once it is spent, the moves
+under way go on only while the store takes a renewal of the lease within STORE_SILENCE_S.
+A drain that cannot hand over then ends *stranded*: its sessions stay as they are in the
+store, in this incarnation's index, and nothing more is written or said for them (closing
+them needs the store too); the worker stops its agents and exits non-zero, saying why in
+one line. The lease lapses (or is resigned, if the store is back by then), the sweep ends
+the sessions for their clients (`worker_lost`, `session_died`), and a later load resumes
+them from the agent's history.
+
 The session's own part of a move, on both workers, is `MovableSession` below (mixed into
 `LiveSession`): held, its marker and writes awaited, its turn stopped, its state carried and
 handed over here; resumed from that state, taken over and its carried prompts run first on
@@ -37,10 +47,11 @@ import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Awaitable, Callable
 
-from acp_state import commands, events, ids
+from acp_state import commands, events, ids, logs
 from acp_state.clock import from_iso, iso, now_ms
 from acp_state.moves import Carry, accepts
-from acp_state.store import Applied, CatalogRow, Mode, Transition, WorkerRegistry
+from acp_state.store import Applied, CatalogRow, Mode, Transition, WorkerRegistry, is_transient
+from acp_state.tasks import cancel_until_done
 from acp_state.turn_errors import TurnError
 
 from .prompt import AUTOMATIC_KINDS, Prompt
@@ -66,11 +77,27 @@ HANDOFFS_PER_TARGET = 8
 REPORTS_FRESH_S = 0.5
 # How long a drain waits for the agent to answer a turn it cancelled (see stop_turn).
 CANCEL_ANSWER_S = 5.0
+# Past the grace, the moves go on only while the store takes a renewal within this long
+# (tried again on an error meanwhile: a connection to a server just back can fail once).
+STORE_SILENCE_S = 3.0
+STORE_RETRY_S = 0.25
+# Past the grace, how often the store is asked while moves are still under way.
+STORE_CHECK_S = 1.0
+# A stranded worker's last try at resigning its lease (its sessions swept at once).
+RESIGN_S = 1.0
 
 
-async def drain(worker: Worker, grace_s: float) -> None:
-    """Move every session of `worker` to other workers within `grace_s` (see module)."""
-    await Drain(worker, grace_s).run()
+async def drain(worker: Worker, grace_s: float) -> str | None:
+    """Move every session of `worker` to other workers within `grace_s` (see module); what
+    stranded the drain (the store's silence, named), or None."""
+    return await Drain(worker, grace_s).run()
+
+
+async def leave_stranded(worker: Worker) -> None:
+    """A stranded worker's leave: its sessions stay indexed for the sweeper, so the lease is
+    not released but resigned, if the store answers at once; else it lapses."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(worker.store.resign(worker.incarnation), RESIGN_S)
 
 
 class Drain:
@@ -89,22 +116,78 @@ class Drain:
         self._reports: list[dict] = []
         self._read_at = float("-inf")
 
-    async def run(self) -> None:
+    async def run(self) -> str | None:
         worker = self.worker
-        log.info("draining %d sessions (grace %.1f s)", len(worker.sessions), self.deadline - self.loop.time())
+        grace_s = max(0.0, self.deadline - self.loop.time())
+        log.info("draining %d sessions (grace %.1f s)", len(worker.sessions), grace_s)
         handled: set[str] = set()
         moved = 0
+        stranded = None
         # Creates already under way when the drain began still add sessions: they move too.
         while sessions := [s for s in worker.sessions.values() if s.sid not in handled]:
             handled.update(s.sid for s in sessions)
             for session in sessions:
                 session.hold()
-            results = await asyncio.gather(*(self._move(session) for session in sessions), return_exceptions=True)
+            moves = asyncio.ensure_future(
+                asyncio.gather(*(self._move(session) for session in sessions), return_exceptions=True)
+            )
+            stranded = await self._moved_or_stranded(moves)
+            if stranded is not None:
+                break
+            results = moves.result()
             moved += sum(1 for result in results if result is True)
             for session, result in zip(sessions, results, strict=True):
                 if isinstance(result, BaseException):
                     log.error("moving a session failed: %r", result, extra={"sessionId": session.sid})
-        log.info("drained: %d of %d sessions moved (to %s)", moved, len(handled), dict(self.assigned))
+        left = [s for s in worker.sessions.values() if not s.closed]
+        if stranded is None and left:  # the shutdown closes them: can it?
+            stranded = await self._store_silence()
+        if stranded is None:
+            log.info("drained: %d of %d sessions moved (to %s)", moved, len(handled), dict(self.assigned))
+            return None
+        for session in left:
+            session.strand()
+        log.error(
+            "stopping with %d of %d sessions not handed over: %s once the drain's grace (%.0f s) was spent; "
+            "they are left to the sweep and to a later load, the agents are stopped, the worker exits non-zero",
+            len(left), len(handled), stranded, grace_s,
+        )
+        return stranded
+
+    async def _moved_or_stranded(self, moves: asyncio.Future[list]) -> str | None:
+        """Until the moves end: None. Within the grace they run on; after it, only while the
+        store answers: else they are stopped, and what the store failed with is returned."""
+        left = self.deadline - self.loop.time()
+        if left > 0:
+            done, _ = await asyncio.wait({moves}, timeout=left)
+            if done:
+                return None
+        while not moves.done():
+            silence = asyncio.ensure_future(self._store_silence())
+            await asyncio.wait({moves, silence}, return_when=asyncio.FIRST_COMPLETED)
+            if moves.done():
+                await cancel_until_done([silence])
+                return None
+            if silence.result() is not None:
+                await cancel_until_done([moves])
+                return silence.result()
+            await asyncio.wait({moves}, timeout=STORE_CHECK_S)
+        return None
+
+    async def _store_silence(self) -> str | None:
+        """None once the store takes a renewal of our lease; after STORE_SILENCE_S without,
+        what it failed with."""
+        give_up = self.loop.time() + STORE_SILENCE_S
+        error: BaseException = TimeoutError()
+        while (left := give_up - self.loop.time()) > 0:
+            try:
+                await asyncio.wait_for(asyncio.shield(self.worker.check_standing()), left)
+                return None
+            except Exception as failed:  # (asyncio's TimeoutError included)
+                error = failed
+                if not isinstance(failed, TimeoutError):
+                    await asyncio.sleep(min(STORE_RETRY_S, max(0.0, give_up - self.loop.time())))
+        return logs.describe(error)
 
     async def _move(self, session: LiveSession) -> bool:
         """Move one session; True once another worker holds it. One that cannot move is
@@ -118,7 +201,12 @@ class Drain:
         tried: set[str] = set()
         pause = RETRY_S
         while not session.closed:
-            target = await self._target(session, tried)
+            try:
+                target = await self._target(session, tried)
+            except Exception as error:  # the store is away: look again while the grace lasts
+                if not is_transient(error):
+                    raise
+                target = None
             if target is None:
                 if self.loop.time() >= self.deadline:
                     return False
@@ -217,6 +305,7 @@ class MovableSession:
         updated_ms: int
         display_name: str | None
         clients: set[str]
+        abandoned: bool
         turn_error: TurnError | None
         turn_error_event: bool
         resumed: bool
@@ -348,6 +437,22 @@ class MovableSession:
         if self._waiting() and (self._runner is None or self._runner.done()):
             self._runner = asyncio.ensure_future(self._run())
         return since
+
+    def strand(self) -> None:
+        """The drain could not hand the session over, the store being away: forget it here,
+        writing nothing and telling the agent nothing (the agent is stopped). It stays in
+        the store and in our index for the sweeper, which ends it for its clients; a later
+        load resumes it from the agent's history."""
+        if self.closed:
+            return
+        self.closed = True
+        self.abandoned = True  # a write still retrying gives up
+        self._mark_published()
+        self._track_state()
+        for prompt in self._waiting():
+            prompt.ended = True
+        self.queue.clear()
+        self.automatic.clear()
 
     async def hand_over(self) -> None:
         """The session moved to another worker: forget it here, writing nothing (the new

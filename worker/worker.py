@@ -35,7 +35,7 @@ from acp_state.tasks import cancel_until_done, survive
 from .agent import AgentProcess
 from .loop_guard import LoopLimits
 from .metrics import COMMANDS, LEASE_RENEWALS, LEASES_LOST, WorkerCollector
-from .drain import drain
+from .drain import drain, leave_stranded
 from .creates import Creates
 from .prompt import Prompt
 from .reaper import fence_clock, reaper
@@ -139,6 +139,7 @@ class Worker:
         REGISTRY.register(self._collector)
         self.draining = False
         self._draining: asyncio.Task[None] | None = None
+        self.stranded: str | None = None  # why a drain could not hand over (worker/drain.py)
 
     def _count_state(self, old: str | None, new: str | None) -> None:
         if old is not None:
@@ -205,9 +206,11 @@ class Worker:
         self._draining = asyncio.ensure_future(self._drain(grace_s))
 
     async def _drain(self, grace_s: float) -> None:
+        began = time.monotonic()  # the grace runs from the signal: a store away holds up no renewal past it
         try:
-            await survive("heartbeat", self.check_standing)  # placement reads `draining` now
-            await drain(self, grace_s)
+            renewal = asyncio.ensure_future(survive("heartbeat", self.check_standing))  # placement reads `draining` now
+            await asyncio.wait({renewal}, timeout=grace_s)
+            self.stranded = await drain(self, grace_s - (time.monotonic() - began))
         except Exception:
             log.exception("the drain failed; stopping")
         finally:
@@ -232,7 +235,10 @@ class Worker:
         stopping = asyncio.gather(*(a.stop() for a in [*self.agents.values(), *self.retired]), return_exceptions=True)
         await within_limit("stopping agent children", SHUTDOWN_STEP_S, stopping, self.overran)
         try:
-            await within_limit("releasing the lease", SHUTDOWN_STEP_S, self._release(), self.overran)
+            if self.stranded:  # its sessions stay indexed for the sweeper (worker/drain.py)
+                await leave_stranded(self)
+            else:
+                await within_limit("releasing the lease", SHUTDOWN_STEP_S, self._release(), self.overran)
         except Exception:  # Redis is away: the sweeper removes what is left once the lease lapses
             log.warning("could not release the lease on the way out", exc_info=True)
         REGISTRY.unregister(self._collector)
