@@ -283,6 +283,7 @@ class LiveSession(PermissionRequests, MovableSession):
                 if self.abandoned or loop.time() + pause > deadline:
                     WRITES_DROPPED.inc()
                     log.error("a transition could not be written; dropped (%r)", error, extra={"sessionId": self.sid})
+                    logs.succeeded(WRITES_TASK)  # (no longer retried: the outage's end is the loops' to tell)
                     return None
                 logs.failed(log, WRITES_TASK, error, logging.WARNING)
                 retried = True
