@@ -95,10 +95,6 @@ class RecurringFailures:
         self._kinds: dict[str, _Kind] = {}
         self._failing: dict[str, set[str]] = {}  # task -> the kinds it fails with now
 
-    def kind_of(self, task: str, error: BaseException) -> str:
-        outage = self.outage_name(error)
-        return f"{outage or task + ' failed'} ({type(error).__name__})"
-
     def describe(self, error: BaseException) -> str:
         """One line for an error, as the failures' lines name it (for a caller's own line)."""
         outage = self.outage_name(error)
@@ -106,11 +102,12 @@ class RecurringFailures:
 
     def failed(self, logger: logging.Logger, task: str, error: BaseException, level: int = logging.ERROR) -> None:
         """`task` failed with `error`: said if it is the first of its kind for a while, else counted."""
-        name = self.kind_of(task, error)
+        outage = self.outage_name(error)
+        name = f"{outage or task + ' failed'} ({type(error).__name__})"
         kind = self._kinds.get(name)
         now = self.clock()
         if kind is None:
-            kind = self._kinds[name] = _Kind(name, logger, level)
+            kind = self._kinds[name] = _Kind(name, logger, level, outage=outage is not None)
         self._failing.setdefault(task, set()).add(name)
         kind.failing.add(task)
         kind.failures += 1
@@ -135,15 +132,17 @@ class RecurringFailures:
 class _Kind:
     """One kind of failure: when it was last said, and what happened since."""
 
-    def __init__(self, name: str, logger: logging.Logger, level: int) -> None:
+    def __init__(self, name: str, logger: logging.Logger, level: int, outage: bool) -> None:
         self.name = name
         self.logger = logger
         self.level = level
+        self.outage = outage  # the store's (whichever task met it), else one task's own
         self.failing: set[str] = set()  # the tasks failing with it now
         self.announced = False  # said, and not said to be over yet
         self.started_at = 0.0
         self.said_at = float("-inf")
         self.failures = 0  # since the last line
+        self.repeated = False  # more than once since it was announced
         self.interval = FIRST_REPEAT_S
         # A kind that ends and comes back within its interval is not announced again (a
         # store that flaps): its failures are counted into the next line instead.
@@ -153,9 +152,11 @@ class _Kind:
         if now - self.said_at > MAX_REPEAT_S:  # a new outage, not the last one flapping
             self.interval = FIRST_REPEAT_S
         self.announced = True
+        self.repeated = False
         self.started_at = self.said_at = now
         self.failures = 0
-        self.logger.log(self.level, "%s: %s failed; repeats are counted, not logged each", self.name, task,
+        self.logger.log(self.level, "%s; repeats are counted, not logged each",
+                        f"{self.name}: {task} failed" if self.outage else self.name,
                         exc_info=(type(error), error, error.__traceback__))
 
     def repeat(self, now: float) -> None:
@@ -164,13 +165,15 @@ class _Kind:
                         now - self.said_at, tasks)
         self.said_at = now
         self.failures = 0
+        self.repeated = True
         self.interval = min(2 * self.interval, MAX_REPEAT_S)
 
     def recover(self, now: float) -> None:
         if not self.announced:
             return
-        more = f", {self.failures} more since the last line" if self.failures else ""
-        self.logger.info("over: %s, after %.0f s%s", self.name, now - self.started_at, more)
+        if self.outage or self.repeated or self.failures:  # (a bug met once needs no second line)
+            more = f", {self.failures} more since the last line" if self.failures else ""
+            self.logger.info("over: %s, after %.0f s%s", self.name, now - self.started_at, more)
         self.announced = False
         self.failures = 0
         self.quiet_until = now + self.interval

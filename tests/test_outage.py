@@ -267,7 +267,10 @@ def test_recurring_failures_are_said_once_per_kind_then_counted_at_a_backoff() -
         assert len(lines.texts) == 5
         failures.failed(log, "command loop", KeyError("x"))  # a bug: its own kind, with its traceback
         failures.failed(log, "sweeper", KeyError("x"))
-        assert lines.texts[-2:] == ["command loop failed (KeyError): command loop failed; repeats are counted, not logged each",
-                                    "sweeper failed (KeyError): sweeper failed; repeats are counted, not logged each"]
+        assert lines.texts[-2:] == ["command loop failed (KeyError); repeats are counted, not logged each",
+                                    "sweeper failed (KeyError); repeats are counted, not logged each"]
+        assert all(record.exc_info for record in lines.records[-2:])
+        failures.succeeded("command loop")  # a bug met once: no line for its end
+        assert len(lines.texts) == 7
     finally:
         log.removeHandler(lines)
