@@ -2,7 +2,7 @@
 
 A session is resumed on another worker in two ways, both through ACP `session/load`: an API
 process loads a persisted session that is not live (its worker died or left), or a draining
-worker moves each of its sessions to another (`worker/drain.py`). Either way the new owner
+worker moves each of its sessions to another (`worker/move.py`). Either way the new owner
 must be a live worker that is not draining, offers the session's agent, and reads the
 agent-state store the session's history lives in (`acp_state.placement`); and it goes on
 from the state carried in the `create` command (`Carry`), not from scratch.

@@ -144,7 +144,7 @@ class AcpProcess:
             os.kill(self.pid, sig)
 
     def sigterm(self) -> None:
-        """SIGTERM (a worker drains, then exits; see worker/drain.py), after a SIGCONT: a
+        """SIGTERM (a worker drains, then exits; see worker/move.py), after a SIGCONT: a
         stopped process (SIGSTOP) would not act on it."""
         if self.alive:
             self.signal(signal.SIGCONT)

@@ -16,7 +16,8 @@ import pytest
 from acp_state import commands
 from acp_state.commands import Prompt
 from acp_state.tracing.settings import decide
-from tests.harness import ApiProcess, Harness, WorkerProcess
+from testbed.processes import ApiProcess, WorkerProcess
+from tests.harness import Harness
 from tests.helpers import create, eventually
 from tests.otlp_receiver import OtlpReceiver, Span
 

@@ -28,7 +28,7 @@ from acp_state.tasks import survive
 from acp_state.turn_errors import from_exception
 
 from .config import WorkerConfig
-from .move import take_over
+from .move import go_on_from, take_over
 from .session import LiveSession
 from .stored_session import until_stored
 
@@ -130,7 +130,7 @@ class Creates:
             return
         session = self.new_session(command, name, agent, agent_sid)
         if carry is not None:
-            session.resume_from(carry)
+            go_on_from(session, carry)
         if command.move_from is not None:
             session.arriving = []  # prompts sent to us before the carried ones are placed wait
         elif carry is None:  # a new session (a resumed one's row stands whatever happens)

@@ -26,6 +26,16 @@ grace runs out ends with a `turn_error` (`worker_draining`), its pending request
 A session that finds no target before the grace ends is closed, as a stop without a drain
 closes it.
 
+A stop ends within its bound whatever the store does. Until the grace ends, a store that is
+away only delays the moves (they look for targets again); once it is spent, the moves
+under way go on only while the store takes a renewal of the lease within STORE_SILENCE_S.
+A drain that cannot hand over then ends *stranded*: its sessions stay as they are in the
+store, in this incarnation's index, and nothing more is written or said for them (closing
+them needs the store too); the worker stops its agents and exits non-zero, saying why in
+one line. The lease lapses (or is resigned, if the store is back by then), the sweep ends
+the sessions for their clients (`worker_lost`, `session_died`), and a later load resumes
+them from the agent's history.
+
 The mover and the moved side by side, as rq keeps a command's sender and handler; the steps
 of the session's own state (held, its turn stopped, handed over; resumed, taken over, its
 carried prompts run first) are `LiveSession`'s.
@@ -37,14 +47,16 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Awaitable, Callable, Mapping
 
-from acp_state import commands, ids
-from acp_state.clock import iso
+from acp_state import commands, ids, logs
+from acp_state.clock import from_iso, iso
 from acp_state.commands import Reply
 from acp_state.moves import Carry
 from acp_state.placement import accepts, ranked
-from acp_state.store import ApplyOutcome, WorkerRegistry, WorkerReport, WorkerStore
+from acp_state.store import ApplyOutcome, WorkerRegistry, WorkerReport, WorkerStore, is_transient
+from acp_state.tasks import cancel_until_done
+from acp_state.turn_errors import TurnError
 
 from .prompt import Prompt
 from .stored_session import until_stored
@@ -66,6 +78,14 @@ RETRY_MAX_S = 4.0
 HANDOFFS_PER_TARGET = 8
 # The live workers' reports are read at most this often (one read serves every move).
 REPORTS_FRESH_S = 0.5
+# Past the grace, the moves go on only while the store takes a renewal within this long
+# (tried again on an error meanwhile: a connection to a server just back can fail once).
+STORE_SILENCE_S = 3.0
+STORE_RETRY_S = 0.25
+# Past the grace, how often the store is asked while moves are still under way.
+STORE_CHECK_S = 1.0
+# A stranded worker's last try at resigning its lease (its sessions swept at once).
+RESIGN_S = 1.0
 
 
 def carry_of(session: LiveSession) -> Carry:
@@ -83,6 +103,29 @@ def carry_of(session: LiveSession) -> Carry:
     )
 
 
+def go_on_from(session: LiveSession, carry: Carry) -> None:
+    """A resumed session goes on from its carried state (`carry_of` on the old owner for a
+    move; the catalog row's times and title for a load): on a move also its clients, queued
+    prompts and turn error."""
+    session.resumed = True
+    session.created_ms = from_iso(carry.created_at)
+    session.updated_ms = from_iso(carry.updated_at)
+    session.display_name = carry.display_name
+    session.clients.update(carry.clients)
+    session.has_history = carry.history
+    if carry.turn_error is not None:
+        view = carry.turn_error
+        session.turn_error = TurnError(view.get("message", ""), view.get("code"), view.get("errorKind"))
+        session.turn_error_event = carry.turn_error_event
+
+
+async def leave_stranded(store: WorkerStore, incarnation: str) -> None:
+    """A stranded worker's leave: its sessions stay indexed for the sweeper, so the lease is
+    not released but resigned, if the store answers at once; else it lapses."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(store.resign(incarnation), RESIGN_S)
+
+
 class Drain:
     """One drain of one worker: its moves share the targets' view, spread over them. Given
     the worker's store, its sessions (it moves those there now, and those creates under way
@@ -97,11 +140,13 @@ class Drain:
         own: Callable[[], str],
         default_agent: str,
         grace_s: float,
+        check_standing: Callable[[], Awaitable[None]],
     ) -> None:
         self.store = store
         self.sessions = sessions
         self.own = own
         self.default_agent = default_agent
+        self.check_standing = check_standing  # a renewal of the lease: is the store there?
         self.loop = asyncio.get_running_loop()
         # The grace bounds the turns and the wait for a target; a move that found one may
         # go on to other targets for one more hand-off's time after it.
@@ -121,22 +166,80 @@ class Drain:
         if marker is not None:
             marker.set()
 
-    async def run(self) -> None:
-        log.info("draining %d sessions (grace %.1f s)", len(self.sessions), self.deadline - self.loop.time())
+    async def run(self) -> str | None:
+        """Move every session (see module); what stranded the drain (the store's silence,
+        named), or None."""
+        grace_s = max(0.0, self.deadline - self.loop.time())
+        log.info("draining %d sessions (grace %.1f s)", len(self.sessions), grace_s)
         handled: set[str] = set()
         moved = 0
+        stranded = None
         # Creates already under way when the drain began still add sessions: they move too.
         while sessions := [s for s in self.sessions.values() if s.sid not in handled]:
             handled.update(s.sid for s in sessions)
             for session in sessions:
                 session.hold()
                 self._markers[session.sid] = asyncio.Event()
-            results = await asyncio.gather(*(self._move(session) for session in sessions), return_exceptions=True)
+            moves = asyncio.ensure_future(
+                asyncio.gather(*(self._move(session) for session in sessions), return_exceptions=True)
+            )
+            stranded = await self._moved_or_stranded(moves)
+            if stranded is not None:
+                break
+            results = moves.result()
             moved += sum(1 for result in results if result is True)
             for session, result in zip(sessions, results, strict=True):
                 if isinstance(result, BaseException):
                     log.error("moving a session failed: %r", result, extra={"sessionId": session.sid})
-        log.info("drained: %d of %d sessions moved (to %s)", moved, len(handled), dict(self.assigned))
+        left = [s for s in self.sessions.values() if not s.closed]
+        if stranded is None and left:  # the shutdown closes them: can it?
+            stranded = await self._store_silence()
+        if stranded is None:
+            log.info("drained: %d of %d sessions moved (to %s)", moved, len(handled), dict(self.assigned))
+            return None
+        for session in left:
+            session.strand()
+        log.error(
+            "stopping with %d of %d sessions not handed over: %s once the drain's grace (%.0f s) was spent; "
+            "they are left to the sweep and to a later load, the agents are stopped, the worker exits non-zero",
+            len(left), len(handled), stranded, grace_s,
+        )
+        return stranded
+
+    async def _moved_or_stranded(self, moves: asyncio.Future[list]) -> str | None:
+        """Until the moves end: None. Within the grace they run on; after it, only while the
+        store answers: else they are stopped, and what the store failed with is returned."""
+        left = self.deadline - self.loop.time()
+        if left > 0:
+            done, _ = await asyncio.wait({moves}, timeout=left)
+            if done:
+                return None
+        while not moves.done():
+            silence = asyncio.ensure_future(self._store_silence())
+            await asyncio.wait({moves, silence}, return_when=asyncio.FIRST_COMPLETED)
+            if moves.done():
+                await cancel_until_done([silence])
+                return None
+            if silence.result() is not None:
+                await cancel_until_done([moves])
+                return silence.result()
+            await asyncio.wait({moves}, timeout=STORE_CHECK_S)
+        return None
+
+    async def _store_silence(self) -> str | None:
+        """None once the store takes a renewal of our lease; after STORE_SILENCE_S without,
+        what it failed with."""
+        give_up = self.loop.time() + STORE_SILENCE_S
+        error: BaseException = TimeoutError()
+        while (left := give_up - self.loop.time()) > 0:
+            try:
+                await asyncio.wait_for(asyncio.shield(self.check_standing()), left)
+                return None
+            except Exception as failed:  # (asyncio's TimeoutError included)
+                error = failed
+                if not isinstance(failed, TimeoutError):
+                    await asyncio.sleep(min(STORE_RETRY_S, max(0.0, give_up - self.loop.time())))
+        return logs.describe(error)
 
     async def _move(self, session: LiveSession) -> bool:
         """Move one session; True once another worker holds it. One that cannot move is
@@ -150,7 +253,12 @@ class Drain:
         tried: set[str] = set()
         pause = RETRY_S
         while not session.closed:
-            target = await self._target(session, tried)
+            try:
+                target = await self._target(session, tried)
+            except Exception as error:  # the store is away: look again while the grace lasts
+                if not is_transient(error):
+                    raise
+                target = None
             if target is None:
                 if self.loop.time() >= self.deadline:
                     return False

@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from acp_state import commands, events, ids, interactions, tracing
 from acp_state.commands import CHANNEL, FOREGROUND, Reply, cancelled_response
-from acp_state.clock import from_iso, iso, now_ms
-from acp_state.moves import Carry
+from acp_state.clock import iso, now_ms
 from acp_state.store import Applied, ApplyOutcome, CatalogRow, EndAdmitted, Mode, Transition, WorkerStore
 from acp_state.turn_errors import LOOP_DETECTED_MESSAGE, TurnError, from_exception
 
@@ -563,20 +562,6 @@ class LiveSession(StoredSession):
 
     # ---- a move to another worker (worker/move.py) --------------------------------------------
 
-    def resume_from(self, carry: Carry) -> None:
-        """Go on from a resumed session's carried state (its row's times and title; on a
-        move also its clients, queued prompts and turn error)."""
-        self.resumed = True
-        self.created_ms = from_iso(carry.created_at)
-        self.updated_ms = from_iso(carry.updated_at)
-        self.display_name = carry.display_name
-        self.clients.update(carry.clients)
-        self.has_history = carry.history
-        if carry.turn_error is not None:
-            view = carry.turn_error
-            self.turn_error = TurnError(view.get("message", ""), view.get("code"), view.get("errorKind"))
-            self.turn_error_event = carry.turn_error_event
-
     def hold(self) -> None:
         """A drain began: start no new turn here (what is admitted queues and moves)."""
         self.holding = True
@@ -619,18 +604,30 @@ class LiveSession(StoredSession):
             with contextlib.suppress(asyncio.TimeoutError, Exception):
                 await asyncio.wait_for(asyncio.shield(self._runner), CANCEL_ANSWER_S)
 
-    async def hand_over(self) -> None:
-        """The session moved to another worker: forget it here, writing nothing (the new
-        owner holds it now, and the agent child here lets go of it)."""
+    def _let_go(self) -> bool:
+        """Forget the session here, writing nothing (False: it had ended already)."""
         if self.closed:
-            return
+            return False
         self.closed = True
         self._mark_published()
         self._track_state()
         for prompt in self.waiting():
-            prompt.ended = True  # they run on the new owner
+            prompt.ended = True  # they run on the new owner, or are lost with the worker
         self.queue.clear()
         self.automatic.clear()
+        return True
+
+    def strand(self) -> None:
+        """No handing over, the store being away: forgotten here, left in the store and our
+        index for the sweeper to end; a later load resumes it from the agent's history."""
+        if self._let_go():
+            self.abandoned = True  # a write still retrying gives up
+
+    async def hand_over(self) -> None:
+        """The session moved to another worker: forget it here, writing nothing (the new
+        owner holds it now, and the agent child here lets go of it)."""
+        if not self._let_go():
+            return
         try:
             await self.agent.forget(self.agent_sid)
         except Exception:  # the child may be gone already
@@ -666,14 +663,11 @@ class LiveSession(StoredSession):
 
     async def on_update(self, update: dict[str, Any]) -> None:
         """An ACP `session/update`: relayed as a `session_update` event, in arrival order.
-
         The loop guard sees every update of a running turn; newer turn content supersedes the
-        kept turn-error event, so a reload no longer re-appends it.
-
-        A turn a drain already ended (drain.stop_turn) is over for every client, its
-        `turn_error` sent: what its agent still says of it before answering the cancel is
-        dropped, or it would follow the error that explains the turn and supersede it.
-        """
+        kept turn-error event, so a reload no longer re-appends it. A turn a drain already
+        ended (`stop_turn`) is over for every client, its `turn_error` sent: what its agent
+        still says of it before answering the cancel is dropped, or it would follow the error
+        that explains the turn and supersede it."""
         stopped = self._sent is not None and self._sent.ended
         if stopped and events.is_turn_content(update):
             return

@@ -15,8 +15,8 @@ import dataclasses
 import logging
 from typing import Any, Awaitable, Callable
 
-from acp_state import events
-from acp_state.store import Applied, ApplyOutcome, Mode, Transition, WorkerStore, is_transient
+from acp_state import events, logs
+from acp_state.store import Applied, ApplyOutcome, Mode, Transition, WorkerStore
 
 from .metrics import EVENTS, TRANSITIONS, WRITES_DROPPED
 
@@ -28,6 +28,7 @@ RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 1.0
 WRITE_PATIENCE_S = 120.0
 TERMINALS = ("turn_complete", "turn_error")
+WRITES_TASK = "a session's transition write (retried)"
 
 
 async def until_stored(write: Callable[[], Awaitable[Any]], patience_s: float = 30.0) -> bool:
@@ -135,21 +136,24 @@ class StoredSession:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.write_patience_s
         pause = RETRY_FIRST_S
+        retried = False
         while True:
             try:
-                return await self.store.apply(self.ws, self.sid, self.incarnation, transition)
+                applied = await self.store.apply(self.ws, self.sid, self.incarnation, transition)
+                if retried:
+                    logs.succeeded(WRITES_TASK)
+                return applied
             except Exception as error:
                 # Retried whatever the error: the running number makes a retry of a write
                 # that did apply a no-op, and redis-py can fail oddly on a connection torn
-                # mid-reply. An error that is not the store's being away is logged in full.
+                # mid-reply. Said once per kind of error, then counted (acp_state.logs).
                 if self.abandoned or loop.time() + pause > deadline:
                     WRITES_DROPPED.inc()
                     log.error("a transition could not be written; dropped (%r)", error, extra={"sessionId": self.sid})
+                    logs.succeeded(WRITES_TASK)  # (no longer retried: the outage's end is the loops' to tell)
                     return None
-                log.warning(
-                    "a transition could not be written yet (%r); retrying", error,
-                    exc_info=not is_transient(error), extra={"sessionId": self.sid},
-                )
+                logs.failed(log, WRITES_TASK, error, logging.WARNING)
+                retried = True
             await asyncio.sleep(pause)
             pause = min(pause * 2, RETRY_MAX_S)
 

@@ -35,7 +35,7 @@ from .agent import AgentProcess
 from .config import WorkerConfig
 from .creates import Creates
 from .metrics import COMMANDS, LEASE_RENEWALS, LEASES_LOST, WorkerCollector
-from .move import Drain
+from .move import Drain, leave_stranded
 from .prompt import Prompt
 from .reaper import fence_clock, reaper
 from .session import LiveSession
@@ -118,6 +118,7 @@ class Worker:
             sessions=self.sessions, state_counts=self.state_counts, agents=self.agents, max_sessions=config.max_sessions
         )
         REGISTRY.register(self._collector)
+        self.stranded: str | None = None  # why a drain could not hand over (worker/move.py)
 
     def _count_state(self, old: str | None, new: str | None) -> None:
         if old is not None:
@@ -184,13 +185,16 @@ class Worker:
         self._draining = asyncio.ensure_future(self._drain(grace_s))
 
     async def _drain(self, grace_s: float) -> None:
+        began = time.monotonic()  # the grace runs from the signal: a store away holds up no renewal past it
         try:
-            await survive("heartbeat", self.check_standing)  # placement reads `draining` now
+            renewal = asyncio.ensure_future(survive("heartbeat", self.check_standing))  # placement reads `draining` now
+            await asyncio.wait({renewal}, timeout=grace_s)
             self.drain = Drain(
                 store=self.store, sessions=self.sessions, own=lambda: self.incarnation,
-                default_agent=self.config.default_agent, grace_s=grace_s,
+                default_agent=self.config.default_agent, grace_s=grace_s - (time.monotonic() - began),
+                check_standing=self.check_standing,
             )
-            await self.drain.run()
+            self.stranded = await self.drain.run()
         except Exception:
             log.exception("the drain failed; stopping")
         finally:
@@ -215,7 +219,10 @@ class Worker:
         stopping = asyncio.gather(*(a.stop() for a in [*self.agents.values(), *self.retired]), return_exceptions=True)
         await within_limit("stopping agent children", SHUTDOWN_STEP_S, stopping, self.overran)
         try:
-            await within_limit("releasing the lease", SHUTDOWN_STEP_S, self._release(), self.overran)
+            if self.stranded:  # its sessions stay indexed for the sweeper (worker/move.py)
+                await leave_stranded(self.store, self.incarnation)
+            else:
+                await within_limit("releasing the lease", SHUTDOWN_STEP_S, self._release(), self.overran)
         except Exception:  # Redis is away: the sweeper removes what is left once the lease lapses
             log.warning("could not release the lease on the way out", exc_info=True)
         REGISTRY.unregister(self._collector)
@@ -233,7 +240,7 @@ class Worker:
         connection (a half-open link: only its socket timeout ends it) or on a slow network
         does not hold up the next, which takes another connection. Waiting for each in turn,
         one black-holed renewal (its socket timeout, then the gap before the next) cost a
-        3 s lease (bench/chaos.py --hosts, `half_open`; tests/test_partitions.py)."""
+        3 s lease (python -m bench.chaos --hosts, `half_open`; tests/test_partitions.py)."""
         interval = self.config.lease_ms / 3000
         while True:
             await asyncio.sleep(interval)
@@ -267,7 +274,7 @@ class Worker:
         # Only renewals on their way count against RENEWALS_OUT: one whose answer waits for
         # an earlier one's acting (a rewrite of every session after Redis lost them, slow
         # under latency) must not keep the next ones from going out, or the lease lapses
-        # while the worker is busy rewriting (bench/chaos.py --hosts: a restart empty
+        # while the worker is busy rewriting (python -m bench.chaos --hosts: a restart empty
         # under latency).
         self._renewals_out += 1
         report = self.report()

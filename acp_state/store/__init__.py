@@ -15,7 +15,7 @@ from .acl import MissingPermission, check_permissions
 from .connection import MEMORY, UnsuitableRedis
 from .connection import check as check_redis
 from .fanout import Delivery, Fanout, Subscription
-from .faults import STORE_ERRORS, is_out_of_memory, is_transient, never_ran
+from .faults import STORE_ERRORS, is_out_of_memory, is_transient, never_ran, outage_namer
 from .interface import LeaseReader, ReaderStore, Store, SweeperStore, WorkerStore
 from .redis import RedisStore
 from .registry import WorkerRegistry
@@ -62,5 +62,6 @@ __all__ = [
     "RedisStore", "ReplyFate", "Retention", "STORE_ERRORS", "SessionView", "Standing", "Store",
     "Subscription", "SweeperStore", "Transition", "UnsuitableRedis", "VoteOutcome",
     "WorkerRegistry", "WorkerReport", "WorkerStore", "check_permissions", "check_redis", "is_out_of_memory", "is_transient", "never_ran",
+    "outage_namer",
     "run_sweeper",
 ]

@@ -89,7 +89,7 @@ INVARIANTS = {
 STOPPING = ("worker_stop", "worker_stop_alone", "host_partition", "host_partition_oneway", "half_open", "link_down")
 TERMINALS = ("turn_complete", "turn_error")
 ENDINGS = ("session_died", "session_closed")
-# A drain handed the session to another worker: not an end (worker/drain.py).
+# A drain handed the session to another worker: not an end (worker/move.py).
 MOVED = "session_moved"
 # The `turn_error` code of a turn a drain's grace ended, and the close reason of a session a
 # stopping worker could not hand over.

@@ -110,7 +110,7 @@ class RecordedProcess(AcpProcess):
                 log(f"worker slot {self.slot} changed incarnation to {worker_id}")
 
     def sigterm(self) -> None:
-        """SIGTERM (a worker drains; see worker/drain.py), recorded for a worker: the checker
+        """SIGTERM (a worker drains; see worker/move.py), recorded for a worker: the checker
         holds a drain's stops and closes to the incarnations told to stop."""
         if not self.alive:
             return
