@@ -549,7 +549,8 @@ class LiveSession(StoredSession):
             return cancelled_response()
         if self.permissions is None:
             self.permissions = PermissionRequests(store=self.store, ws=self.ws, sid=self.sid, write=self._write)
-        return await self.permissions.request(tool_call, options, self.active.prompt_id if self.active else None)
+        active = self.active
+        return await self.permissions.request(tool_call, options, active and active.prompt_id, active and active.trace_turn)
 
     def resolve_vote(self, vote: commands.Vote) -> None:
         """A vote won in Redis reached us: hand it to the waiting agent request."""
