@@ -31,6 +31,8 @@ from . import (
     pending_prompts,
     permissions,
     presence,
+    session_context,
+    session_resume,
     sessions,
     stream_tickets,
     supported_commands,
@@ -94,6 +96,10 @@ ROUTES = [
     Route("/session/{id}/events", event_stream.stream_events, methods=["GET"]),
     Route("/session/{id}/transcript", history.transcript, methods=["GET"]),
     Route("/session/{id}/load", history.load, methods=["POST"]),
+    Route("/session/{id}/resume", session_resume.resume_session, methods=["POST"]),
+    Route("/session/{id}/context", session_context.context, methods=["GET"]),
+    Route("/session/{id}/context-usage", session_context.context_usage, methods=["GET"]),
+    Route("/session/{id}/goal", unconfigured.session_goal, methods=["GET"]),
     Route("/session/{id}/permission/{requestId}", permissions.vote_in_session, methods=["POST"]),
     Route("/permission/{requestId}", permissions.vote_legacy, methods=["POST"]),
     Route("/openapi.json", openapi_json, methods=["GET"]),
@@ -101,6 +107,9 @@ ROUTES = [
     Route("/stream-tickets", stream_tickets.create_ticket, methods=["POST"]),
     Route("/brand", unconfigured.brand, methods=["GET"]),
     Route("/goals", unconfigured.goals, methods=["GET"]),
+    Route("/workspace/settings", unconfigured.settings, methods=["GET"]),
+    Route("/workspace/extensions", unconfigured.extensions, methods=["GET"]),
+    Route("/workspace/extensions/operations", unconfigured.extension_operations, methods=["GET"]),
 ]
 # acp-state's own Web Shell, unless `--web-shell` names another build (`reference_shell`).
 OWN_SHELL = [

@@ -14,12 +14,12 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from acp_state import commands, ids
+from acp_state import ids
 
 from .auth import principal_of
 from .locator import not_found
 from .responses import ApiError, OrjsonResponse, json_body, parse_decimal
-from .resume import resume
+from .resume import attach_or_resume
 from .session_requests import client_id_header
 from .state import app_state
 from .summaries import live_summary
@@ -107,21 +107,7 @@ async def load(request: Request) -> Response:
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", "invalid_request")
     page_size = _page_size(body.get("historyPageSize"))
-    principal = principal_of(request)
-    attached = True
-    try:
-        ref = await state.locator.live(sid, principal)
-    except ApiError as error:
-        if error.status != 404:
-            raise
-        # Not live: a persisted session is resumed on a live worker (its agent's history).
-        ref, resumed = await resume(state, sid, principal, client_id)
-        attached = not resumed
-    attach = commands.Attach(sid=sid, client_id=client_id)
-    if not await state.locator.to_owner(
-        sid, ref, lambda owner: state.store.attach(ref.ws, owner, attach), lambda attached: not attached
-    ):
-        raise not_found(sid)
+    ref, attached = await attach_or_resume(state, sid, principal_of(request), client_id)
     snapshot = await state.store.load_snapshot(ref.ws, sid, page_size)
     view, page = snapshot.view, snapshot.page
     if view is None:

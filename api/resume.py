@@ -26,6 +26,27 @@ from .state import AppState
 WAIT_STEP_S = 0.05
 
 
+async def attach_or_resume(state: AppState, sid: str, principal: Principal, client_id: str) -> tuple[CachedSession, bool]:
+    """What `POST /session/:id/load` and `/resume` do first: register `client_id` on the live
+    session `sid`, resuming it first when it is persisted and not live (`resume`). Answers
+    the session and whether it was live already (`attached`: false for the call that resumed it)."""
+    attached = True
+    try:
+        ref = await state.locator.live(sid, principal)
+    except ApiError as error:
+        if error.status != 404:
+            raise
+        # Not live: a persisted session is resumed on a live worker (its agent's history).
+        ref, resumed = await resume(state, sid, principal, client_id)
+        attached = not resumed
+    attach = commands.Attach(sid=sid, client_id=client_id)
+    if not await state.locator.to_owner(
+        sid, ref, lambda owner: state.store.attach(ref.ws, owner, attach), lambda attached: not attached
+    ):
+        raise not_found(sid)
+    return ref, attached
+
+
 async def resume(state: AppState, sid: str, principal: Principal, client_id: str) -> tuple[CachedSession, bool]:
     """Make the persisted session `sid` live again; answers it as `locator.live` does, and
     whether this call resumed it (the others attached to the session it resumed).
