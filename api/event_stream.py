@@ -148,6 +148,10 @@ class DirectWrites(Protocol):
     direct: Callable[[Chunk], bool] | None
     write: Callable[[Chunk], bool] | None
 
+    def writable_again(self) -> None:
+        """A write of the hub's that waited on the client is done: `write` is `direct` again
+        if the task still waits with nothing queued."""
+
 
 class EventStreamResponse:
     """An event stream as a plain ASGI response: one coroutine for its whole life.
@@ -301,8 +305,15 @@ class EventStreamResponse:
         if self._writing is writing:
             self._writing = None
             self._sent()
-        if not writing.cancelled() and writing.exception() is not None:
+        if writing.cancelled():
+            return
+        if writing.exception() is not None:
             self.end(f"a write failed ({writing.exception()!r})")
+        elif self.writes is not None and self.ending is None:
+            # Else the hub would queue its next frame for the task, which sends it and only
+            # then waits (and lets the hub write) again: a wake-up per wait for nothing, and
+            # `write` None with nothing waiting on the client (a test judges one by that).
+            self.writes.writable_again()
 
     def end(self, why: str) -> None:
         """End the stream from outside its task: the client left, or stopped reading."""

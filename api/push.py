@@ -99,6 +99,10 @@ class Listener:
         self._waiter = asyncio.get_running_loop().create_future()
         return self._waiter
 
+    def writable_again(self) -> None:
+        if self._waiter is not None and not self._due and not self.closed:
+            self.write = self.direct
+
     def drain(self) -> bytes:
         """Every frame queued, in order, as one chunk: a burst costs one write, not one each."""
         self.write = None
