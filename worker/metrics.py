@@ -48,3 +48,5 @@ class WorkerCollector(Collector):
         yield GaugeMetricFamily(
             "acp_state_max_sessions", "Sessions this worker accepts", value=self.worker.config.max_sessions
         )
+        # (Its moves are counted where they land: the target's acp_state_events_total{type="session_moved"}.)
+        yield GaugeMetricFamily("acp_state_draining", "1 while this worker drains", value=int(getattr(self.worker, "draining", False)))  # (registered before it is set)
