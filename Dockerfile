@@ -40,9 +40,11 @@ ENTRYPOINT ["acp-state"]
 
 FROM ${NODE_IMAGE} AS node
 
-# + Node.js and Qwen Code, installed from deploy/container/qwen's lockfile (npm ci checks
-# every package's integrity). Qwen's optional native parts (a pty, the clipboard, image
-# resizing) are left out: an ACP child over stdio uses none of them.
+# + Node.js and Qwen Code, installed at the version and integrity deploy/container/qwen's
+# lockfile pins. Qwen's optional native parts (a pty, the clipboard, image resizing) are left
+# out: an ACP child over stdio uses none of them. (`npm install` with the lock rather than
+# `npm ci`: npm leaves the other platforms' builds of those optional parts out of a lock
+# written on one platform, and `npm ci` then refuses the lock as out of sync.)
 FROM base AS qwen
 COPY --from=node /usr/local/bin/node /usr/local/bin/node
 COPY --from=node /usr/local/lib/node_modules/npm /usr/local/lib/node_modules/npm
@@ -50,7 +52,7 @@ COPY deploy/container/qwen/package.json deploy/container/qwen/package-lock.json 
 RUN --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export NODE_EXTRA_CA_CERTS=/run/secrets/ca; fi \
  && ln -s ../lib/node_modules/npm/bin/npm-cli.js /usr/local/bin/npm \
- && npm ci --prefix /opt/qwen --omit=optional --no-audit --no-fund \
+ && npm install --prefix /opt/qwen --omit=optional --no-audit --no-fund \
  && ln -s /opt/qwen/node_modules/.bin/qwen /usr/local/bin/qwen \
  && rm -rf /root/.npm \
  && qwen --version
