@@ -8,6 +8,7 @@ reads, not evaluated."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -75,7 +76,7 @@ async def test_every_series_the_dashboard_queries_is_in_the_metrics(harness: Har
     drained.proc.send_signal(15)  # a drain: the sessions move to the second worker
     for sid in (sids[0], sids[2]):  # (the scripted agent keeps no history of a session whose only turn failed)
         await events.wait_type(sid, "session_moved")
-    assert await drained.proc.wait() == 0
+    assert await asyncio.wait_for(drained.proc.wait(), 60) == 0
     texts.append(await scrape(ports[1]))
     texts.append((await api.client.get("/metrics")).text)
 

@@ -263,8 +263,12 @@ async def test_a_draining_worker_is_not_ready_stays_live_and_drains_within_the_g
     # Every session moved to the other worker.
     for sid in sids:
         await events.wait_type(sid, "session_moved")
-    target_text = (await get(f"http://127.0.0.1:{target_port}/metrics")).text
-    assert sum(samples(target_text, "acp_state_sessions").values()) == len(sids)
+
+    async def all_on_the_target() -> bool:
+        target_text = (await get(f"http://127.0.0.1:{target_port}/metrics")).text
+        return sum(samples(target_text, "acp_state_sessions").values()) == len(sids)
+
+    await eventually(all_on_the_target, f"the other worker counting all {len(sids)} sessions")
 
     beyond_grace_s = drain_s - short_grace_s
     needed_s = manifest_grace_s + beyond_grace_s + GRACE_MARGIN_S
