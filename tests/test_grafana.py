@@ -17,7 +17,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port
-from tests.harness import Harness
+from tests import helpers
+from tests.harness import Harness, SseClient
 from tests.helpers import create, prompt
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "acp-state.json"
@@ -65,9 +66,12 @@ async def test_every_series_the_dashboard_queries_is_in_the_metrics(harness: Har
     await harness.worker("--metrics-port", str(ports[0]), "--drain-grace-s", "5", "--lease-ms", "1500")
     api = await harness.api()
     sids = [(await create(api, workspace))["sessionId"] for _ in range(3)]
+    stream = await SseClient(api, sids[0]).start()  # its events reach the API's fan-out
     for sid, text, event in zip(sids, ("hello", "#fail", "#permission"), ("turn_complete", "turn_error", "permission_request")):
         accepted = await prompt(api, sid, text)
         await events.wait_type(sid, event, promptId=accepted["promptId"])
+    await stream.wait_for(lambda f: f["event"] == "turn_complete")
+    await stream.close()
     assert (await api.client.get("/session/no-such-session/status")).status_code == 404
     texts = [await scrape(ports[0])]  # the first worker as it hosts them (a vote waits)
     await harness.worker("--metrics-port", str(ports[1]), "--lease-ms", "1500")
@@ -99,6 +103,9 @@ async def test_every_series_the_dashboard_queries_is_in_the_metrics(harness: Har
             if not found:
                 missing.append((name, wanted, sorted(labels), expr))
     assert not missing, "\n".join(map(str, missing))
+    # The fan-out lag is observed where events arrive: the API that streamed the first turn.
+    api_text = texts[-1]
+    assert helpers.samples(api_text, "acp_state_fanout_lag_seconds_count")[()] >= 1
 
 
 async def scrape(port: int) -> str:
