@@ -73,11 +73,11 @@ async def metrics(request: Request) -> Response:
     reports = await state.store.worker_reports(live)
     totals: dict[str, int] = {}
     for report in reports.values():
-        for name, count in report.get("states", {}).items():
+        for name, count in report.states.items():
             totals[name] = totals.get(name, 0) + count
     for name, count in totals.items():
         DEPLOYMENT_SESSIONS.labels(name).set(count)
     LIVE_WORKERS.set(len(reports))
-    DRAINING_WORKERS.set(sum(1 for report in reports.values() if report.get("draining")))
+    DRAINING_WORKERS.set(sum(1 for report in reports.values() if report.draining))
     SSE_CLIENTS.set(state.fanout.listeners)
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)

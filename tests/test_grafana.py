@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import free_port
+from testbed.redis_server import free_port
 from tests import helpers
 from tests.harness import Harness, SseClient
 from tests.helpers import create, prompt

@@ -22,8 +22,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.conftest import free_port
-from tests.harness import Harness, WorkerProcess
+from testbed.processes import WorkerProcess
+from testbed.redis_server import RedisServer, free_port
+from tests.harness import Harness
 from tests.helpers import create, eventually, prompt, samples
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -290,8 +291,6 @@ async def test_a_worker_waiting_for_redis_is_live_and_not_ready(tmp_path: Path) 
     """At start, before Redis answers: live (no restart loop while Redis is away), not ready;
     ready once Redis is there and the worker holds its lease."""
     import sys
-
-    from bench.redis_server import RedisServer
 
     redis = RedisServer()  # its port, not listening yet
     port = free_port()
