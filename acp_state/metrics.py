@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from prometheus_client import REGISTRY, Counter, Histogram
+
+from .clock import now_ms
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
@@ -45,3 +47,17 @@ REDIS_ROUNDTRIP = Histogram(
 )
 SWEEPS = Counter("acp_state_sweeps_total", "Dead worker incarnations this process swept")
 SWEPT_SESSIONS = Counter("acp_state_swept_sessions_total", "Sessions of dead workers this process removed")
+FANOUT_LAG = Histogram(
+    "acp_state_fanout_lag_seconds",
+    "From an event's making on its worker (its _meta.serverTimestamp) to its arrival in this "
+    "process's fan-out, once per event whatever the streams; across hosts their clock skew adds in",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+
+
+def observe_fanout_lag(envelope: dict) -> None:
+    """One event arrived in the fan-out: how long after its worker made it."""
+    meta = envelope.get("_meta")
+    sent_ms = meta.get("serverTimestamp") if isinstance(meta, dict) else None
+    if isinstance(sent_ms, int):
+        FANOUT_LAG.observe(max(0, now_ms() - sent_ms) / 1000)

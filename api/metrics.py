@@ -21,6 +21,7 @@ DEPLOYMENT_SESSIONS = Gauge(
     ["state"],
 )
 LIVE_WORKERS = Gauge("acp_state_live_workers", "Workers holding a valid lease")
+DRAINING_WORKERS = Gauge("acp_state_draining_workers", "Live workers that are draining (their sessions moving away)")
 
 
 class RequestCounts:
@@ -77,5 +78,6 @@ async def metrics(request: Request) -> Response:
     for name, count in totals.items():
         DEPLOYMENT_SESSIONS.labels(name).set(count)
     LIVE_WORKERS.set(len(reports))
+    DRAINING_WORKERS.set(sum(1 for report in reports.values() if report.draining))
     SSE_CLIENTS.set(state.fanout.listeners)
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)

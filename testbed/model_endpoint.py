@@ -419,13 +419,13 @@ class _QuietServer(ThreadingHTTPServer):
 class ModelEndpoint:
     """The scripted endpoint: `with ModelEndpoint() as model:` serves on a free loopback port."""
 
-    def __init__(self, script: Script | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(self, script: Script | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
         self.script = script or Script()
         self.requests: list[tuple[str, dict[str, Any]]] = []  # (path, body), in order
         self.turns: list[Turn] = []
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._server = _QuietServer((host, 0), self._handler_class())
+        self._server = _QuietServer((host, port), self._handler_class())  # (a port: in a container, scripts/compose-smoke)
         self._thread: threading.Thread | None = None
         self.slow_started = threading.Event()  # a slow reply began streaming
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping, Protocol, Sized
+from typing import Callable, Iterator, Mapping, Protocol, Sized
 
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
@@ -32,12 +32,14 @@ class WorkerCollector(Collector):
     sessions, their counts by state, its running agent children and its capacity."""
 
     def __init__(
-        self, *, sessions: Mapping[str, Counted], state_counts: Mapping[str, int], agents: Sized, max_sessions: int
+        self, *, sessions: Mapping[str, Counted], state_counts: Mapping[str, int], agents: Sized, max_sessions: int,
+        draining: Callable[[], bool],
     ) -> None:
         self.sessions = sessions
         self.state_counts = state_counts
         self.agents = agents
         self.max_sessions = max_sessions
+        self.draining = draining
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         sessions = list(self.sessions.values())
@@ -55,3 +57,5 @@ class WorkerCollector(Collector):
         yield pending
         yield GaugeMetricFamily("acp_state_agent_processes", "Running ACP agent children", value=len(self.agents))
         yield GaugeMetricFamily("acp_state_max_sessions", "Sessions this worker accepts", value=self.max_sessions)
+        # (Its moves are counted where they land: the target's acp_state_events_total{type="session_moved"}.)
+        yield GaugeMetricFamily("acp_state_draining", "1 while this worker drains", value=int(self.draining()))

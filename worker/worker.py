@@ -22,7 +22,7 @@ import socket
 import time
 from typing import Any, Awaitable
 
-from prometheus_client import REGISTRY, make_asgi_app
+from prometheus_client import REGISTRY
 
 from acp_state import commands, tracing
 from acp_state.commands import Reply
@@ -31,6 +31,7 @@ from acp_state.store import ApplyOutcome, Standing, WorkerReport, WorkerStore, r
 from acp_state.summary import SESSION_STATES
 from acp_state.tasks import cancel_until_done, survive
 
+from . import health
 from .agent import AgentProcess
 from .config import WorkerConfig
 from .creates import Creates
@@ -115,7 +116,8 @@ class Worker:
         )
         self.state_counts: dict[str, int] = dict.fromkeys(SESSION_STATES, 0)
         self._collector = WorkerCollector(
-            sessions=self.sessions, state_counts=self.state_counts, agents=self.agents, max_sessions=config.max_sessions
+            sessions=self.sessions, state_counts=self.state_counts, agents=self.agents, max_sessions=config.max_sessions,
+            draining=lambda: self.draining,
         )
         REGISTRY.register(self._collector)
         self.stranded: str | None = None  # why a drain could not hand over (worker/move.py)
@@ -149,13 +151,15 @@ class Worker:
 
     async def run(self) -> None:
         """Register, then serve until `stop()`; always leaves Redis clean on the way out."""
+        if self.config.metrics_port is not None:  # (live, not ready, while it registers)
+            self._tasks.append(asyncio.ensure_future(health.serve(self)))
         while not self._registered and not self._stop.is_set():
             # Registered as soon as Redis accepts writes (it may still be starting, or full).
             if not await survive("heartbeat", self.check_standing):
                 await asyncio.sleep(min(1.0, self.config.lease_ms / 3000))
         log.info("worker registered (lease %d ms)", self.config.lease_ms)
         sweep_interval_s = self.config.lease_ms / 6000
-        self._tasks = [
+        self._tasks += [
             asyncio.ensure_future(self._pulse()),
             asyncio.ensure_future(self._heartbeat_loop()),
             asyncio.ensure_future(self._command_loop()),
@@ -163,13 +167,16 @@ class Worker:
             asyncio.ensure_future(self._refresh_loop()),
             asyncio.ensure_future(self.creates.reclaim_loop()),
         ]
-        if self.config.metrics_port is not None:
-            self._tasks.append(asyncio.ensure_future(self._serve_metrics()))
         self.ready.set()
         try:
             await self._stop.wait()
         finally:
             await self.shutdown()
+
+    @property
+    def registered(self) -> bool:
+        """Whether this incarnation holds a lease the store accepted (its readiness)."""
+        return self._registered
 
     def stop(self) -> None:
         self._stop.set()
@@ -524,23 +531,6 @@ class Worker:
     def on_moving(self, command: commands.Moving) -> None:
         if self.drain is not None:
             self.drain.marker_read(command.sid)
-
-    async def _serve_metrics(self) -> None:
-        """`GET /metrics` of this worker (Prometheus text), on its own small HTTP listener."""
-        import uvicorn
-
-        from acp_state.uvicorn_server import UvicornServer  # the worker owns SIGTERM
-
-        config = uvicorn.Config(
-            make_asgi_app(), host=self.config.metrics_host, port=self.config.metrics_port or 0,
-            log_level="warning", lifespan="off",
-        )
-        server = UvicornServer(config)
-        try:
-            await server.serve()
-        except asyncio.CancelledError:
-            server.stop()
-            raise
 
     async def agent_for(self, name: str, cwd: str, sid: str, returning: bool = False) -> AgentProcess:
         """The child of agent `name` that will host the session: shared per agent and

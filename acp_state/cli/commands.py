@@ -333,7 +333,8 @@ def _parser() -> argparse.ArgumentParser:
     api_options(api, None)
     worker = commands.add_parser("worker", help="run a bridge worker")
     redis_url_option(worker)
-    worker.add_argument("--metrics-port", type=int, help="serve GET /metrics on this port")
+    worker.add_argument("--metrics-port", type=int,
+                        help="serve GET /metrics, /health/live and /health/ready on this port")
     worker.add_argument("--metrics-host", default="127.0.0.1",
                         help="the address of --metrics-port, an IP or a name (default: 127.0.0.1)")
     worker_options(worker)

@@ -28,6 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import keys
 from .connection import HEALTH_CHECK_S, Client, is_cluster, node_client
 from .types import Change
+from ..metrics import observe_fanout_lag
 from ..tasks import BACKGROUND_ERRORS, survive
 
 log = logging.getLogger("acp_state.fanout")
@@ -567,6 +568,7 @@ class Fanout:
                 delivery = Delivery(int(envelope["id"]), envelope["type"], message["data"])
             except (ValueError, KeyError, TypeError):
                 return
+            observe_fanout_lag(envelope)
             for subscription in list(self._subscriptions.get(channel, ())):
                 subscription.deliver(delivery)
         elif kind == "ssubscribe":
