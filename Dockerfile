@@ -21,13 +21,14 @@ COPY worker ./worker
 # In a venv of its own (a distribution's python3 refuses pip into the system, PEP 668), at
 # the versions requirements/test.lock tested: its pins (not its test-only packages, and
 # without the hashes, which pip takes only for a whole requirements file) constrain the install.
+# With the `tracing` extra: OTEL_* variables turn traces on in a container (docs/tracing.md).
 # Behind a TLS-intercepting proxy, hand the build its CA bundle as the secret `ca`
 # (`--secret id=ca,src=/etc/ssl/certs/ca-certificates.crt`); nothing of it stays in the image.
 RUN --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
  && python3 -m venv /opt/acp-state \
  && grep -E '^[A-Za-z0-9].*==' requirements/test.lock | sed 's/ \\$//' > /tmp/constraints.txt \
- && /opt/acp-state/bin/pip install --no-cache-dir -c /tmp/constraints.txt . \
+ && /opt/acp-state/bin/pip install --no-cache-dir -c /tmp/constraints.txt '.[tracing]' \
  && rm -rf /tmp/constraints.txt /root/.cache
 ENV PATH=/opt/acp-state/bin:$PATH
 # Workspaces the agents work in are mounted here, and the agents' state (their history, what
