@@ -17,47 +17,51 @@ from starlette.types import Receive, Scope, Send
 
 from acp_state.store import STORE_ERRORS, Change, RedisStore, WorkerRegistry, run_sweeper
 
-from . import (
-    approval_mode,
-    attention,
-    catalog,
-    discovery,
-    event_stream,
-    history,
-    hot_reads,
-    live_feed,
-    live_state,
-    metrics,
-    pending_prompts,
-    permissions,
-    presence,
-    sessions,
-    stream_tickets,
-    supported_commands,
-    turns,
-    unconfigured,
-    web,
-    workers,
-    workspaces,
-)
+from . import hot_reads, stream_tickets
 from .auth import TICKET_PRINCIPAL, Authenticator, AuthMiddleware
-from .cache import StateCache
-from .etag import ETagMiddleware
 from .locator import SessionLocator
-from .metrics import RequestCounts, RequestMetrics
-from .placement import LiveReports
-from .reference_shell import ReferenceShell
-from .openapi import openapi_json
 from .origins import Edge, cors_send
+from .reads.cache import StateCache
+from .reads.etag import ETagMiddleware
+from .reads.worker_reports import LiveReports
+from .reference_shell import ReferenceShell
+from .request_metrics import RequestCounts, RequestMetrics
 from .responses import (
     ApiError,
     api_error_handler,
     internal_error_handler,
     store_error_handler,
 )
-from .stream_tickets import TicketError, Tickets
+from .routes import (
+    approval_mode,
+    attention,
+    catalog,
+    discovery,
+    events,
+    history,
+    live_feed,
+    live_state,
+    metrics,
+    openapi,
+    pending_prompts,
+    permissions,
+    presence,
+    resume,
+    sessions,
+    supported_commands,
+    tickets,
+    turns,
+    unconfigured,
+    web,
+    workers,
+    workspaces,
+)
 from .settings import Settings
 from .state import AppState
+from .stream_tickets import TicketError, Tickets
+from .streams.attention_hub import AttentionFeeds
+from .streams.live_state_hub import LiveFeeds
+from .streams.response import DIRECT_SEND
 
 log = logging.getLogger("api")
 
@@ -91,14 +95,14 @@ ROUTES = [
     Route("/session/{id}/supported-commands", supported_commands.supported_commands, methods=["GET"]),
     Route("/session/{id}/approval-mode", approval_mode.set_approval_mode, methods=["POST"]),
     Route("/session/{id}/pending-prompts/{promptId}", pending_prompts.remove_pending_prompt, methods=["DELETE"]),
-    Route("/session/{id}/events", event_stream.stream_events, methods=["GET"]),
+    Route("/session/{id}/events", events.stream_events, methods=["GET"]),
     Route("/session/{id}/transcript", history.transcript, methods=["GET"]),
-    Route("/session/{id}/load", history.load, methods=["POST"]),
+    Route("/session/{id}/load", resume.load, methods=["POST"]),
     Route("/session/{id}/permission/{requestId}", permissions.vote_in_session, methods=["POST"]),
     Route("/permission/{requestId}", permissions.vote_legacy, methods=["POST"]),
-    Route("/openapi.json", openapi_json, methods=["GET"]),
+    Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
     Route("/metrics", metrics.metrics, methods=["GET"]),
-    Route("/stream-tickets", stream_tickets.create_ticket, methods=["POST"]),
+    Route("/stream-tickets", tickets.create_ticket, methods=["POST"]),
     Route("/brand", unconfigured.brand, methods=["GET"]),
     Route("/goals", unconfigured.goals, methods=["GET"]),
 ]
@@ -155,7 +159,7 @@ class ApiApp(Starlette):
         if await hot_reads.answer(state, self.authenticator, self.counts, scope, send):
             return
         # An open stream is awaited from this frame, none between (each would be held for hours).
-        stream = await event_stream.opened(state, self.authenticator, self.counts, scope)
+        stream = await events.opened(state, self.authenticator, self.counts, scope)
         if stream is None:
             stream = await self._opened_live_feed(state, scope, receive)
         if stream is not None:
@@ -165,7 +169,7 @@ class ApiApp(Starlette):
         # at the start only, and let streams through) writes its later frames straight to the
         # server's send: a change to a thousand streams is a thousand writes, and each would
         # cross five wrappers for nothing.
-        scope[event_stream.DIRECT_SEND] = send
+        scope[DIRECT_SEND] = send
         await super().__call__(scope, receive, send)
 
     async def _redeemed(self, scope: Scope, receive: Receive, send: Send, ticket: str) -> bool:
@@ -231,8 +235,8 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> ApiApp:
         fanout = own_store.fanout()
         cache = StateCache(fanout)
         cwds = settings.workspace_cwds()
-        feeds = live_feed.LiveFeeds(own_store, registry, fanout)
-        inbox = attention.AttentionFeeds(own_store, registry, fanout, cwds)
+        feeds = LiveFeeds(own_store, registry, fanout)
+        inbox = AttentionFeeds(own_store, registry, fanout, cwds)
 
         def changed(change: Change) -> None:
             cache.changed(change.ws, change.sid)  # first: nothing this process serves after may be older

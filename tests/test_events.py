@@ -174,7 +174,8 @@ async def test_the_stream_is_served_below_the_stack_and_anything_it_would_refuse
     another route are left to the app, with nothing sent."""
     from prometheus_client import REGISTRY
 
-    from acp_state.api import event_stream
+    from acp_state.api.routes import events
+    from acp_state.api.streams import response
 
     await harness.worker()
     async with app_in_process(redis_server.url, workspace) as (app, sid):
@@ -183,13 +184,13 @@ async def test_the_stream_is_served_below_the_stack_and_anything_it_would_refuse
 
         def served(path: str, method: str = "GET") -> asyncio.Task[bool]:
             scope = request.scope(path, method)
-            return asyncio.ensure_future(event_stream.answer(app.state.acp, app.authenticator, app.counts, scope, request.receive, request.send))
+            return asyncio.ensure_future(events.answer(app.state.acp, app.authenticator, app.counts, scope, request.receive, request.send))
 
         def counted() -> float:
             return REGISTRY.get_sample_value("acp_state_http_requests_total", {"route": "stream_events", "status": "200"}) or 0
 
         before = counted()
-        monkeypatch.setattr(event_stream, "KEEPALIVE_S", 0.1)
+        monkeypatch.setattr(response, "KEEPALIVE_S", 0.1)
         stream = served(f"/session/{sid}/events")
         await asyncio.wait_for(request.seen[b"session_snapshot"].wait(), 10)
         assert sent[0]["status"] == 200 and dict(sent[0]["headers"])[b"content-type"] == b"text/event-stream"
@@ -215,7 +216,7 @@ async def test_a_burst_of_stream_opens_shares_its_state_reads_and_never_grows_th
     `stream_opens.CONCURRENT` at a time: the process's Redis connections do not grow with
     the burst (they grew to one per stream opening, and the pool keeps them)."""
 
-    from acp_state.api import stream_opens
+    from acp_state.api.streams import opens as stream_opens
 
     await harness.worker()
     async with app_in_process(redis_server.url, workspace) as (app, sid):
