@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Mount, Route
+from starlette.routing import Match, Mount, Route
 from starlette.types import Receive, Scope, Send
 
 from acp_state.store import STORE_ERRORS, Change, RedisStore, WorkerRegistry, run_sweeper
@@ -65,9 +64,6 @@ from .streams.response import DIRECT_SEND
 
 log = logging.getLogger("api")
 
-# The live feed's route (`{workspace:path}`: an id, or an absolute path), served below the stack.
-LIVE_FEED_PATH = re.compile(r"/workspaces/(.*)/sessions/live-state/events")
-
 # The routes dashboards poll all day come first: Starlette tries the routes in order, and
 # matching was a tenth of a status request's time in a profile (py-spy, 8 s under wrk).
 ROUTES = [
@@ -106,6 +102,9 @@ ROUTES = [
     Route("/brand", unconfigured.brand, methods=["GET"]),
     Route("/goals", unconfigured.goals, methods=["GET"]),
 ]
+# The event streams whose routes open them below Starlette's stack (`ApiApp.opened_stream`):
+# each is held for hours, and would hold the stack's frames with it.
+BELOW_THE_STACK = (events.stream_events, live_feed.live_state_events)
 # acp-state's own Web Shell, unless `--web-shell` names another build (`reference_shell`).
 OWN_SHELL = [
     Route("/", web.index, methods=["GET"]),
@@ -126,12 +125,14 @@ def end_streams(app: Starlette) -> None:
 
 class ApiApp(Starlette):
     """The API's Starlette app, whose hottest reads skip its stack while they are current in
-    this process's cache (`hot_reads`), and whose session event streams run below it
-    (`event_stream.answer`); every other request goes through the stack."""
+    this process's cache (`hot_reads`), and whose session streams and live feeds are opened
+    by their routes below it (`opened_stream`); every other request goes through the stack."""
 
     def __init__(self, authenticator: Authenticator, counts: RequestCounts, edge: Edge, tickets: Tickets,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # The table's own routes of the streams served below the stack (`opened_stream`).
+        self.below_the_stack = [r for r in self.routes if isinstance(r, Route) and r.endpoint in BELOW_THE_STACK]
         self.authenticator = authenticator
         self.counts = counts
         self.edge = edge  # the Host and Origin checks, and the CORS answers (`origins`)
@@ -159,9 +160,7 @@ class ApiApp(Starlette):
         if await hot_reads.answer(state, self.authenticator, self.counts, scope, send):
             return
         # An open stream is awaited from this frame, none between (each would be held for hours).
-        stream = await events.opened(state, self.authenticator, self.counts, scope)
-        if stream is None:
-            stream = await self._opened_live_feed(state, scope, receive)
+        stream = await self.opened_stream(scope, receive)
         if stream is not None:
             await stream(scope, receive, send)
             return
@@ -187,41 +186,44 @@ class ApiApp(Starlette):
             return False
         return True
 
-    async def _live_feed(self, state: AppState | None, scope: Scope, receive: Receive, send: Send) -> bool:
-        """Serve `GET /workspaces/:workspace/sessions/live-state/events` below Starlette's
-        stack (`_opened_live_feed`, then the feed); False: not served, nothing sent."""
-        response = await self._opened_live_feed(state, scope, receive)
-        if response is None:
-            return False
-        await response(scope, receive, send)
-        return True
+    async def opened_stream(self, scope: Scope, receive: Receive) -> Response | None:
+        """An event stream served below Starlette's stack by its own route in the table
+        (`BELOW_THE_STACK`), matched as the router matches it and opened by the route's
+        endpoint: ready to be called as an ASGI app. None: not such a route, or refused
+        (nothing sent: the app serves it through the stack, and answers a refusal, such as
+        no token, no such session or a store error, its way).
 
-    async def _opened_live_feed(self, state: AppState | None, scope: Scope, receive: Receive) -> Response | None:
-        """`GET /workspaces/:workspace/sessions/live-state/events` opened below Starlette's
-        stack, as the session stream is (`event_stream.opened`), and for the same reason: an
-        open feed held every frame of the stack for its whole life (RSS per feed 31 KB through
-        it on granian, `python -m bench.stream_memory`). Same token check, same count, the
-        route's own code; anything it refuses (or a store error) is left to the app, which
-        answers it its way. None: not served, nothing sent."""
-        if state is None or scope["type"] != "http" or scope["method"] != "GET":
+        Why below the stack: an open stream holds every frame of the stack it was called
+        through for its whole life. Starlette's error middleware, routing, our four
+        middlewares and their send wrappers held more than the stream itself (13.3 KB of
+        Python heap a session stream through the stack, 5.5 KB below it; a live feed 31 KB
+        of RSS through it on granian: `python -m bench.stream_memory`); the caller awaits the
+        stream itself, so not even this frame is held. Same token check and the same count
+        as the stack gives the route; every other request pays one string test here."""
+        state = self.acp
+        if state is None or scope["type"] != "http" or scope["method"] != "GET" or not scope["path"].endswith("/events"):
             return None
-        match = LIVE_FEED_PATH.fullmatch(scope["path"])
-        principal = self.authenticator.principal(scope) if match is not None else None
-        if match is None or principal is None:
+        for route in self.below_the_stack:
+            matched, child_scope = route.matches(scope)
+            if matched is Match.FULL:
+                break
+        else:
+            return None
+        principal = self.authenticator.principal(scope)
+        if principal is None:
             return None
         # The route's request gets a scope of its own: what it adds (the path's parameters,
         # the principal, a copy of the headers list) would stay in the server's scope, which
-        # the server keeps for the feed's whole life.
-        route_scope = {**scope, "app": self, "path_params": {"workspace": match[1]},
-                       "state": {**scope.get("state", {}), "principal": principal}}
+        # the server keeps for the stream's whole life.
+        route_scope = {**scope, **child_scope, "app": self, "state": {**scope.get("state", {}), "principal": principal}}
         try:
-            response = await live_feed.live_state_events(Request(route_scope, receive))
+            response = await route.endpoint(Request(route_scope, receive))
         except (ApiError, *STORE_ERRORS):  # the app meets it again and answers it its way
             return None
-        except Exception:  # a bug of this shortcut: said, and the feed served by the app all the same
-            log.exception("opening a live feed below the stack failed; the app serves it")
+        except Exception:  # a bug of this shortcut: said, and the stream served by the app all the same
+            log.exception("opening %s below the stack failed; the app serves it", scope["path"])
             return None
-        self.counts.add(live_feed.live_state_events.__name__, 200)  # as RequestMetrics counts the route
+        self.counts.add(route.endpoint.__name__, 200)  # under the route's name, as RequestMetrics counts it
         return response
 
 

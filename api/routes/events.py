@@ -10,29 +10,23 @@ process's shared pub/sub connection; a gap in ids is filled from the log (the st
 
 from __future__ import annotations
 
-import logging
 import sys
 import uuid
 from typing import Mapping
 
-from starlette.datastructures import Headers, QueryParams
 from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
 
 from acp_state import ids
-from acp_state.store import STORE_ERRORS
 
-from ..auth import Authenticator, Principal, principal_of
+from ..auth import Principal, principal_of
 from ..limits import MAX_SAFE_INTEGER
 from ..locator import not_found
-from ..request_metrics import RequestCounts
-from ..responses import ApiError, parse_decimal
+from ..responses import parse_decimal
 from ..state import AppState, app_state
 from ..streams.frames import parse_last_event_id
 from ..streams.response import EventStreamResponse
 from ..streams.session_body import SessionBody
 
-log = logging.getLogger("api.events")
 
 async def stream_events(request: Request) -> EventStreamResponse:
     return await open_stream(
@@ -82,46 +76,3 @@ async def _open_stream(
     if view is not None:
         sent["X-Qwen-Event-Epoch"] = view.epoch
     return EventStreamResponse(body, state.settings.sse_send_timeout_s, sent, subscription)
-
-
-async def answer(state: AppState | None, auth: Authenticator, counts: RequestCounts, scope: Scope, receive: Receive,
-                 send: Send) -> bool:
-    """Serve `GET /session/:id/events` below Starlette's stack (`opened`, then the stream);
-    False: not served, nothing sent, the app must serve it."""
-    response = await opened(state, auth, counts, scope)
-    if response is None:
-        return False
-    await response(scope, receive, send)
-    return True
-
-
-async def opened(state: AppState | None, auth: Authenticator, counts: RequestCounts, scope: Scope) -> EventStreamResponse | None:
-    """`GET /session/:id/events` opened below Starlette's stack, ready to be called as an
-    ASGI app; None: not this route, or refused (nothing sent: the app must serve it). An
-    open stream holds every frame of the stack it was called through for its whole life:
-    Starlette's error middleware, routing, our four middlewares and their send wrappers held
-    more than the stream itself (13.3 KB of Python heap a stream through the stack, 5.5 KB
-    below it: `python -m bench.stream_memory`); the caller awaits the stream itself, so not
-    even this frame is held. The stream gets the same token check and the same count as the
-    route; anything the route would refuse (no token, no such session, a store error) is
-    left to the app, which answers it its way."""
-    if state is None or scope["type"] != "http" or scope["method"] != "GET":
-        return None
-    path: str = scope["path"]
-    if not (path.startswith("/session/") and path.endswith("/events")):
-        return None
-    sid, principal = path[9:-7], auth.principal(scope)
-    if not sid or "/" in sid or principal is None:
-        return None
-    try:
-        # Headers of the scope's list, not `Headers(scope=)`: that copies the list into the
-        # scope, which the server keeps for the stream's whole life.
-        headers = Headers(raw=scope["headers"])
-        response = await open_stream(state, sid, principal, headers, QueryParams(scope["query_string"]))
-    except (ApiError, *STORE_ERRORS):  # the app meets it again and answers it its way
-        return None
-    except Exception:  # a bug of this shortcut: said, and the stream served by the app all the same
-        log.exception("opening the event stream of %s below the stack failed; the app serves it", sid)
-        return None
-    counts.add(stream_events.__name__, 200)  # under the route's name, as its answer starts (RequestMetrics)
-    return response
