@@ -13,7 +13,7 @@ from starlette.responses import Response
 from acp_state import commands, ids, votes
 from acp_state.store import VoteOutcome
 
-from ..outcomes import effect, idempotency_key
+from ..outcomes import idempotency_key, to_owner
 from ..reads.cache import CachedSession
 from ..responses import ApiError, OrjsonResponse, json_body
 from ..session_requests import client_id_header, live_or_first
@@ -37,8 +37,7 @@ async def _cast(
     request: Request, ref: CachedSession, vote: commands.Vote, key: str | None, legacy: bool = False
 ) -> Response:
     state = app_state(request)
-    async with effect(state.store.resends):
-        outcome = await state.store.vote(ref.ws, ref.owner, vote, key)
+    outcome = await to_owner(state, vote.sid, ref, lambda owner: state.store.vote(ref.ws, owner, vote, key))
     if outcome is VoteOutcome.OK:
         return OrjsonResponse({})
     if outcome in (VoteOutcome.UNKNOWN, VoteOutcome.GONE):

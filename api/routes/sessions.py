@@ -19,13 +19,13 @@ from acp_state.commands import Reply
 from acp_state.agents import is_agent_name
 from acp_state.ids import workspace_id
 from acp_state.clock import iso, now_ms
-from acp_state.store import ABANDONED, Admission, AdmissionStatus, CreateKey, CreateRecord, DeleteOutcome, IdClaim
+from acp_state.store import ABANDONED, AdmissionStatus, CreateKey, CreateRecord, DeleteOutcome, IdClaim
 
 from .. import approval_modes, session_source, workspace_ref
 from ..auth import principal_of
 from ..limits import MAX_QUEUED_PROMPTS
 from ..locator import not_found
-from ..outcomes import effect, idempotency_key, outcome_unknown
+from ..outcomes import effect, gone, idempotency_key, reply_to, to_owner
 from ..placement import SESSION_ID_CONFLICT, note_told, place, session_id_conflict, unknown_agent
 from ..reads.summaries import live_summary, status_answer
 from ..responses import ApiError, JSON_TYPE, OrjsonResponse, json_body, unavailable
@@ -38,11 +38,6 @@ SINGLE_WAIT_STEP_S = 0.05
 # How often a repeated close or create checks whether the first one's effect has landed.
 WAIT_STEP_S = 0.1
 CHANNEL_PROMPT_META_KEY = "qwen.channel.prompt"
-
-
-def gone(admission: Admission) -> bool:
-    """SEND refused the command: the session is not its owner's (any more)."""
-    return admission.status is AdmissionStatus.GONE
 
 
 async def _keep(state: AppState, key: CreateKey, sid: str, client_id: str, attached: bool) -> None:
@@ -331,10 +326,9 @@ async def prompt(request: Request) -> Response:
             sid=sid, prompt_id=ids.new_id(), blocks=blocks, text=text, meta=meta, kind=kind, client_id=client_id,
             queued_at=now_ms(),
         )
-        async with effect(state.store.resends):
-            admission = await state.locator.to_owner(sid, ref, lambda owner: state.store.send(
-                ref.ws, owner, command, admit_limit=1 + MAX_QUEUED_PROMPTS, idempotency_key=key
-            ), gone)
+        admission = await to_owner(state, sid, ref, lambda owner: state.store.send(
+            ref.ws, owner, command, admit_limit=1 + MAX_QUEUED_PROMPTS, idempotency_key=key
+        ), gone)
     assert admission is not None
     if admission.status is AdmissionStatus.GONE:
         raise not_found(sid)
@@ -356,10 +350,9 @@ async def cancel(request: Request) -> Response:
     key = idempotency_key(request)
     ref, admission = await live_or_first(request, sid, key)
     if ref is not None:
-        async with effect(state.store.resends):
-            admission = await state.locator.to_owner(sid, ref, lambda owner: state.store.send(
-                ref.ws, owner, commands.Cancel(sid=sid), idempotency_key=key
-            ), gone)
+        admission = await to_owner(state, sid, ref, lambda owner: state.store.send(
+            ref.ws, owner, commands.Cancel(sid=sid), idempotency_key=key
+        ), gone)
     if admission is None or admission.status is not AdmissionStatus.OK:
         raise not_found(sid)
     return Response(status_code=204)  # the reference's: no body
@@ -382,20 +375,16 @@ async def close(request: Request) -> Response:
     request_id = ids.new_id()
     if ref is not None:
         command = commands.Close(sid=sid, request_id=request_id, reason=commands.CLOSED_BY_CLIENT)
-        async with effect(state.store.resends):
-            admission = await state.locator.to_owner(
-                sid, ref, lambda owner: state.store.send(ref.ws, owner, command, idempotency_key=key), gone
-            )
+        admission = await to_owner(
+            state, sid, ref, lambda owner: state.store.send(ref.ws, owner, command, idempotency_key=key), gone
+        )
     if admission is None or admission.status is not AdmissionStatus.OK:
         raise not_found(sid)
     if admission.repeated:
         await _await_gone(request, sid)
         return Response(status_code=204)
     assert ref is not None
-    async with effect(state.store.resends):  # the close was sent: a lost reply leaves its outcome unknown
-        reply = await state.store.await_reply(request_id, state.settings.close_timeout_s)
-    if reply is None:  # the close stays queued for the worker: done later, or its death is told
-        raise outcome_unknown()
+    reply = await reply_to(state, request_id)
     state.locator.cache.changed(ref.ws, sid)  # (ref: a first close, never a repeat)
     if not reply.ok:
         raise not_found(sid)
