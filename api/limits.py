@@ -10,6 +10,18 @@ MAX_BODY_BYTES = 1024 * 1024
 # largest safe integer; anything else opens a fresh stream.
 MAX_SAFE_INTEGER = 2**53 - 1
 
+# `GET /session/:id/events?maxQueued=`: live events buffered for a slow reader, clamped to
+# MIN..MAX; DEFAULT without it.
+STREAM_BUFFER_MIN = 16
+STREAM_BUFFER_MAX = 2048
+STREAM_BUFFER_DEFAULT = 256
+
+# `POST /stream-tickets {path}`: the stream path a ticket names.
+MAX_STREAM_PATH = 2048
+
+# A session's `sourceId` (on create, and a listing's filter).
+MAX_SOURCE_ID = 256
+
 # `POST /session/:id/prompt`: prompts waiting behind the running one (the reference's 5).
 MAX_QUEUED_PROMPTS = 5
 

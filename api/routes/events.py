@@ -19,7 +19,7 @@ from starlette.requests import Request
 from acp_state import ids
 
 from ..auth import Principal, principal_of
-from ..limits import MAX_SAFE_INTEGER
+from ..limits import MAX_SAFE_INTEGER, STREAM_BUFFER_DEFAULT, STREAM_BUFFER_MAX, STREAM_BUFFER_MIN
 from ..locator import not_found
 from ..responses import parse_decimal
 from ..state import AppState, app_state
@@ -52,7 +52,7 @@ async def _open_stream(
     # The reference's SDK sends the epoch as a header beside Last-Event-ID; ours as a query.
     epoch_hint = query.get("eventEpoch") or headers.get("x-qwen-event-epoch")
     queued = parse_decimal(query.get("maxQueued"), MAX_SAFE_INTEGER)
-    buffer = min(2048, max(16, queued)) if queued is not None else 256
+    buffer = min(STREAM_BUFFER_MAX, max(STREAM_BUFFER_MIN, queued)) if queued is not None else STREAM_BUFFER_DEFAULT
 
     ws = await state.locator.workspace_of(sid, principal) if ids.is_token(sid) else None
     if ws is None:

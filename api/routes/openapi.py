@@ -14,7 +14,20 @@ from starlette.responses import Response
 
 from acp_state.commands import CALLER_TURN_KINDS, FOREGROUND
 
-from ..limits import LISTING_MAX_SIZE, MAX_BODY_BYTES, MAX_SAFE_INTEGER, TRANSCRIPT_DEFAULT_PAGE, TRANSCRIPT_MAX_PAGE
+from ..limits import (
+    ATTENTION_DEFAULT_SIZE,
+    ATTENTION_MAX_SIZE,
+    CATALOG_MAX_WORKSPACES,
+    LISTING_MAX_SIZE,
+    LIVE_STATE_MAX_WORKSPACES,
+    MAX_BODY_BYTES,
+    MAX_SAFE_INTEGER,
+    MAX_SOURCE_ID,
+    STREAM_BUFFER_MAX,
+    STREAM_BUFFER_MIN,
+    TRANSCRIPT_DEFAULT_PAGE,
+    TRANSCRIPT_MAX_PAGE,
+)
 from ..responses import OrjsonResponse
 
 Schema = dict[str, Any]
@@ -232,7 +245,7 @@ SESSION_BASE = {"sessionId": string(), "workspaceCwd": string(), "createdAt": st
 MOVING = "acp-state's own: a draining worker is handing the session to another (prompts sent meanwhile wait)."
 AFTER_A_TURN = {"updatedAt": string(), "hasRunningBackgroundTasks": boolean()}
 # The reference's `session_source_metadata`: where a session came from (api/session_source.py).
-SOURCE = {"sourceType": string(pattern="^[a-z][a-z0-9_-]{0,63}$"), "sourceId": string(minLength=1, maxLength=256)}
+SOURCE = {"sourceType": string(pattern="^[a-z][a-z0-9_-]{0,63}$"), "sourceId": string(minLength=1, maxLength=MAX_SOURCE_ID)}
 
 
 def components() -> Schema:
@@ -311,7 +324,7 @@ def components() -> Schema:
             ]})}
         ),
         "LiveStatesRequest": obj(
-            {"workspaces": array(string(minLength=1), minItems=1, maxItems=20,
+            {"workspaces": array(string(minLength=1), minItems=1, maxItems=LIVE_STATE_MAX_WORKSPACES,
                                  description="Workspace ids or absolute cwds.")},
             extra=False,
         ),
@@ -319,11 +332,11 @@ def components() -> Schema:
             {"workspaces": {"oneOf": [
                 {"const": "all"},
                 array(obj({"workspace": string(minLength=1, maxLength=4096)}, {"cursor": string()}, extra=False),
-                      minItems=1, maxItems=20),
+                      minItems=1, maxItems=CATALOG_MAX_WORKSPACES),
             ]}},
             {
                 "options": obj(optional={
-                    "size": integer(minimum=1, maximum=100),
+                    "size": integer(minimum=1, maximum=LISTING_MAX_SIZE),
                     "archiveState": string(enum=["active", "archived"]),
                     **SOURCE,
                 }, extra=False),
@@ -649,7 +662,7 @@ def paths() -> Schema:
                     SESSION_ID,
                     LAST_EVENT_ID,
                     query_param("eventEpoch", "The epoch the client's `Last-Event-ID` belongs to.", string()),
-                    query_param("maxQueued", "Live events buffered for a slow reader (16-2048).",
+                    query_param("maxQueued", f"Live events buffered for a slow reader ({STREAM_BUFFER_MIN}-{STREAM_BUFFER_MAX}).",
                                 string(pattern="^[0-9]+$")),
                     TICKET,
                 ],
@@ -794,7 +807,7 @@ def paths() -> Schema:
                     "400": error("Bad `size` (`invalid_size`) or `cursor` (`invalid_cursor`)."),
                 },
                 parameters=[
-                    query_param("size", "Items per page (1-500, default 50).", string(pattern="^[0-9]+$")),
+                    query_param("size", f"Items per page (1-{ATTENTION_MAX_SIZE}, default {ATTENTION_DEFAULT_SIZE}).", string(pattern="^[0-9]+$")),
                     query_param("cursor", "The `nextCursor` of the previous page.", string()),
                 ],
             )
@@ -864,11 +877,12 @@ def paths() -> Schema:
         },
         "/sessions/live-state": {
             "post": operation(
-                "getLiveStates", "Sessions", "The live state of 1 to 20 workspaces in one request",
+                "getLiveStates", "Sessions", f"The live state of 1 to {LIVE_STATE_MAX_WORKSPACES} workspaces in one request",
                 {
                     "200": json_response("One member per workspace asked, in order.", ref("LiveStates")),
                     **TOO_LARGE,
-                    "400": error("Malformed body (`invalid_live_state_request`) or more than 20 (`too_many_workspaces`)."),
+                    "400": error(f"Malformed body (`invalid_live_state_request`) or more than {LIVE_STATE_MAX_WORKSPACES} "
+                                 "(`too_many_workspaces`)."),
                 },
                 body=json_body(ref("LiveStatesRequest")),
             )
@@ -879,7 +893,7 @@ def paths() -> Schema:
                 {
                     "200": json_response("One member per selection, in order.", ref("Catalog")),
                     **TOO_LARGE,
-                    "400": error("Malformed body (`invalid_session_catalog_request`) or more than 20 "
+                    "400": error(f"Malformed body (`invalid_session_catalog_request`) or more than {CATALOG_MAX_WORKSPACES} "
                                  "(`too_many_workspaces`)."),
                 },
                 body=json_body(ref("CatalogRequest")),
