@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 DEFAULT_AGENT = "default"
 # Telemetry and update checks off, for every preset (each agent honours some of these).
@@ -78,12 +77,6 @@ def offered_agents(options: list[str], fallback: str) -> dict[str, str]:
             raise ValueError(f"--agent: the name {spec.name!r} is given twice")
         agents[spec.name] = spec.command
     return agents
-
-
-def offers(report: dict[str, Any], agent: str) -> bool:
-    """Whether a worker's load report offers agent `agent` (a report without names, from a
-    worker older than agent names, offers its one agent as the default)."""
-    return agent in (report.get("agentNames") or [DEFAULT_AGENT])
 
 
 def session_modes(options: list[str], agents: dict[str, str]) -> dict[str, str]:

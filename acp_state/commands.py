@@ -108,6 +108,9 @@ class Prompt:
     kind: str = _field(default=FOREGROUND)
     client_id: str | None = _field("clientId", types=(str, _NONE), default=None)
     queued_at: int = _field("queuedAt", types=int, default=0)  # epoch ms of its admission
+    # The W3C trace context of its sending (`traceparent`, `tracestate`: acp_state.tracing),
+    # when the API traces; absent otherwise, and a reader that does not know it ignores it.
+    trace: dict[str, str] | None = _field(types=(dict, _NONE), default=None, omit_none=True)
 
     def __post_init__(self) -> None:
         if self.kind not in TURN_KINDS:

@@ -2,10 +2,10 @@
 
 A session is resumed on another worker in two ways, both through ACP `session/load`: an API
 process loads a persisted session that is not live (its worker died or left), or a draining
-worker moves each of its sessions to another (`worker/drain.py`). Either way the new owner
+worker moves each of its sessions to another (`worker/move.py`). Either way the new owner
 must be a live worker that is not draining, offers the session's agent, and reads the
-agent-state store the session's history lives in; and it goes on from the state carried in
-the `create` command (`Carry`), not from scratch.
+agent-state store the session's history lives in (`acp_state.placement`); and it goes on
+from the state carried in the `create` command (`Carry`), not from scratch.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any
 import orjson
 
 from . import commands
-from .agents import offers
 
 
 def default_state_store(state_dir: str) -> str:
@@ -26,15 +25,6 @@ def default_state_store(state_dir: str) -> str:
     agents keep their history in. Workers on one host with one directory share it; workers
     on several hosts that mount one volume declare one name (`--state-store`)."""
     return f"{socket.gethostname()}:{Path(state_dir).expanduser().resolve()}"
-
-
-def accepts(report: dict[str, Any], agent: str | None, state_store: str | None = None) -> bool:
-    """Whether a live worker (its load report) takes a new session of `agent` (None: its
-    default agent): it is not draining, offers the agent, and (for a resume) reads the
-    session's agent-state store."""
-    if report.get("draining") or (agent is not None and not offers(report, agent)):
-        return False
-    return state_store is None or report.get("stateStore") == state_store
 
 
 @dataclass
@@ -91,9 +81,9 @@ class Carry:
             raise commands.MalformedCommand(f"create command has a malformed carry ({error})", commands.Create.TYPE) from None
 
     @classmethod
-    def of_row(cls, row: dict[str, Any]) -> Carry:
+    def of_row(cls, created_at: str, updated_at: str | None, display_name: str | None) -> Carry:
         """What a load of a persisted session carries: its catalog row's times and title.
         A row with neither a title nor a turn that ended was never prompted: nothing to load."""
-        updated = row.get("updatedAt") or row["createdAt"]
-        history = bool(row.get("displayName")) or updated != row["createdAt"]
-        return cls(row["createdAt"], updated, row.get("displayName"), history=history)
+        updated = updated_at or created_at
+        history = bool(display_name) or updated != created_at
+        return cls(created_at, updated, display_name, history=history)

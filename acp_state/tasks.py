@@ -2,8 +2,10 @@
 
 A heartbeat, a command loop, a sweeper or a repair task that ends on an unexpected error
 leaves its process up and useless (a worker that never registers again, an API that never
-sweeps). Each round of such a task runs through `survive`: an error is logged with its
-traceback, counted in `/metrics`, and the loop goes on.
+sweeps). Each round of such a task runs through `survive`: an error is counted in
+`/metrics`, and the loop goes on; it is logged as a recurring failure (`acp_state.logs`:
+the first of its kind with its traceback, the rest counted), so a store that is away for
+minutes costs a few lines, not a traceback per loop and round.
 
 Stopping them is level-triggered (`cancel_until_done`), as trio's cancel scopes are: on
 Python 3.11, `asyncio.wait_for` returns its inner result and drops a cancellation that
@@ -19,6 +21,8 @@ from typing import Awaitable, Callable, Iterable
 
 from prometheus_client import Counter
 
+from . import logs
+
 log = logging.getLogger("acp_state.tasks")
 
 BACKGROUND_ERRORS = Counter(
@@ -33,10 +37,11 @@ async def survive(task: str, round_: Callable[[], Awaitable[object]]) -> bool:
         await round_()
     except asyncio.CancelledError:
         raise
-    except Exception:
+    except Exception as error:
         BACKGROUND_ERRORS.labels(task).inc()
-        log.exception("%s failed; it goes on", task)
+        logs.failed(log, task, error)
         return False
+    logs.succeeded(task)
     return True
 
 

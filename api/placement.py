@@ -1,21 +1,21 @@
 """Where a create goes: a live worker offering its agent (and, for a load, reading its
 session's agent-state store) with spare capacity, the next one if it is full (`place`), by
-the live workers' load reports this process keeps (`reads/worker_reports.py`). A worker
-that died since its report was read is still asked: the create then finds it dead and tries
-the next one.
+the live workers' load reports this process keeps (`reads/worker_reports.py`). Which
+workers take a session, and in which order they are asked, is `acp_state.placement`'s (a
+drain's moves use it too). A worker that died since its report was read is still asked:
+the create then finds it dead and tries the next one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from acp_state import commands, ids
 from acp_state.commands import Reply
-from acp_state.moves import accepts
-from acp_state.store import is_transient
+from acp_state.placement import accepts, ranked
+from acp_state.store import WorkerReport, is_transient
 
 from .outcomes import outcome_unknown
 from .responses import ApiError, unavailable
@@ -29,7 +29,7 @@ log = logging.getLogger("api.placement")
 REPORTS_WAIT_STEP_S = 0.1
 
 
-async def _live_reports(state: AppState) -> list[dict[str, Any]]:
+async def _live_reports(state: AppState) -> list[WorkerReport]:
     """The live workers' load reports. Right after a start (or while every worker is
     between incarnations) there may be none yet: wait for one, up to the create timeout."""
     loop = asyncio.get_running_loop()
@@ -43,7 +43,7 @@ async def _live_reports(state: AppState) -> list[dict[str, Any]]:
         await asyncio.sleep(REPORTS_WAIT_STEP_S)
 
 
-async def _offering(state: AppState, agent: str | None, state_store: str | None = None) -> list[dict[str, Any]]:
+async def _offering(state: AppState, agent: str | None, state_store: str | None = None) -> list[WorkerReport]:
     """The live workers that can run a session of `agent` (None: any, its default agent),
     not draining, and reading `state_store` if one is named (a resume). A name no worker
     offers is 400 `unknown_agent`; a known one no live worker offers now (its workers died
@@ -105,14 +105,9 @@ async def place(
     """Send a create (`create(request id)`) to a live worker offering `agent` with spare
     capacity (and, for a load, reading `state_store`); try the next one if it is full or
     draining. `before_send(request id)` runs before each create goes out."""
-    candidates = await _offering(state, agent, state_store)
-    random.shuffle(candidates)  # equal loads spread instead of piling onto one worker
-    # Least loaded first. Reports are as old as the last heartbeat, so a worker that looked
-    # full is still asked last: the worker itself is the judge of its capacity.
-    candidates.sort(key=lambda r: r.get("sessions", 0) / max(r.get("maxSessions", 1), 1))
-    for report in candidates:
+    for report in ranked(await _offering(state, agent, state_store)):
         request_id = ids.new_id()
-        incarnation = report["incarnation"]
+        incarnation = report.incarnation
         if before_send is not None:
             await before_send(request_id)
         command = create(request_id)

@@ -33,10 +33,12 @@ from acp_state.store import keys
 from acp_state.cli.serving import DEFAULT_SERVER, SERVERS
 from acp_state.store.connection import connect
 from acp_state.ids import workspace_id
-from acp_state.store import Mode, RedisStore, Transition
+from acp_state.store import Mode, RedisStore, Transition, WorkerReport
+from testbed.processes import ROOT, AcpProcess
+from testbed.redis_server import free_port
 
 from . import sse_latency
-from .procs import ROOT, AcpProcess, RedisServer, api, free_port, worker
+from .procs import RedisServer, api, worker
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WRK_SECONDS = 5
@@ -159,7 +161,8 @@ async def bench_status(ctx: dict[str, Any]) -> list[dict[str, Any]]:
 
 async def bench_reference(ctx: dict[str, Any]) -> list[dict[str, Any]]:
     """The reference daemon (`qwen serve`), when installed: its status and listing routes."""
-    from .fake_openai import FakeOpenAI, find_qwen, qwen_env
+    from testbed.model_endpoint import ModelEndpoint
+    from testbed.qwen import find_qwen, qwen_env
 
     qwen = find_qwen()
     if qwen is None:
@@ -168,9 +171,9 @@ async def bench_reference(ctx: dict[str, Any]) -> list[dict[str, Any]]:
     home = Path(tempfile.mkdtemp(prefix="acp-bench-qwen-"))
     workspace = home / "ws"
     workspace.mkdir()
-    fake = FakeOpenAI().start()
+    fake = ModelEndpoint().start()
     port = free_port()
-    env = dict(qwen_env(home, fake.base_url), TMPDIR=str(home))
+    env = dict(qwen_env(home, fake.openai_url), TMPDIR=str(home))
     process = subprocess.Popen(
         [qwen, "serve", "--port", str(port), "--workspace", str(workspace), "--no-web"],
         cwd=workspace, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
@@ -260,11 +263,11 @@ async def heartbeat_cost(sessions: int) -> float:
                 pipe.sadd(keys.worker_sessions("bench-1"), f"{ws}/s{n}")
                 pipe.hset(keys.session(ws, f"s{n}"), mapping={"inc": "bench-1", "meta": "{}"})
             await pipe.execute()
-        await store.heartbeat("bench-1", {"sessions": sessions}, 3000)  # loads the script
+        await store.heartbeat("bench-1", WorkerReport("bench-1", sessions=sessions), 3000)  # loads the script
         beats = 10
         before = await command_calls(redis)
         for _ in range(beats):
-            await store.heartbeat("bench-1", {"sessions": sessions}, 3000)
+            await store.heartbeat("bench-1", WorkerReport("bench-1", sessions=sessions), 3000)
         after = await command_calls(redis)
         return (delta(after, before) - 1) / beats  # less our own INFO
     finally:
@@ -278,7 +281,7 @@ async def bench_capacity(ctx: dict[str, Any], total: int, workers: int = 4) -> l
     redis: aioredis.Redis = ctx["redis"]
     log(f"capacity: {workers} workers, {total} sessions")
     for process in ctx["workers"]:
-        await process.stop()
+        await process.terminate(30)
     ctx["workers"] = [
         await worker(ctx["redis_url"], ctx["logs"], "--max-sessions", str(total), "--lease-ms", "3000")
         for _ in range(workers)
@@ -332,9 +335,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         sections["capacity"] = await bench_capacity(ctx, 2000 if quick else 10_000)
     finally:
         for process in ctx.get("workers", []):
-            await process.stop()
+            await process.terminate(30)
         for process in processes:
-            await process.stop()
+            await process.terminate(30)
         if "redis" in ctx:
             await ctx["redis"].aclose()
         server.stop()

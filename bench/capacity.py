@@ -24,9 +24,9 @@ from typing import Any
 from acp_state import events
 from acp_state.store import Mode, RedisStore, Transition
 from acp_state.store.connection import connect
+from testbed.redis_server import RedisCluster
 
 from .procs import cpu_s
-from .redis_server import RedisCluster
 from .scale import RESULTS
 
 MIB = 2**20

@@ -105,7 +105,7 @@ async def run(rounds: int, reads: int) -> dict[str, Any]:
             if sum(CACHE_HITS.counts.values()) - hits < rounds * reads:
                 raise RuntimeError("status reads were not served from the cache")
     finally:
-        await hosting.stop()
+        await hosting.terminate(30)
         server.stop()
     least = {name: round(min(values), 2) for name, values in runs.items()}
     return {

@@ -56,11 +56,13 @@ import redis.asyncio as aioredis
 
 from acp_state.cli.serving import DEFAULT_SERVER, SERVERS
 from acp_state.ids import workspace_id
-from acp_state.store import CatalogRow, Mode, RedisStore, Transition
+from acp_state.store import CatalogRow, Mode, RedisStore, Transition, WorkerReport
+from testbed.processes import ROOT, AcpProcess
+from testbed.redis_server import free_port
 
 from .__main__ import RESULTS, command_calls, create_sessions, ensure_wrk, log, run_wrk, server_stack, wait_port
 from .push_load import mark
-from .procs import ROOT, AcpProcess, RedisServer, api, cpu_s, free_port, percentile, worker
+from .procs import RedisServer, api, cpu_s, percentile, worker
 
 LOAD = [sys.executable, "-m", "bench.push_load"]
 
@@ -230,7 +232,7 @@ async def bench_fanout(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         await redis.aclose()
     finally:
         for process in reversed(processes):
-            await process.stop()
+            await process.terminate(30)
         server.stop()
 
     def load_side(result: dict[str, Any], n: int) -> dict[str, Any]:
@@ -355,7 +357,7 @@ async def bench_views(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
                 await asyncio.sleep(1)
     finally:
         for process in reversed(processes):
-            await process.stop()
+            await process.terminate(30)
         server.stop()
     return {"views": view_count, "workspaces": n_workspaces, "sessions_per_workspace": per_workspace,
             "window_s": window_s, "prompt_every_s": prompt_every_s, "modes": modes}
@@ -371,8 +373,7 @@ BENCH_LEASE_MS = 10_000
 async def hold_lease(store: RedisStore, stop: asyncio.Event) -> None:
     """Renew the bench owner's lease as a worker does (a third of a lease apart), reported as
     draining with no room, so that no create is placed on it."""
-    report = {"incarnation": BENCH_OWNER, "host": "bench", "pid": os.getpid(), "sessions": 0, "maxSessions": 0,
-              "agents": 0, "agentNames": [], "states": {}, "leaseMs": BENCH_LEASE_MS, "draining": True}
+    report = WorkerReport(BENCH_OWNER, host="bench", pid=os.getpid(), agents=0, lease_ms=BENCH_LEASE_MS, draining=True)
     while not stop.is_set():
         await store.heartbeat(BENCH_OWNER, report, BENCH_LEASE_MS)
         try:
@@ -542,7 +543,7 @@ async def bench_attention(args: argparse.Namespace, logs: Path) -> dict[str, Any
             hello.terminate()
             hello.wait(10)
         for process in reversed(processes):
-            await process.stop()
+            await process.terminate(30)
         server.stop()
     first = rows[0]["rps"]
     for row in rows[3:]:

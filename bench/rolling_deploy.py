@@ -4,7 +4,7 @@ with drains (the sessions move) against today's stop (the sessions of a stopped 
 Each run starts its own redis-server, 3 workers running `qwen --acp` (`--session-mode
 default`; one HOME for all of them, holding qwen's settings and its chat history, so their
 default `--state-store` is one), 2 API processes, and the scripted OpenAI-compatible endpoint
-of the tests (`bench/fake_openai.py`, which records every request qwen sends). It creates
+of the tests (`testbed/model_endpoint.py`, which records every request qwen sends). It creates
 `--sessions` sessions, each told a fact in a first turn (`remember this fact: FACT-...`),
 then restarts the 3 workers one after another (SIGTERM, start a new worker, wait until it
 is ready and the old one has exited) while a client keeps `--in-flight` prompts going
@@ -15,7 +15,7 @@ history.
 
 Every request, every SSE frame (one reader per session, resuming with Last-Event-ID on
 either API) and every worker start and fault goes to a history in the chaos run's format
-(bench/chaos.py records it the same way), which bench/chaos_check.py checks: the same
+(bench/chaos/run.py records it the same way), which bench/chaos/checker.py checks: the same
 invariants as the chaos run (acknowledged prompts reach exactly one terminal, ids ordered,
 no zombies, kills sweep only the killed worker's sessions, errors are JSON with a code, keys
 have TTLs).
@@ -65,13 +65,16 @@ from typing import Any
 
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
+from testbed.processes import AcpProcess, ApiProcess, WorkerProcess
+from testbed.redis_server import RedisServer, free_port
 
-from . import chaos_check, chaos_history
-from .chaos_load import CHAIN_BUDGET_S
-from .chaos_schedule import APIS
-from .fake_openai import FakeOpenAI, find_qwen, message_text, qwen_env
-from .procs import AcpProcess, ApiProcess, WorkerProcess, percentile
-from .redis_server import RedisServer, free_port
+from .chaos import checker
+from .chaos.history import Recorder
+from .chaos.load import CHAIN_BUDGET_S
+from .chaos.schedule import APIS
+from testbed.model_endpoint import ModelEndpoint, message_text
+from testbed.qwen import find_qwen, qwen_env
+from .procs import percentile
 from .rolling_deploy_client import TERMINALS, Client, Tracked, log, now
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -102,7 +105,7 @@ class Plan:
 # ---------------------------------------------------------------------------- the history
 
 
-class KeptRecorder(chaos_history.Recorder):
+class KeptRecorder(Recorder):
     """The chaos run's recorder (JSON lines, numbered), keeping the records in memory too."""
 
     def __init__(self, path: Path) -> None:
@@ -153,7 +156,7 @@ def split_lives(records: list[dict[str, Any]], lives: dict[str, list[float]], re
 class Run:
     """One rolling deploy: processes, client, history, and its figures."""
 
-    def __init__(self, plan: Plan, redis_url: str, workspace: str, fake: FakeOpenAI, home: Path, log_dir: Path) -> None:
+    def __init__(self, plan: Plan, redis_url: str, workspace: str, fake: ModelEndpoint, home: Path, log_dir: Path) -> None:
         self.plan = plan
         self.redis_url = redis_url
         self.fake = fake
@@ -172,18 +175,18 @@ class Run:
         if self.qwen is None:
             raise RuntimeError("qwen is not installed (npm install --prefix tests/node)")
         (log_dir / "qwen-tmp").mkdir(exist_ok=True)
-        self.env = qwen_env(home, fake.base_url)
+        self.env = qwen_env(home, fake.openai_url)
         self.env["TMPDIR"] = str(log_dir / "qwen-tmp")  # qwen leaves qwen-socks-* folders there
         self.started_workers = 0
         self.slot_of: dict[int, int] = {}  # worker pid -> slot
 
     async def start_worker(self, slot: int) -> WorkerProcess:
         worker = WorkerProcess(
-            "--redis-url", self.redis_url, "--agent", f"{self.qwen} --acp", "--session-mode", "default",
-            "--agent-stderr", str(self.log_dir / "qwen-stderr.log"),
-            "--drain-grace-s", str(self.plan.drain_grace_s), "--lease-ms", str(self.plan.lease_ms),
-            "--name", f"rd-w{slot}", log=self.log_dir / f"worker-{len(self.processes)}.log", env=self.env,
-            log_level="INFO",
+            ["worker", "--redis-url", self.redis_url, "--agent", f"{self.qwen} --acp", "--session-mode", "default",
+             "--agent-stderr", str(self.log_dir / "qwen-stderr.log"),
+             "--drain-grace-s", str(self.plan.drain_grace_s), "--lease-ms", str(self.plan.lease_ms),
+             "--name", f"rd-w{slot}"],
+            self.log_dir / f"worker-{len(self.processes)}.log", env=self.env, ready_timeout_s=60,
         )
         self.processes.append(worker)
         await worker.start()
@@ -206,8 +209,8 @@ class Run:
 
     async def start_api(self) -> ApiProcess:
         port = free_port()
-        api = ApiProcess("--redis-url", self.redis_url, "--port", str(port), "--workspace", self.workspace,
-                         port=port, log=self.log_dir / f"api-{len(self.processes)}.log", log_level="INFO")
+        api = ApiProcess(["api", "--redis-url", self.redis_url, "--port", str(port), "--workspace", self.workspace],
+                         self.log_dir / f"api-{len(self.processes)}.log", port, ready_timeout_s=60)
         self.processes.append(api)
         return await api.start()  # type: ignore[return-value]
 
@@ -401,7 +404,7 @@ class Run:
                     marker = f"RECALL-{s.fact.removeprefix('FACT-')}"
                     turn = await client.turn(s, f"{marker} what fact did I ask you to remember?", rng)
                     result["recall"] = turn.get("end")
-                    requests = [r for r in self.fake.requests if marker in last_user_text(r)]
+                    requests = [r for r in self.fake.chat_requests if marker in last_user_text(r)]
                     result["model_requests"] = len(requests)
                     result["fact_in_history"] = bool(requests) and all(
                         any(s.fact in message_text(m) for m in r.get("messages") or []) for r in requests
@@ -419,7 +422,7 @@ class Run:
         self.stop_codes = list(await asyncio.gather(*(self.exit_of(w, 60) for w in workers)))
         for process in self.processes:
             if process.alive:
-                await process.terminate(60)
+                await process.shut_down(60)
 
     async def scan_keys(self) -> None:
         """Every key of the store left after the stop, with its TTL (the checker's h)."""
@@ -430,13 +433,13 @@ class Run:
 
     def figures(self, client: Client, after: dict[str, dict[str, Any]], times: dict[str, Any]) -> dict[str, Any]:
         records = split_lives(self.rec.records, client.lives, client.reader_life)
-        report = chaos_check.check(records)
+        report = checker.check(records)
         checked = report.to_json(examples=5)
-        history = chaos_check.History.of(records)
+        history = checker.History.of(records)
         distinct = Counter(e["env"].get("type") for e in history.events.values())
         terminals: dict[str, list[str]] = defaultdict(list)
         for e in history.events_of_type(*TERMINALS):
-            pid = chaos_check.envelope_prompt_id(e["env"])
+            pid = checker.envelope_prompt_id(e["env"])
             if pid:
                 terminals[pid].append(e["env"]["type"])
         frames = defaultdict(list)  # sid -> (t, type) on its live readers, in arrival order
@@ -523,7 +526,7 @@ class Run:
             "history": str(self.rec.path),
             "logs": str(self.log_dir),
             "final_stop_exit_codes": getattr(self, "stop_codes", None),
-            "model_requests": len(self.fake.requests),
+            "model_requests": len(self.fake.chat_requests),
             "agent_processes": self.started_workers,
         }
 
@@ -532,7 +535,7 @@ def last_user_text(request: dict[str, Any]) -> str:
     return next((message_text(m) for m in reversed(request.get("messages") or []) if m.get("role") == "user"), "")
 
 
-async def deploy(plan: Plan, redis_url: str, workspace: str, fake: FakeOpenAI, home: Path, log_dir: Path) -> dict[str, Any]:
+async def deploy(plan: Plan, redis_url: str, workspace: str, fake: ModelEndpoint, home: Path, log_dir: Path) -> dict[str, Any]:
     """One rolling deploy on the Redis at `redis_url`, its sessions in `workspace` (a folder),
     its model endpoint `fake`, qwen's HOME `home`; every process it starts is gone when it
     returns."""
@@ -544,7 +547,7 @@ async def standalone(plan: Plan, log_dir: Path) -> dict[str, Any]:
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir / "ws").mkdir(exist_ok=True)
     redis = RedisServer().start()
-    fake = FakeOpenAI().start()
+    fake = ModelEndpoint().start()
     try:
         return await deploy(plan, redis.url, str(log_dir / "ws"), fake, log_dir / "home", log_dir)
     finally:

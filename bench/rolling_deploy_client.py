@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from . import chaos_check, chaos_load
-from .chaos_history import now
-from .chaos_schedule import APIS
+from .chaos import checker, load
+from .chaos.history import now
+from .chaos.schedule import APIS
 
 if TYPE_CHECKING:
     from .rolling_deploy import Run
 
-TERMINALS = chaos_check.TERMINALS
-ENDINGS = chaos_check.ENDINGS
+TERMINALS = checker.TERMINALS
+ENDINGS = checker.ENDINGS
 
 
 def log(message: str) -> None:
@@ -44,7 +44,7 @@ class Tracked:
     lost: bool = False  # ended for good (closed, or a resume failed)
 
 
-class Reader(chaos_load.Reader):
+class Reader(load.Reader):
     """The chaos run's reader (records every frame, resumes with Last-Event-ID on either API),
     which also tells the client of moves and endings."""
 
@@ -55,7 +55,7 @@ class Reader(chaos_load.Reader):
         return brought
 
 
-class Client(chaos_load.Load):
+class Client(load.Load):
     """The deploy's client, on the chaos load's recorded requests (Idempotency-Key on mutating
     routes, retried with it while the outcome is unknown or the store refused)."""
 
@@ -104,7 +104,7 @@ class Client(chaos_load.Load):
         s = self.tracked.get(sid)
         if s is None:
             return
-        if event_type == chaos_check.MOVED:
+        if event_type == checker.MOVED:
             self.moves.append((now(), sid))  # (the chaos reader has the new owner read: Load.moved)
         elif event_type in ENDINGS:
             s.live = False
@@ -163,7 +163,7 @@ class Client(chaos_load.Load):
     async def terminal(self, reader: Reader, prompt_id: str) -> dict[str, Any] | None:
         """The prompt's terminal on `reader`, or the session's end, or None (timed out)."""
         return await reader.wait_for(
-            lambda e: (e.get("type") in TERMINALS and chaos_check.envelope_prompt_id(e) == prompt_id)
+            lambda e: (e.get("type") in TERMINALS and checker.envelope_prompt_id(e) == prompt_id)
             or e.get("type") in ENDINGS,
             self.plan.event_timeout_s,
         )

@@ -45,9 +45,11 @@ import redis.asyncio as aioredis
 
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
+from testbed.processes import ROOT, AcpProcess
+from testbed.redis_server import free_port
 
 from .__main__ import heartbeat_cost, log, run_wrk, server_stack, wait_port
-from .procs import ROOT, AcpProcess, RedisServer, api, children, cpu_s, free_port, percentile, rss_bytes, worker
+from .procs import RedisServer, api, children, cpu_s, percentile, rss_bytes, worker
 from .scale_load import Http, now_ns
 from .scale_streams import Streams, bare_stream_rss_bytes, delivery, emit_one_event_each
 
@@ -372,7 +374,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(REPLY_KEPT_S)
         memory1 = (await redis.info("memory"))["used_memory"]
         reports = await store.worker_reports(list((await store.lease_view()).deadlines))
-        per_worker_sessions = {inc: r["sessions"] for inc, r in reports.items()}
+        per_worker_sessions = {inc: r.sessions for inc, r in reports.items()}
         rss1 = {w.pid: rss_bytes(w.pid) for w in cluster.workers}
         all_sessions = sum(len(v) for v in sids.values())
         hosted = sum(per_worker_sessions.values())
@@ -515,9 +517,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             hello_proc.terminate()
             hello_proc.wait(10)
         for w in cluster.workers:
-            await w.stop()
+            await w.terminate(30)
         for process, _ in cluster.apis:
-            await process.stop()
+            await process.terminate(30)
         await store.close()
         await redis.aclose()
         redis_server.stop()

@@ -15,9 +15,11 @@ from typing import Any
 
 from acp_state import events
 from acp_state.store import RedisStore, Transition
+from testbed.processes import ROOT
+from testbed.redis_server import free_port
 
 from .__main__ import wait_port
-from .procs import ROOT, free_port, percentile, rss_bytes
+from .procs import percentile, rss_bytes
 from .scale_load import now_ns
 
 

@@ -29,9 +29,11 @@ from typing import Any
 import httpx
 
 from acp_state.cli.serving import SERVERS
+from testbed.processes import ROOT
+from testbed.redis_server import free_port
 
 from .__main__ import RESULTS, server_stack, bench_reference, create_sessions, ensure_wrk, log, run_wrk, wait_port
-from .procs import ROOT, RedisServer, api, free_port, worker
+from .procs import RedisServer, api, worker
 
 GRANIAN_CLI = {  # name -> extra granian options (always: ASGI, 1 worker, uvloop)
     "granian CLI, default": [],
@@ -115,7 +117,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             process.terminate()
             process.wait(10)
         for process in apis + workers:
-            await process.stop()
+            await process.terminate(30)
         redis.stop()
     figures = {
         figure: {

@@ -23,10 +23,10 @@ import httpx
 import redis.asyncio as aioredis
 
 from acp_state.ids import workspace_id
+from testbed.redis_server import RedisCluster
 
 from .__main__ import create_sessions, log
 from .procs import RedisServer, api, percentile, worker
-from .redis_server import RedisCluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -126,7 +126,7 @@ async def soak(minutes: float, sessions: int, cluster: bool = False) -> dict[str
         for client in clients:
             await client.aclose()
         for process in workers + [a for a, _ in apis]:
-            await process.stop()
+            await process.terminate(30)
         server.stop()
     first, last = rss[0], rss[-1]
     return {

@@ -97,7 +97,7 @@ async def run(samples: int, server_name: str = DEFAULT_SERVER) -> dict:
         sse = await _publish_to_sse(server.url, port, workspace, samples)
     finally:
         for process in reversed(processes):
-            await process.stop()
+            await process.terminate(30)
         server.stop()
 
     def summary(values: list[float]) -> dict:

@@ -48,9 +48,11 @@ from acp_state.api.app import create_app
 from acp_state.api.settings import Settings
 from acp_state.cli.serving import SERVERS
 from acp_state.ids import workspace_id
+from testbed.processes import ROOT
+from testbed.redis_server import free_port
 
 from .__main__ import create_sessions, log, wait_port
-from .procs import ROOT, RedisServer, api, free_port, rss_bytes, worker
+from .procs import RedisServer, api, rss_bytes, worker
 from .scale_streams import Streams
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -124,7 +126,7 @@ async def heap(streams: int) -> dict[str, Any]:
             result["through_the_stack"] = await held_per_stream(app, sids, streams, below_stack=False)
             result["below_the_stack"] = await held_per_stream(app, sids, streams, below_stack=True)
     finally:
-        await hosting.stop()
+        await hosting.terminate(30)
         server.stop()
     return result
 
@@ -193,7 +195,7 @@ async def one_round(name: str, count: int, logs: Path, sequential: bool = False)
                                                      sequential))["bytes_per_stream"]
     finally:
         for process in reversed(processes):
-            await process.stop()
+            await process.terminate(30)
         redis.stop()
     figures["bare_raw_asgi_stream"] = await bare_rss(name, "/raw-sse", count, logs, f"bare-{name}", sequential)
     for stream in ("session_stream", "live_feed"):

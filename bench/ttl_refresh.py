@@ -57,8 +57,8 @@ async def run(sessions: int, ttl_ms: int) -> dict[str, object]:
         await asyncio.sleep(period_s)
         after, elapsed = await pexpire_calls(redis), time.monotonic() - started
     finally:
-        await the_api.stop()
-        await the_worker.stop()
+        await the_api.terminate(30)
+        await the_worker.terminate(30)
         await redis.aclose()
         server.stop()
     measured = (after - before) / elapsed

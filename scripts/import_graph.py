@@ -17,9 +17,10 @@ folder that pyproject.toml's `[tool.setuptools.package-dir]` maps (`api/` instal
   the app (`APP_MODULES`) importing a route;
 * a room importing one it may not (`MAY_IMPORT`: api and worker never import each other,
   the core and the store neither of them, the core not the store either (the store sits
-  below the core's domain types: one way), production code nothing of `tests/` or `bench/`,
-  and `bench/` nothing of `tests/`: what both use, such as `bench/redis_server.py`, lives in
-  `bench/`);
+  below the core's domain types: one way), production code nothing of `tests/`, `bench/`
+  or `testbed/`, `bench/` nothing of `tests/`, and the test bed (`testbed/`: what tests and
+  benchmarks both run on, such as its Redis servers) nothing of either, and only they
+  import it);
 * a private name (`_name`, or a `_module`) imported from, or read off, another module;
 * a test module importing helpers from another test module (they share `tests/helpers.py`;
   importing a `test_*` function to collect it again, as `tests/test_cluster.py` does, is fine);
@@ -56,6 +57,7 @@ ROOMS = {
     "worker": "worker",
     "tests": "tests",
     "bench": "bench",
+    "testbed": "testbed",
     "scripts": "scripts",
 }
 PRODUCTION = {"core", "store", "composition root", "testing double", "api", "worker"}
@@ -73,17 +75,20 @@ MAY_IMPORT = {
     "testing double": {"core", "testing double"},
     "composition root": {"core", "store", "api", "worker", "testing double", "composition root"},
     # Tests and tools drive everything; production code never imports them. The tests
-    # import the benchmarks' parts (their own Redis servers, the chaos run), never the
-    # other way round.
+    # import the benchmarks' parts (the chaos run's checker), never the other way round.
+    # Both run on the test bed (its Redis servers, process wrapper, fork server, model
+    # endpoint, hosts, fault proxy), which starts the product's processes and imports
+    # neither of them; nothing else imports it.
     "tests": EVERY_ROOM,
     "bench": EVERY_ROOM - {"tests"},
-    "scripts": EVERY_ROOM,
+    "testbed": {"core", "store", "composition root", "testing double", "testbed"},
+    "scripts": EVERY_ROOM - {"testbed"},
 }
 INSTALLED_TOP_LEVEL = {"acp_state"}
 # No module over this many lines, but for those named here: the chaos run's checker (one
 # invariant after another over one history) and the hand-built OpenAPI document (data).
 MAX_LINES = 700
-LONG_MODULES = {"bench/chaos_check.py", "api/routes/openapi.py"}
+LONG_MODULES = {"bench/chaos/checker.py", "api/routes/openapi.py"}
 # Only the store package knows Redis: its key schema, its hash fields, its Lua, its client.
 STORE_PACKAGE = "acp_state.store"
 STORE_KEYS = ("acp_state/store/keys.py", "acp_state/keys.py")  # where the field names are

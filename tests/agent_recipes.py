@@ -1,5 +1,5 @@
 """How each real ACP coding agent is installed and pointed at the scripted model endpoint
-(tests/model_endpoint.py), offline: its environment and configuration files. It is launched
+(testbed/model_endpoint.py), offline: its environment and configuration files. It is launched
 by its `--agent-preset` (acp_state/agents.py), found on PATH in tests/node's `.bin`.
 docs/agents.md tells the same for users.
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from bench.redis_server import free_port
+from testbed.redis_server import free_port
 
 NODE_BIN = Path(__file__).resolve().parent / "node" / "node_modules" / ".bin"
 MODEL = "fake-model"

@@ -1,12 +1,12 @@
 """Hand-made chaos histories for the checker's tests (tests/test_chaos_check*.py): a clean
-scenario recorded the way bench/chaos.py records a run, to which each test adds its fault."""
+scenario recorded the way bench/chaos/run.py records a run, to which each test adds its fault."""
 
 from __future__ import annotations
 
 import itertools
 from typing import Any
 
-from bench import chaos_check
+from bench.chaos import checker
 
 SID = "11111111-1111-4111-8111-111111111111"
 PROMPT = "p-1"
@@ -17,7 +17,7 @@ T0 = 1_000_000.0
 
 
 class History:
-    """Builds a history the way bench/chaos.py records one (same record kinds and fields)."""
+    """Builds a history the way bench/chaos/run.py records one (same record kinds and fields)."""
 
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
@@ -138,7 +138,7 @@ def scenario(
         ev("session_died", {"sessionId": SID, "reason": "worker_lost"})
     h.close("r1", 1, end_t + 0.5)
     if second_reader_misses:  # open well past the delivery slack, and still nothing came
-        h.close("r2", 1, end_t + chaos_check.DELIVERY_SLACK_S + 5)
+        h.close("r2", 1, end_t + checker.DELIVERY_SLACK_S + 5)
     if ending:
         status = (200, {"sessionId": SID}) if zombie_status else (404, {"error": "gone", "code": "session_not_found"})
         h.add("http", id=999, chain="status-x", attempt=0, method="GET", route="status", path="/", api=1, sid=SID,
@@ -154,5 +154,5 @@ def scenario(
 
 
 def invariants(records: list[dict[str, Any]]) -> list[str]:
-    report = chaos_check.check(records)
+    report = checker.check(records)
     return sorted(v["invariant"] + ": " + v["what"] for v in report.violations)

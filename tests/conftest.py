@@ -15,14 +15,14 @@ import redis.asyncio as aioredis
 
 from acp_state.store.connection import connect
 
-from bench import forkserver
-from bench.fake_openai import find_qwen
-from bench.redis_server import RedisServer, free_port
+from testbed import forkserver
+from testbed.qwen import find_qwen
+from testbed.redis_server import RedisServer, free_port
 from tests.harness import Harness
 
 __all__ = ["RedisServer", "free_port"]
 
-# The suite forks its workers and APIs from a pre-imported Python (bench/forkserver.py), as
+# The suite forks its workers and APIs from a pre-imported Python (testbed/forkserver.py), as
 # do the benches it runs (they inherit this): a fresh interpreter's imports were a fifth of
 # the suite's CPU. ACP_STATE_FORK_SERVER=0 exec's every process instead.
 os.environ.setdefault(forkserver.ENABLED_BY, "1")

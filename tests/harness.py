@@ -1,12 +1,10 @@
-"""Test harness: real `acp-state` worker and API processes, HTTP over loopback, and an
-event watcher that awaits events instead of sleeping."""
+"""Test harness: real `acp-state` worker and API processes (the test bed's wrapper,
+testbed/processes.py) started for one test and stopped after it, HTTP over loopback, and an
+event watcher and an SSE reader that await events instead of sleeping."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import signal
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,96 +15,9 @@ from acp_state.store import is_transient, keys
 from acp_state.store.connection import connect
 from acp_state.store.fanout import Fanout
 from acp_state.ids import workspace_id
-from bench import forkserver
-from bench.redis_server import die_with_parent
+from testbed.processes import AcpProcess, ApiProcess, WorkerProcess
 
-ROOT = Path(__file__).resolve().parent.parent
-START_TIMEOUT_S = 30
 HOST_TOKEN = "test-bed-host-token-0123456789"  # the APIs on test-bed hosts require one
-
-
-async def python_stacks(pid: int) -> str:
-    """The Python stacks of a live process, by py-spy when it is installed (else a note)."""
-    if shutil.which("py-spy") is None:
-        return "(install py-spy for its stacks)"
-    dump = await asyncio.create_subprocess_exec(
-        "py-spy", "dump", "--pid", str(pid), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
-    out, _ = await dump.communicate()
-    return out.decode(errors="replace")
-
-
-class Process:
-    """An `acp-state` subprocess that announces readiness with one stdout line."""
-
-    ready_marker = ""
-
-    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 prefix: list[str] | None = None) -> None:
-        self.argv = argv
-        self.prefix = prefix or []  # e.g. `ip netns exec <host>` (bench/hosts.py)
-        self.log_path = log_path
-        self.env = env  # extra variables, laid over os.environ
-        self.proc: asyncio.subprocess.Process | forkserver.Child | None = None
-        self.ready_line = ""
-
-    async def start(self) -> None:
-        env = {**os.environ, **(self.env or {}), "PYTHONPATH": str(ROOT), "ACP_STATE_LOG": "INFO"}
-        self._log = open(self.log_path, "ab")
-        self.proc = await forkserver.start(
-            self.argv, prefix=self.prefix, stdout=forkserver.PIPE, stderr=self._log, cwd=str(ROOT), env=env,
-            preexec_fn=die_with_parent,  # a test process that dies leaves no worker behind
-        )
-        assert self.proc.stdout is not None
-        while True:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), START_TIMEOUT_S)
-            if not line:
-                raise RuntimeError(f"{self.argv[0]} exited early; see {self.log_path}:\n{self.log_path.read_text()[-3000:]}")
-            if self.ready_marker in line.decode():
-                self.ready_line = line.decode().strip()
-                return
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    async def terminate(self, timeout: float = 20) -> int | None:
-        """SIGTERM and wait: every process must shut down cleanly on it."""
-        if self.proc is None or self.proc.returncode is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return await asyncio.wait_for(self.proc.wait(), timeout)
-        except asyncio.TimeoutError:
-            stacks = await python_stacks(self.proc.pid)  # where it hangs, before it is gone
-            self.proc.kill()
-            await self.proc.wait()
-            raise AssertionError(f"{self.argv[0]} ignored SIGTERM for {timeout}s; its threads:\n{stacks}")
-
-    async def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        await self.proc.wait()
-
-
-class WorkerProcess(Process):
-    ready_marker = "acp-state worker "
-
-    @property
-    def incarnation(self) -> str:
-        return self.ready_line.split()[2]
-
-
-class ApiProcess(Process):
-    ready_marker = "acp-state api listening on "
-
-    def __init__(self, argv: list[str], log_path: Path, port: int, host: str = "127.0.0.1",
-                 prefix: list[str] | None = None, token: str | None = None) -> None:
-        super().__init__(argv, log_path, prefix=prefix)
-        self.port = port
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.client = httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=30, headers=headers)
 
 
 class EventWatcher:
@@ -222,7 +133,7 @@ class Harness:
         self.redis_url = redis_url
         self.workspace = workspace
         self.free_port = free_port
-        self.processes: list[Process] = []
+        self.processes: list[AcpProcess] = []
         self.watcher = EventWatcher(redis_url, [workspace])
         self._watching = False
         self.logs = Path(workspace).parent
@@ -249,7 +160,7 @@ class Harness:
         return process
 
     async def api(self, *args: str, workspaces: list[str] | None = None, host: Any = None) -> ApiProcess:
-        """An API process; `host`: on that host of a test bed (bench/hosts.py), listening on
+        """An API process; `host`: on that host of a test bed (testbed/hosts.py), listening on
         its address with a bearer token (off loopback one is required)."""
         port = self.free_port()
         ws_args = [a for w in (workspaces or [self.workspace]) for a in ("--workspace", w)]
@@ -269,7 +180,7 @@ class Harness:
         gone first would fail the requests an API still serves)."""
         apis = [p for p in self.processes if isinstance(p, ApiProcess)]
         for process in apis:
-            await process.client.aclose()
+            await process.close_client()
         for group in (apis, [p for p in self.processes if not isinstance(p, ApiProcess)]):
             # Every process of the group is stopped even when one of them fails its SIGTERM.
             codes = await asyncio.gather(*(process.terminate() for process in group), return_exceptions=True)

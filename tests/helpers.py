@@ -14,7 +14,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import ApiProcess, Harness, SseClient
+from testbed.processes import ApiProcess
+from tests.harness import Harness, SseClient
 
 
 # A wait's time limit is a safety stop, never what a test asserts: far past the moment the

@@ -1,4 +1,4 @@
-"""The host test bed's fixtures (bench/hosts.py): a bed of network namespaces for a test
+"""The host test bed's fixtures (testbed/hosts.py): a bed of network namespaces for a test
 module, a Redis of the test's own on the bed's Redis address, and a harness whose processes
 reach it across the bed, every cut healed afterwards. Skipped, saying why, where namespaces
 or nftables are not available (not root, no `ip netns`)."""
@@ -9,9 +9,8 @@ from typing import AsyncIterator, Iterator
 
 import pytest
 
-from bench.chaos_redis import bind_args
-from bench.hosts import HostsUnavailable, TestBed
-from bench.redis_server import RedisServer, free_port
+from testbed.hosts import HostsUnavailable, TestBed
+from testbed.redis_server import RedisServer, bind_args, free_port
 from tests.harness import Harness
 
 

@@ -17,7 +17,7 @@ from acp_state import events
 from acp_state.store import keys, scripts
 from acp_state.store.batching import Script
 from acp_state.store.keys import F
-from bench.redis_server import RedisServer
+from testbed.redis_server import RedisServer
 
 WS = "0123456789abcdef"
 SID = "11111111-1111-4111-8111-111111111111"

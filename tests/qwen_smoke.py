@@ -1,4 +1,5 @@
-"""End-to-end smoke check: real ``qwen --acp`` driven by the scripted FakeOpenAI server.
+"""End-to-end smoke check: real ``qwen --acp`` driven by the scripted model endpoint
+(testbed/model_endpoint.py).
 
 Run with ``python tests/qwen_smoke.py``. Speaks raw newline-delimited JSON-RPC over the
 agent's stdio, drives a permission turn (shell tool) and an ask_user_question turn, and
@@ -21,8 +22,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: bench/ and acp_state/
-from bench.fake_openai import FakeOpenAI, find_qwen, qwen_env  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: testbed/ and acp_state/
+from testbed.model_endpoint import ModelEndpoint  # noqa: E402
+from testbed.qwen import find_qwen, qwen_env  # noqa: E402
 
 TIMEOUT = 60.0
 PERMISSION = "session/request_permission"
@@ -158,11 +160,11 @@ def main() -> int:
     home, work = scratch / "home", scratch / "work"
     work.mkdir(parents=True)
     stderr_path = scratch / "qwen-stderr.log"
-    fake = FakeOpenAI().start()
+    fake = ModelEndpoint().start()
     client: AcpClient | None = None
     ok = False
     try:
-        env = qwen_env(home, fake.base_url)
+        env = qwen_env(home, fake.openai_url)
         env["TMPDIR"] = str(scratch)  # qwen leaves qwen-socks-* folders in the temp dir
         t0 = time.monotonic()
         client = AcpClient([qwen, "--acp"], env, str(work), stderr_path)
@@ -190,13 +192,13 @@ def main() -> int:
             if "proceed_once" not in option_ids:
                 raise SmokeFailure(f"no proceed_once option: {option_ids}")
 
-        n_llm = len(fake.requests)
+        n_llm = len(fake.chat_requests)
         t1 = time.monotonic()
         result, seen = run_turn(client, session_id, "PERM please run",
                                 {"outcome": {"outcome": "selected", "optionId": "proceed_once"}},
                                 check_perm)
         print(f"turn PERM: {time.monotonic() - t1:.2f}s result={json.dumps(result)} "
-              f"llm_calls={len(fake.requests) - n_llm}")
+              f"llm_calls={len(fake.chat_requests) - n_llm}")
         if not seen:
             raise SmokeFailure("no session/request_permission for the shell tool")
         if not (work / "perm_check.txt").exists():
@@ -209,17 +211,17 @@ def main() -> int:
             if kind != "user_question":
                 raise SmokeFailure(f"expected qwenInteractionKind user_question, got {kind!r}")
 
-        n_llm = len(fake.requests)
+        n_llm = len(fake.chat_requests)
         t2 = time.monotonic()
         result, seen = run_turn(client, session_id, "QUESTION ask me",
                                 {"outcome": {"outcome": "selected", "optionId": "proceed_once"},
                                  "answers": {"0": "Blue"}},
                                 check_question)
         print(f"turn QUESTION: {time.monotonic() - t2:.2f}s result={json.dumps(result)} "
-              f"llm_calls={len(fake.requests) - n_llm}")
+              f"llm_calls={len(fake.chat_requests) - n_llm}")
         if not seen:
             raise SmokeFailure("no session/request_permission for ask_user_question")
-        tool_msgs = [m for m in fake.requests[-1].get("messages", []) if m.get("role") == "tool"]
+        tool_msgs = [m for m in fake.chat_requests[-1].get("messages", []) if m.get("role") == "tool"]
         if tool_msgs:
             print(f"  tool result the LLM saw: {tool_msgs[-1].get('content')!r}")
 
@@ -243,14 +245,14 @@ def main() -> int:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def summarize(fake: FakeOpenAI, client: AcpClient) -> None:
+def summarize(fake: ModelEndpoint, client: AcpClient) -> None:
     """Print what the LLM requests looked like and what the agent sent besides responses."""
-    print(f"LLM requests: {len(fake.requests)}")
-    for i, req in enumerate(fake.requests, 1):
+    print(f"LLM requests: {len(fake.chat_requests)}")
+    for i, req in enumerate(fake.chat_requests, 1):
         last = (req.get("messages") or [{}])[-1]
         print(f"  #{i} stream={req.get('stream')} tools={len(req.get('tools') or [])} "
               f"messages={len(req.get('messages') or [])} last_role={last.get('role')}")
-    with_tools = next((r for r in fake.requests if r.get("tools")), None)
+    with_tools = next((r for r in fake.chat_requests if r.get("tools")), None)
     if with_tools:
         names = [t.get("function", {}).get("name") for t in with_tools["tools"]]
         print(f"tool names offered: {names}")

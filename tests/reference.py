@@ -1,8 +1,8 @@
 """The reference daemon (`qwen serve`) for differential tests, and the tools to compare answers.
 
 * `reference_daemon(...)`: an async context manager that starts `qwen serve` on a free
-  loopback port (its `qwen --acp` child on a scripted LLM, `bench/fake_openai.py`) and
-  stops it, with its process group, afterwards.
+  loopback port (its `qwen --acp` child on the scripted model endpoint,
+  `testbed/model_endpoint.py`) and stops it, with its process group, afterwards.
 * `shape(body)`: a JSON body reduced to its structure, so ids and times never count.
 * `Exchange`, `compare`, `Difference`: one request's answer as clients read it, and what
   differs between the reference's and acp-state's answers to the same step.
@@ -23,8 +23,8 @@ from typing import Any, AsyncIterator, Iterable
 
 import httpx
 
-from bench.fake_openai import qwen_env
-from bench.redis_server import free_port
+from testbed.qwen import qwen_env
+from testbed.redis_server import free_port
 
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 15

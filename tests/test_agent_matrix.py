@@ -36,8 +36,9 @@ import pytest
 
 from tests.agent_recipes import RECIPES, Recipe
 from acp_state.ids import workspace_id
-from tests.harness import ApiProcess, EventWatcher, Harness, SseClient, WorkerProcess
-from tests.model_endpoint import HELLO, LOOP_FILE, WRITE_FILE, WRITE_TOOLS, ModelEndpoint, Turn
+from testbed.model_endpoint import HELLO, LOOP_FILE, WRITE_FILE, WRITE_TOOLS, ModelEndpoint, Turn
+from testbed.processes import ApiProcess, WorkerProcess
+from tests.harness import EventWatcher, Harness, SseClient
 
 pytestmark = pytest.mark.agents
 

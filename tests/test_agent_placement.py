@@ -13,7 +13,8 @@ import pytest
 
 from acp_state.agents import DEFAULT_AGENT, PRESETS, offered_agents, parse_agent_option, session_modes, with_presets
 from acp_state.ids import workspace_id
-from acp_state.store import keys
+from acp_state.placement import accepts, ranked
+from acp_state.store import WorkerReport, keys
 from tests.harness import Harness
 
 SCRIPTED = f"{sys.executable} -m acp_state.testing.scripted_agent"
@@ -29,6 +30,25 @@ def test_agent_options_name_agents_and_a_bare_command_is_the_default() -> None:
         offered_agents(["a=x", "a=y"], "f")
     with pytest.raises(ValueError):
         parse_agent_option("a=")
+
+
+def test_placement_takes_fitting_workers_least_loaded_first_counting_what_was_sent() -> None:
+    """One rule for a create, a load and a drain's move: a worker that drains, lacks the
+    agent or reads another agent-state store is never asked; the others least loaded first
+    (sessions sent since a report count); a report stored by a worker older than agent
+    names or capacities reads as offering the default agent, with a capacity of 1."""
+    old = WorkerReport.unpack("w-old", b'{"incarnation": "w-old", "sessions": 0}')
+    assert (old.agent_names, old.max_sessions, old.draining) == ([], 0, False)
+    assert accepts(old, DEFAULT_AGENT) and not accepts(old, "qwen")
+    busy = WorkerReport("w-busy", sessions=3, max_sessions=4, agent_names=["default", "qwen"], state_store="s1")
+    idle = WorkerReport("w-idle", sessions=1, max_sessions=4, agent_names=["default", "qwen"], state_store="s1")
+    draining = WorkerReport("w-draining", max_sessions=4, agent_names=["qwen"], state_store="s1", draining=True)
+    elsewhere = WorkerReport("w-elsewhere", max_sessions=4, agent_names=["qwen"], state_store="s2")
+    fitting = [r for r in (busy, idle, draining, elsewhere, old) if accepts(r, "qwen", "s1")]
+    assert [r.incarnation for r in ranked(fitting)] == ["w-idle", "w-busy"]
+    assert [r.incarnation for r in ranked(fitting, {"w-idle": 3})] == ["w-busy", "w-idle"]
+    with pytest.raises(ValueError):
+        WorkerReport.unpack("w-bad", b'{"sessions": "many"}')
 
 
 def test_session_modes_name_an_agent_or_apply_to_every_other() -> None:

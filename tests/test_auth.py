@@ -6,7 +6,8 @@ import asyncio
 import sys
 
 from acp_state.ids import workspace_id
-from tests.harness import ROOT, Harness, SseClient
+from testbed.processes import ROOT
+from tests.harness import Harness, SseClient
 
 USER = "user-token-0123456789"
 ADMIN = "admin-token-0123456789"

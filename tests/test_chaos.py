@@ -1,8 +1,8 @@
-"""Seeded chaos runs (bench/chaos.py), 60 s each: one on a single Redis, one on a 3-master
+"""Seeded chaos runs (bench/chaos/run.py), 60 s each: one on a single Redis, one on a 3-master
 cluster with a replica per master. Faults of several kinds are injected while a load
 creates sessions, prompts, votes, answers, cancels, deletes, polls status and reads event
 streams; the recorded history must show no violation of any invariant
-(bench/chaos_check.py). Among the faults, a worker drain (its sessions move to the other
+(bench/chaos/checker.py). Among the faults, a worker drain (its sessions move to the other
 worker). A third runs across hosts (`--hosts`, network namespaces; skipped where they are
 not available) with the network faults among them. Each draws a SIGSTOP of a worker alone
 (`worker_stop_alone`: its agents run on), which invariant j holds to "dead stays dead down to
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.hosts import UNAVAILABLE_EXIT
+from testbed.hosts import UNAVAILABLE_EXIT
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 391  # its schedules: pub/sub kill, API kill -9, a drain, a SIGSTOP of a worker alone
@@ -65,7 +65,7 @@ def assert_clean(summary: dict, done: subprocess.CompletedProcess[str]) -> None:
     assert summary["violations_total"] == 0, (
         f"violations by invariant {summary['violations_by_invariant']}\n"
         f"kinds {json.dumps(summary['violation_kinds'])}\none example each:\n{examples}\n"
-        f"history: {summary['history']} (python -m bench.chaos_check <history>)\nlogs: {summary['logs']}"
+        f"history: {summary['history']} (python -m bench.chaos.checker <history>)\nlogs: {summary['logs']}"
     )
     assert done.returncode == 0, done.stderr[-3000:]
 

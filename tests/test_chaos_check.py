@@ -1,4 +1,4 @@
-"""The chaos checker (bench/chaos_check.py) on small hand-made histories: a clean history
+"""The chaos checker (bench/chaos/checker.py) on small hand-made histories: a clean history
 passes, and each invariant's violation is reported, exactly that one. These prove the
 checker can fail."""
 
@@ -10,18 +10,18 @@ from typing import Any
 
 import pytest
 
-from bench import chaos_check
-from bench.chaos_schedule import make_schedule
+from bench.chaos import checker
+from bench.chaos.schedule import make_schedule
 
 from tests.chaos_histories import EPOCH, OWNER, SID, T0, History, invariants, scenario
 
 
 def test_a_clean_history_has_no_violations_and_runs_every_check() -> None:
-    report = chaos_check.check(scenario())
+    report = checker.check(scenario())
     assert report.violations == []
     assert all(report.checks[k] > 0 for k in "abcdegh"), report.checks
     # An ending that is a death (not by a store outage): f checks it and passes.
-    died = chaos_check.check(scenario(ending="died", faulted_owner=True))
+    died = checker.check(scenario(ending="died", faulted_owner=True))
     assert died.violations == [] and died.checks["f"] == 1
 
 
@@ -37,7 +37,7 @@ def test_a_second_winner_after_redis_restarted_empty_is_unverifiable_not_a_viola
     second.update(t_sent=T0 + 1.55, t_answered=T0 + 1.6)
     records.append({"kind": "fault", "seq": 10_001, "fault": "redis_restart_empty", "target": 0,
                     "t_start": T0 + 1.0, "t_end": T0 + 1.5, "detail": {}})
-    report = chaos_check.check(records)
+    report = checker.check(records)
     assert not [v for v in report.violations if v["invariant"] == "a"]
     assert report.unverifiable["a: an earlier winner lost with the store"] == 1
     second.update(t_sent=T0 + 0.3, t_answered=T0 + 0.31)  # both before the loss: still a violation
@@ -93,8 +93,8 @@ def test_c_status_200_after_the_session_ended_is_a_violation() -> None:
 
 
 def test_c_a_read_within_the_invalidations_delivery_is_noted_not_a_violation() -> None:
-    ended = chaos_check.History.of(scenario()).endings()[SID]  # the session_closed frame's sighting
-    report = chaos_check.check(scenario(zombie_status=True, status_after_s=ended + 0.01 - (T0 + 2.0)))
+    ended = checker.History.of(scenario()).endings()[SID]  # the session_closed frame's sighting
+    report = checker.check(scenario(zombie_status=True, status_after_s=ended + 0.01 - (T0 + 2.0)))
     assert report.violations == []
     assert report.notes["c: read within the invalidation's delivery"] == 1
 
@@ -108,7 +108,7 @@ def test_d_a_duplicate_terminal_is_a_violation() -> None:
 
 
 def test_d_a_prompt_acknowledged_just_before_a_restart_empty_is_unverifiable() -> None:
-    report = chaos_check.check(scenario(restart_after_ack=True))
+    report = checker.check(scenario(restart_after_ack=True))
     assert report.violations == []
     assert report.unverifiable["d: lost with the store"] == 1
 
@@ -137,7 +137,7 @@ def test_f_a_session_swept_before_its_worker_was_killed_is_a_violation() -> None
 @pytest.mark.parametrize("cut", ["host_partition", "host_partition_oneway", "half_open", "link_down"])
 def test_f_a_session_swept_after_its_worker_was_cut_from_redis_is_not_a_violation(cut: str) -> None:
     """Across hosts a worker cut off from Redis past its lease is declared dead, as a
-    stopped one is (bench/chaos_network.py)."""
+    stopped one is (bench/chaos/network.py)."""
     assert invariants(scenario(ending="died", faulted_owner=cut)) == []
 
 
@@ -207,7 +207,7 @@ def test_g_a_prompt_that_ran_although_its_retry_was_answered_404_is_a_violation(
 
 def test_g_a_404_retry_after_redis_restarted_empty_is_unverifiable_not_a_violation() -> None:
     """The kept outcome went with the store's data between the try and its retry."""
-    report = chaos_check.check(prompt_run_then_answered_404(restart_between=True))
+    report = checker.check(prompt_run_then_answered_404(restart_between=True))
     assert not [v for v in report.violations if v["invariant"] == "g"]
     assert report.unverifiable["g: kept outcome lost with the store"] == 1
 
@@ -247,7 +247,7 @@ def test_d_a_prompt_acknowledged_just_before_a_master_stalled_past_its_failover_
     meta.update(cluster=True, node_timeout_ms=2000)
     fault = next(r for r in records if r["kind"] == "fault")
     fault.update(fault="redis_sleep_5x", planned={"kind": "redis_sleep_5x", "params": {"sleep_s": sleep_s}})
-    report = chaos_check.check(records)
+    report = checker.check(records)
     if lost:
         assert report.violations == [] and report.unverifiable["d: lost with the store"] == 1
     else:
@@ -274,7 +274,7 @@ def moved_scenario(
     other_live: bool = True,
     exit_code: int = 0,
 ) -> list[dict[str, Any]]:
-    """One session moved by a drain, as bench/chaos.py records it: created on OWNER (pid 1)
+    """One session moved by a drain, as bench/chaos/run.py records it: created on OWNER (pid 1)
     with NEW_OWNER (pid 2) live, a turn running when OWNER is told to drain (it ends within
     the grace, or `stop_for_drain`: the grace ends it `worker_draining`), a #permission
     prompt acknowledged during the move, `session_moved` written by NEW_OWNER (its owner
@@ -367,12 +367,12 @@ def moved_scenario(
 
 
 def test_i_a_history_with_a_move_passes_every_invariant() -> None:
-    report = chaos_check.check(moved_scenario())
+    report = checker.check(moved_scenario())
     assert report.violations == []
     assert report.checks["i"] >= 3 and report.counts["moves"] == 1, (report.checks, report.counts)
     assert all(report.checks[k] > 0 for k in "abcdegi"), report.checks
     # The grace ended the running turn (worker_draining) before the move: its one terminal.
-    stopped = chaos_check.check(moved_scenario(stop_for_drain=True))
+    stopped = checker.check(moved_scenario(stop_for_drain=True))
     assert stopped.violations == [] and stopped.counts["turns ended worker_draining"] == 1
 
 
@@ -395,7 +395,7 @@ def test_i_a_drain_stop_or_a_move_off_a_worker_never_told_to_drain_is_a_violatio
 
 def test_i_a_move_that_kept_the_owner_is_a_violation() -> None:
     assert invariants(moved_scenario(owner_read_after=OWNER)) == ["i: a move kept the session on its worker"]
-    report = chaos_check.check(moved_scenario(owner_read_after=None))  # no read after it: cannot tell
+    report = checker.check(moved_scenario(owner_read_after=None))  # no read after it: cannot tell
     assert report.violations == [] and report.unverifiable["i: an owner around a move unknown"] == 1
 
 
@@ -446,7 +446,7 @@ def drained_close(other_live: bool) -> list[dict[str, Any]]:
 def test_i_a_drain_closes_a_session_only_if_no_other_worker_could_take_it() -> None:
     assert invariants(drained_close(other_live=True)) == ["i: a drained worker closed a session another worker could take"]
     # Every worker stopping at once (the run's end): nobody could take it.
-    report = chaos_check.check(drained_close(other_live=False))
+    report = checker.check(drained_close(other_live=False))
     assert report.violations == [] and report.checks["i"] >= 1
 
 

@@ -1,4 +1,4 @@
-"""The chaos checker's invariant j, dead stays dead down to the agent (bench/chaos_check.py):
+"""The chaos checker's invariant j, dead stays dead down to the agent (bench/chaos/checker.py):
 hand-made histories with the agents' history writes and the leases, each violation reported;
 and the worker_stop_alone fault and the lease watch the run records j with."""
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from bench import chaos_check
-from bench.chaos_schedule import make_schedule
+from bench.chaos import checker
+from bench.chaos.schedule import make_schedule
 from tests.chaos_histories import OWNER, PROMPT, SID, T0, invariants, scenario
 
 
@@ -61,16 +61,16 @@ def write(t: float, text: str = TEXT, inc: str | None = OWNER, prior: int = 0, e
 
 
 def test_j_history_writes_within_the_lease_pass() -> None:
-    report = chaos_check.check(with_agent(scenario()))
+    report = checker.check(with_agent(scenario()))
     assert report.violations == []
     # The write, the completed turn found in the history, the write's place in the file.
     assert report.checks["j"] == 3
     assert report.counts["agent history writes"] == 1 and report.counts["incarnations declared dead"] == 1
     # A write of an incarnation whose lease was never read, or that no incarnation sent, is
     # not taken for either.
-    unknown = chaos_check.check(with_agent(scenario(), write(T0 + 0.25, inc="w9-9-ffff")))
+    unknown = checker.check(with_agent(scenario(), write(T0 + 0.25, inc="w9-9-ffff")))
     assert unknown.violations == [] and unknown.unverifiable["j: a write of an incarnation whose lease was never read"] == 1
-    anonymous = chaos_check.check(with_agent(scenario(), write(T0 + 0.25, inc=None)))
+    anonymous = checker.check(with_agent(scenario(), write(T0 + 0.25, inc=None)))
     assert anonymous.violations == [] and anonymous.unverifiable["j: a write no incarnation sent"] == 1
 
 
@@ -79,7 +79,7 @@ def test_j_a_history_write_after_the_lease_ended_is_a_violation() -> None:
     turn to the shared history after a sweeper could declare the worker dead."""
     late = with_agent(scenario(ending="died", faulted_owner="worker_stop_alone"),
                       write(T0 + 0.25), write(DEADLINE + 0.4, "#slow 5 k=late", prior=1))
-    report = chaos_check.check(late)
+    report = checker.check(late)
     assert invariants(late) == [
         "j: the agent wrote to the history after its worker's lease ended (a sweeper could declare it dead)"]
     (found,) = report.violations
@@ -101,7 +101,7 @@ def test_j_a_turn_told_worker_lost_held_in_the_history_is_a_violation_unless_wri
     ]
     # Written while the lease held (the turn ended at the agent, the worker froze before it
     # said so): noted, not a violation: no fence can stop an agent before its lease ends.
-    held = chaos_check.check(with_agent(died, write(T0 + 0.25), told_worker_lost=True))
+    held = checker.check(with_agent(died, write(T0 + 0.25), told_worker_lost=True))
     assert held.violations == []
     assert held.notes["j: a turn told worker_lost in the history, written while its lease held"] == 1
     # In the history with no write logged for it: nothing vouches for it.
@@ -117,7 +117,7 @@ def test_j_a_stale_child_that_loses_the_resumers_turns_is_a_violation() -> None:
                          write(T0 + 0.7, "stale k=s", prior=1))
     records.append({"seq": 10_000, "kind": "lease", "inc": resumer, "deadline": int((T0 + 9) * 1000),
                     "redis_ms": int(T0 * 1000), "t": T0})
-    report = chaos_check.check(records)
+    report = checker.check(records)
     assert invariants(records) == [
         "j: an agent wrote a turn without knowing turns the history held before it (it lost the resumer's turns)"]
     assert report.violations[0]["missed"] == ["b's turn k=b"] and report.violations[0]["knew"] == 1
@@ -142,7 +142,7 @@ def test_a_sigstop_of_the_worker_alone_is_drawn_held_past_the_lease(cluster: boo
 
 
 async def test_the_lease_watch_records_each_deadline_as_it_moves_and_each_death(own_redis: Any) -> None:
-    """bench/chaos_history.py's LeaseWatch, on a real Redis: the registry's deadline of each
+    """bench/chaos/history.py's LeaseWatch, on a real Redis: the registry's deadline of each
     incarnation when it first shows and whenever a renewal moves it (not at every read),
     and each tombstone once, with Redis's time of the read."""
     import asyncio
@@ -150,7 +150,7 @@ async def test_the_lease_watch_records_each_deadline_as_it_moves_and_each_death(
     import redis
 
     from acp_state.store import keys
-    from bench.chaos_history import LeaseWatch
+    from bench.chaos.history import LeaseWatch
 
     got: list[tuple[str, dict[str, Any]]] = []
     client = redis.Redis(port=own_redis.port)

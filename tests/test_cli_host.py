@@ -9,8 +9,9 @@ import sys
 import httpx
 import pytest
 
-from bench.redis_server import RedisServer, free_port
-from tests.harness import ROOT, Harness
+from testbed.processes import ROOT
+from testbed.redis_server import RedisServer, free_port
+from tests.harness import Harness
 
 
 async def run_cli(*argv: str) -> tuple[int, str]:
@@ -27,7 +28,7 @@ async def run_cli(*argv: str) -> tuple[int, str]:
 @pytest.mark.parametrize("server", ["granian", "uvicorn"])
 async def test_api_serves_on_localhost_without_a_token(harness: Harness, server: str) -> None:
     api = await harness.api("--host", "localhost", "--server", server)
-    assert api.ready_line.startswith(f"acp-state api listening on http://127.0.0.1:{api.port} ")
+    assert api.banner.startswith(f"acp-state api listening on http://127.0.0.1:{api.port} ")
     response = await api.client.get("/capabilities")  # tokenless: localhost is loopback
     assert response.status_code == 200, response.text
     assert await api.terminate() == 0

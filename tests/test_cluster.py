@@ -17,7 +17,7 @@ import pytest
 
 from acp_state.store import RedisStore, keys
 from acp_state.ids import workspace_id
-from bench.redis_server import RedisCluster, free_port
+from testbed.redis_server import RedisCluster, free_port
 from tests.harness import Harness
 from tests.helpers import create, eventually, is_type, prompt, watched_session_after_a_turn
 from tests.test_delete_persisted import (  # noqa: F401  (collected here, on the cluster)

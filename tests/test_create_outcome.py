@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from acp_state.commands import Reply
-from acp_state.store import ABANDONED, CreateRecord
+from acp_state.store import ABANDONED, CatalogRow, CreateRecord
 from acp_state.api.responses import ApiError
 from acp_state.api.routes.sessions import first_create_outcome
 
@@ -34,8 +34,8 @@ class Store:
     async def was_told(self, ws: str, sid: str) -> bool:
         return self.told and self.listed
 
-    async def catalog_row(self, ws: str, sid: str) -> dict | None:
-        return {"createdAt": "t"} if self.listed else None
+    async def catalog_row(self, ws: str, sid: str) -> CatalogRow | None:
+        return CatalogRow("t", "t", 0) if self.listed else None
 
     async def keep_create(self, key: str, sid: str, client_id: str, attached: bool) -> None:
         self.kept.append(sid)

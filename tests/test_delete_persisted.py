@@ -18,7 +18,8 @@ import orjson
 from acp_state.ids import workspace_id
 from acp_state.store import keys
 from acp_state.testing.scripted_agent import history_path
-from tests.harness import ApiProcess, Harness
+from testbed.processes import ApiProcess
+from tests.harness import Harness
 from tests.helpers import create, eventually, prompt
 
 LEASE_MS = "1500"

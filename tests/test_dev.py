@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
+from testbed.processes import ROOT, python_stacks
 from tests.conftest import free_port
-from tests.harness import ROOT, python_stacks
 
 
 async def test_dev_command_serves_a_session(workspace: str, tmp_path: Path) -> None:

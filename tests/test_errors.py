@@ -21,7 +21,7 @@ from acp_state.api.auth import Token
 from acp_state.api.outcomes import effect
 from acp_state.api.settings import Settings
 from acp_state.store.connection import connect
-from bench.redis_server import RedisServer
+from testbed.redis_server import RedisServer
 from tests.harness import Harness
 
 OOM = "OOM command not allowed when used memory > 'maxmemory'."

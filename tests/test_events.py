@@ -305,12 +305,12 @@ async def test_a_gap_in_live_ids_is_filled_from_the_log(harness: Harness, redis_
     next live event reveals the gap, and the stream fills it from the log, in order."""
     from acp_state import events
     from acp_state.ids import new_id
-    from acp_state.store import Mode, RedisStore, Transition
+    from acp_state.store import Mode, RedisStore, Transition, WorkerReport
     from acp_state.store.keys import F
 
     store = RedisStore(redis_client)
     ws, sid, owner = workspace_id(workspace), new_id(), f"w-gap-{new_id()}"
-    await store.heartbeat(owner, {"sessions": 1}, 600_000)  # a live owner, with no process
+    await store.heartbeat(owner, WorkerReport(owner, sessions=1), 600_000)  # a live owner, with no process
     meta = {"sessionId": sid, "workspaceCwd": workspace, "createdAt": "2020-01-01T00:00:00Z"}
     await store.apply(ws, sid, owner, Transition(mode=Mode.CREATE, meta=meta, epoch="e1"))
     await store.index_session(owner, ws, sid, True)

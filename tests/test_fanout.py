@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError
 from acp_state.store import keys
 from acp_state.store.connection import connect
 from acp_state.store.fanout import Fanout
-from bench.redis_server import RedisCluster, RedisServer
+from testbed.redis_server import RedisCluster, RedisServer
 from tests.helpers import SAFETY_STOP_S, eventually
 
 

@@ -1,4 +1,4 @@
-"""bench/fault_proxy.py as the chaos run uses it: a real proxy process (`--upstream` mode)
+"""testbed/fault_proxy.py as the chaos run uses it: a real proxy process (`--upstream` mode)
 in front of a real redis-server of this module's own, driven over its control socket.
 
 Transparent mode (nftables redirect in a network namespace) is tested elsewhere.
@@ -21,20 +21,20 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from bench.fault_proxy import FaultProxyControl, FaultProxyError
-from bench.redis_server import RedisServer, free_port
+from testbed.fault_proxy import FaultProxyControl, FaultProxyError
+from testbed.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 class ProxyProcess:
-    """`python -m bench.fault_proxy` as a subprocess, started and ready (its ready line read)."""
+    """`python -m testbed.fault_proxy` as a subprocess, started and ready (its ready line read)."""
 
     def __init__(self, upstream_port: int, control: str) -> None:
         self.port = free_port()
         self.control_path = control
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.fault_proxy", "--listen", f"127.0.0.1:{self.port}",
+            [sys.executable, "-m", "testbed.fault_proxy", "--listen", f"127.0.0.1:{self.port}",
              "--upstream", f"127.0.0.1:{upstream_port}", "--control", control, "--seed", "7"],
             cwd=ROOT, stdout=subprocess.PIPE, text=True,
         )

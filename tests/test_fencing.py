@@ -22,8 +22,9 @@ from acp_state.ids import workspace_id
 from acp_state.store import SESSION_ID_SLOT, CreateKey, RedisStore
 from acp_state.store.sweeper import died
 from acp_state.worker.creates import RECLAIM_MARGIN_S
+from testbed.processes import ApiProcess
 from tests.conftest import RedisServer, free_port
-from tests.harness import ApiProcess, EventWatcher, Harness
+from tests.harness import EventWatcher, Harness
 from tests.helpers import create, eventually, prompt, status
 
 LEASE_MS = 1500

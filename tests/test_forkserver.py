@@ -1,4 +1,4 @@
-"""The fork server the suite starts its processes from (bench/forkserver.py) gives each one
+"""The fork server the suite starts its processes from (testbed/forkserver.py) gives each one
 what an exec'd `python -m acp_state.cli` has: its own pid, environment, output and exit code."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from acp_state.ids import workspace_id
-from bench import forkserver
-from bench.redis_server import RedisServer, free_port
+from testbed import forkserver
+from testbed.redis_server import RedisServer, free_port
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 

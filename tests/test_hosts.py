@@ -1,4 +1,4 @@
-"""The host test bed itself (bench/hosts.py): what it cuts, and that nothing of it outlives a
+"""The host test bed itself (testbed/hosts.py): what it cuts, and that nothing of it outlives a
 run, a failed one or one whose driver was killed. Skipped where it cannot run here."""
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from typing import Callable, Iterator
 import pytest
 import redis
 
-from bench.chaos_redis import bind_args
-from bench.hosts import UNAVAILABLE_EXIT, TestBed, leftovers, unavailable_reason
-from bench.redis_server import RedisServer
+from testbed.hosts import UNAVAILABLE_EXIT, TestBed, leftovers, unavailable_reason
+from testbed.redis_server import RedisServer, bind_args
 from tests.helpers import eventually_sync
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,8 +134,8 @@ def test_half_open_silences_open_connections_while_new_ones_connect(bed: TestBed
 
 DRIVER = (
     "import subprocess,sys\n"
-    "from bench.hosts import TestBed\n"
-    "from bench.redis_server import RedisServer\n"
+    "from testbed.hosts import TestBed\n"
+    "from testbed.redis_server import RedisServer\n"
     "bed=TestBed(['api-1','worker-1']).start()\n"
     "sleeper=subprocess.Popen([*bed.hosts['worker-1'].exec_prefix,'sleep','600'])\n"
     "redis=RedisServer().start()\n"
@@ -194,11 +193,11 @@ def _state(pid: int) -> str:
 def test_where_the_bed_cannot_run_it_says_why_and_exits_77(tmp_path: Path) -> None:
     """As a user without root (where `setpriv` can make one), `check` refuses plainly."""
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        result = subprocess.run([sys.executable, "-m", "bench.hosts", "check"], cwd=str(ROOT),
+        result = subprocess.run([sys.executable, "-m", "testbed.hosts", "check"], cwd=str(ROOT),
                                 capture_output=True, text=True, timeout=60)
     else:
         result = subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "bench.hosts", "check"],
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "testbed.hosts", "check"],
             cwd=str(ROOT), capture_output=True, text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)},
         )
     if REASON is None and os.geteuid() != 0:

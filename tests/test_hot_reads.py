@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from acp_state.clock import now_ms
 from acp_state.ids import workspace_id
 from acp_state.store import keys
-from tests.harness import ApiProcess, Harness
+from testbed.processes import ApiProcess
+from tests.harness import Harness
 from tests.helpers import create
 
 ADMIN = "admin-token-0123456789"

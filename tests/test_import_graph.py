@@ -57,7 +57,7 @@ def test_the_check_catches_each_kind_of_break(tmp_path: Path) -> None:
         "bench/__init__.py": "",
         "bench/run.py": "from tests import helpers\n",  # bench -> tests
         "bench/long.py": "x = 1\n" * 701,  # over the size limit
-        "bench/chaos_check.py": "x = 1\n" * 701,  # named as long: fine
+        "bench/chaos/checker.py": "x = 1\n" * 701,  # named as long: fine
         "bench/limit.py": "x = 1\n" * 700,  # at the limit: fine
     }
     for name, text in files.items():
@@ -80,7 +80,7 @@ def test_the_check_catches_each_kind_of_break(tmp_path: Path) -> None:
     assert "forbidden import: bench -> tests: bench.run imports tests.helpers" in problems
     assert "test_a from" not in problems  # re-collecting a test function is fine
     assert "size: bench/long.py has 701 lines (over 700: split it by job)" in problems
-    assert "chaos_check" not in problems and "limit.py" not in problems
+    assert "checker" not in problems and "limit.py" not in problems
     assert len(problems.splitlines()) == 12, problems
 
 

@@ -10,7 +10,7 @@ from acp_state.store import keys
 from acp_state.clock import now_ms
 from acp_state.store.connection import connect
 from acp_state.ids import workspace_id
-from acp_state.store import RedisStore
+from acp_state.store import RedisStore, WorkerReport
 from tests.harness import Harness
 from tests.helpers import create, prompt
 
@@ -82,7 +82,7 @@ async def test_heartbeat_is_one_script_whose_cost_does_not_grow_with_sessions(ow
     store = RedisStore(connect(own_redis.url))
     redis_client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
     try:
-        report = {"sessions": 0}
+        report = WorkerReport("w-1")
         await store.heartbeat("w-1", report, LEASE_MS)  # loads the script
         empty = await _commands_of(redis_client, lambda: store.heartbeat("w-1", report, LEASE_MS))
         ws = workspace_id("/tmp/heartbeat-cost")
@@ -92,7 +92,7 @@ async def test_heartbeat_is_one_script_whose_cost_does_not_grow_with_sessions(ow
                 pipe.sadd(keys.worker_sessions("w-1"), f"{ws}/s{n}")
                 pipe.hset(keys.session(ws, f"s{n}"), mapping={"inc": "w-1", "meta": "{}"})
             await pipe.execute()
-        loaded = await _commands_of(redis_client, lambda: store.heartbeat("w-1", {"sessions": 1000}, LEASE_MS))
+        loaded = await _commands_of(redis_client, lambda: store.heartbeat("w-1", WorkerReport("w-1", sessions=1000), LEASE_MS))
     finally:
         await store.close()
         await redis_client.aclose()

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from acp_state.commands import Reply
 from acp_state.store import keys
 from acp_state.store.connection import connect
-from acp_state.store import RedisStore, ReplyFate, Standing, is_transient
+from acp_state.store import RedisStore, ReplyFate, Standing, WorkerReport, is_transient
 from tests.conftest import RedisServer
 
 LEASE = 1000
@@ -45,8 +45,8 @@ async def lapse(raw: aioredis.Redis, incarnation: str, *, store_served_for_ms: i
 
 
 async def test_a_first_heartbeat_registers_and_the_next_holds(store: RedisStore, raw: aioredis.Redis) -> None:
-    assert await store.heartbeat("w-1", {"sessions": 0}, LEASE) is Standing.NEW
-    assert await store.heartbeat("w-1", {"sessions": 0}, LEASE) is Standing.HELD
+    assert await store.heartbeat("w-1", WorkerReport("w-1", sessions=0), LEASE) is Standing.NEW
+    assert await store.heartbeat("w-1", WorkerReport("w-1", sessions=0), LEASE) is Standing.HELD
     deadline = await raw.zscore(keys.WORKERS, "w-1")
     assert 0 < deadline - await redis_ms(raw) <= LEASE  # on Redis's clock
     for key in keys.REGISTRY_KEYS:
@@ -55,21 +55,21 @@ async def test_a_first_heartbeat_registers_and_the_next_holds(store: RedisStore,
 
 
 async def test_a_lapsed_worker_is_claimed_once_and_tombstoned(store: RedisStore, raw: aioredis.Redis) -> None:
-    await store.heartbeat("w-1", {}, LEASE)
+    await store.heartbeat("w-1", WorkerReport("w-1"), LEASE)
     await lapse(raw, "w-1", store_served_for_ms=10 * LEASE)
     claims = await store.claim_dead_workers()
     assert (claims.shortest_lease_ms, claims.claimed, claims.next_lapse_ms) == (LEASE, ["w-1"], None)
     assert (await store.claim_dead_workers()).claimed == []  # exactly one sweeper gets it
     assert await raw.zscore(keys.DEAD, "w-1") is not None
-    assert await store.heartbeat("w-1", {}, LEASE) is Standing.DEAD  # dead stays dead
+    assert await store.heartbeat("w-1", WorkerReport("w-1"), LEASE) is Standing.DEAD  # dead stays dead
     assert await raw.zscore(keys.WORKERS, "w-1") is None
 
 
 async def test_a_claim_says_when_the_soonest_live_lease_lapses(store: RedisStore, raw: aioredis.Redis) -> None:
     """So a sweeper can wait for a dead worker's deadline instead of finding it up to a round late."""
     assert (await store.claim_dead_workers()).next_lapse_ms is None
-    await store.heartbeat("w-1", {}, 4 * LEASE)
-    await store.heartbeat("w-2", {}, LEASE)
+    await store.heartbeat("w-1", WorkerReport("w-1"), 4 * LEASE)
+    await store.heartbeat("w-2", WorkerReport("w-2"), LEASE)
     assert 0 < (await store.claim_dead_workers()).next_lapse_ms <= LEASE
     await lapse(raw, "w-2", store_served_for_ms=10 * LEASE)
     claims = await store.claim_dead_workers()
@@ -77,15 +77,15 @@ async def test_a_claim_says_when_the_soonest_live_lease_lapses(store: RedisStore
 
 
 async def test_no_worker_is_declared_dead_within_a_lease_of_a_store_stall(store: RedisStore, raw: aioredis.Redis) -> None:
-    await store.heartbeat("w-1", {}, LEASE)
+    await store.heartbeat("w-1", WorkerReport("w-1"), LEASE)
     await lapse(raw, "w-1", store_served_for_ms=LEASE // 2)
     assert (await store.claim_dead_workers()).claimed == []
     # The worker renews in that grace: it was late, not dead.
-    assert await store.heartbeat("w-1", {}, LEASE) is Standing.LATE
+    assert await store.heartbeat("w-1", WorkerReport("w-1"), LEASE) is Standing.LATE
 
 
 async def test_a_silence_of_the_store_is_recorded_as_a_stall(store: RedisStore, raw: aioredis.Redis) -> None:
-    await store.heartbeat("w-1", {}, LEASE)
+    await store.heartbeat("w-1", WorkerReport("w-1"), LEASE)
     now = await redis_ms(raw)
     # Nothing reached the store for a whole lease (it slept, was paused, or was full),
     # and the worker's deadline passed meanwhile: the next lease decision sees the silence.
@@ -102,7 +102,7 @@ async def test_a_restarted_empty_store_counts_as_a_stall(store: RedisStore, raw:
 
 
 async def test_a_claim_whose_sweeper_died_is_handed_out_again(store: RedisStore, raw: aioredis.Redis) -> None:
-    await store.heartbeat("w-1", {}, LEASE)
+    await store.heartbeat("w-1", WorkerReport("w-1"), LEASE)
     await lapse(raw, "w-1", store_served_for_ms=10 * LEASE)
     assert (await store.claim_dead_workers()).claimed == ["w-1"]
     await raw.zadd(keys.SWEEPS, {"w-1": await redis_ms(raw) - 1})  # its claim lapsed
@@ -113,14 +113,14 @@ async def test_a_claim_whose_sweeper_died_is_handed_out_again(store: RedisStore,
 
 
 async def test_a_resigned_incarnation_is_swept_at_once(store: RedisStore, raw: aioredis.Redis) -> None:
-    await store.heartbeat("w-1", {}, LEASE)
+    await store.heartbeat("w-1", WorkerReport("w-1"), LEASE)
     await store.resign("w-1")
     assert (await store.claim_dead_workers()).claimed == ["w-1"]
-    assert await store.heartbeat("w-1", {}, LEASE) is Standing.DEAD
+    assert await store.heartbeat("w-1", WorkerReport("w-1"), LEASE) is Standing.DEAD
 
 
 async def test_the_lease_view_extends_liveness_over_a_stall(store: RedisStore, raw: aioredis.Redis) -> None:
-    await store.heartbeat("w-1", {}, LEASE)
+    await store.heartbeat("w-1", WorkerReport("w-1"), LEASE)
     now = await redis_ms(raw)
     await raw.zadd(keys.WORKERS, {"w-1": now - 1})
     await raw.hset(keys.CLOCK, mapping={"tick": now, "stall": now - 10 * LEASE})
@@ -156,7 +156,7 @@ async def test_a_sweep_tells_each_session_of_its_death_as_of_the_sweep(store: Re
     from acp_state.store import Mode, Transition
     from acp_state.store.sweeper import sweep_once
 
-    await store.heartbeat("w-1", {}, LEASE)
+    await store.heartbeat("w-1", WorkerReport("w-1"), LEASE)
     sids = [new_id() for _ in range(3)]
     for sid in sids:
         created = Transition(mode=Mode.CREATE, meta={"sessionId": sid, "workspaceCwd": "/w"}, epoch="e1")

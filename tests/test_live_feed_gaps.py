@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from acp_state.ids import new_id
-from acp_state.store import CatalogRow, Change, Mode, RedisStore, Transition, WorkerRegistry, keys
+from acp_state.store import CatalogRow, Change, Mode, RedisStore, Transition, WorkerRegistry, WorkerReport, keys
 from acp_state.api.streams.live_state_hub import WorkspaceFeed
 from acp_state.api.streams.hub import Listener
 from tests.helpers import eventually
@@ -35,7 +35,7 @@ async def next_frame(listener: Listener) -> tuple[str, dict[str, Any]]:
 async def test_a_skipped_revision_makes_the_feed_read_the_whole_state_again() -> None:
     store = RedisStore.from_url(f"memory://feed-{secrets.token_hex(4)}")
     ws, inc = secrets.token_hex(8), f"w-{secrets.token_hex(4)}"
-    await store.heartbeat(inc, {}, 60_000)
+    await store.heartbeat(inc, WorkerReport(inc), 60_000)
     first, second = new_id(), new_id()
     for sid in (first, second):
         meta = {"sessionId": sid, "workspaceCwd": "/w", "createdAt": "2020-01-01T00:00:00Z"}
@@ -63,7 +63,7 @@ async def test_a_change_of_another_generation_gets_a_new_snapshot() -> None:
     revisions start again, and the feed starts over from a whole read."""
     store = RedisStore.from_url(f"memory://feed-{secrets.token_hex(4)}")
     ws, inc, sid = secrets.token_hex(8), f"w-{secrets.token_hex(4)}", new_id()
-    await store.heartbeat(inc, {}, 60_000)
+    await store.heartbeat(inc, WorkerReport(inc), 60_000)
     meta = {"sessionId": sid, "workspaceCwd": "/w", "createdAt": "2020-01-01T00:00:00Z"}
     await store.apply(ws, sid, inc, Transition(mode=Mode.CREATE, meta=meta, epoch="e", catalog=CatalogRow(meta["createdAt"], meta["createdAt"], 1)))
     for _ in range(3):
@@ -108,7 +108,7 @@ async def test_a_change_a_whole_read_took_in_before_its_announcement_is_still_re
     it: a resume from R gets it."""
     store = RedisStore.from_url(f"memory://feed-{secrets.token_hex(4)}")
     ws, inc, sid = secrets.token_hex(8), f"w-{secrets.token_hex(4)}", new_id()
-    await store.heartbeat(inc, {}, 60_000)
+    await store.heartbeat(inc, WorkerReport(inc), 60_000)
     meta = {"sessionId": sid, "workspaceCwd": "/w", "createdAt": "2020-01-01T00:00:00Z"}
     await store.apply(ws, sid, inc, Transition(mode=Mode.CREATE, meta=meta, epoch="e", catalog=CatalogRow(meta["createdAt"], meta["createdAt"], 1)))
     before = await store.catalog_version(ws)
@@ -138,7 +138,7 @@ async def test_changes_that_move_no_row_still_move_the_listeners_resume_point() 
     answered there with nothing missed."""
     store = RedisStore.from_url(f"memory://feed-{secrets.token_hex(4)}")
     ws, inc, sid = secrets.token_hex(8), f"w-{secrets.token_hex(4)}", new_id()
-    await store.heartbeat(inc, {}, 60_000)
+    await store.heartbeat(inc, WorkerReport(inc), 60_000)
     meta = {"sessionId": sid, "workspaceCwd": "/w", "createdAt": "2020-01-01T00:00:00Z"}
     await store.apply(ws, sid, inc, Transition(mode=Mode.CREATE, meta=meta, epoch="e", catalog=CatalogRow(meta["createdAt"], meta["createdAt"], 1)))
     feed = WorkspaceFeed(store, WorkerRegistry(store), Channel(), ws, forget=lambda feed: None)  # type: ignore[arg-type]
@@ -186,7 +186,7 @@ async def test_a_feed_started_since_answers_a_resume_from_the_change_log() -> No
     ws, inc, gone_inc = secrets.token_hex(8), f"w-{secrets.token_hex(4)}", f"w-{secrets.token_hex(4)}"
     kept, still, orphan = new_id(), new_id(), new_id()
     for owner in (inc, gone_inc):
-        await store.heartbeat(owner, {}, 60_000)
+        await store.heartbeat(owner, WorkerReport(owner), 60_000)
     for sid, owner in ((kept, inc), (still, inc), (orphan, gone_inc)):
         meta = {"sessionId": sid, "workspaceCwd": "/w", "createdAt": "2020-01-01T00:00:00Z"}
         await store.apply(ws, sid, owner, Transition(mode=Mode.CREATE, meta=meta, epoch="e", catalog=CatalogRow(meta["createdAt"], meta["createdAt"], 1)))

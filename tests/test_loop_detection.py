@@ -8,7 +8,8 @@ import signal
 
 from acp_state.turn_errors import LOOP_DETECTED_MESSAGE
 from acp_state.worker.loop_guard import CONSECUTIVE_IDENTICAL, LoopGuard, LoopLimits
-from tests.harness import ApiProcess, Harness, SseClient
+from testbed.processes import ApiProcess
+from tests.harness import Harness, SseClient
 from tests.helpers import create, prompt, status
 
 LOOP_STATUS = {"message": LOOP_DETECTED_MESSAGE, "code": "LOOP_DETECTED", "errorKind": "loop_detected"}

@@ -10,8 +10,9 @@ import httpx
 import orjson
 
 from acp_state.summary import SESSION_STATES, state_of
+from testbed.processes import ROOT
 from tests.conftest import free_port
-from tests.harness import ROOT, Harness
+from tests.harness import Harness
 from tests.helpers import create, eventually, prompt, samples, status
 
 

@@ -9,7 +9,8 @@ import asyncio
 import sys
 
 from acp_state.ids import workspace_id
-from tests.harness import ROOT, Harness, SseClient
+from testbed.processes import ROOT
+from tests.harness import Harness, SseClient
 from tests.helpers import create, prompt
 
 EVIL = "http://evil.example"

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from bench.fake_openai import FakeOpenAI
+from testbed.model_endpoint import ModelEndpoint
 from tests.harness import Harness
 from tests.reference import reference_daemon
 
@@ -33,8 +33,8 @@ def real_workspace(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def fake_llm() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as fake:
+def fake_llm() -> Iterator[ModelEndpoint]:
+    with ModelEndpoint() as fake:
         yield fake
 
 
@@ -83,11 +83,11 @@ def members(text: str | None) -> set[str]:
 
 
 async def test_origin_and_host_answers_match_the_reference(
-    harness: Harness, qwen: str, real_workspace: str, fake_llm: FakeOpenAI, tmp_path: Path
+    harness: Harness, qwen: str, real_workspace: str, fake_llm: ModelEndpoint, tmp_path: Path
 ) -> None:
     api = await harness.api("--token", f"{TOKEN},role=admin", "--allow-origin", SHELL, workspaces=[real_workspace])
     ours = await answers(f"http://127.0.0.1:{api.port}", api.port)
-    async with reference_daemon(qwen, real_workspace, fake_llm.base_url, tmp_path / "reference",
+    async with reference_daemon(qwen, real_workspace, fake_llm.openai_url, tmp_path / "reference",
                                 "--token", TOKEN, "--allow-origin", SHELL) as daemon:
         theirs = await answers(daemon.base_url, daemon.port)
     (tmp_path / "answers.txt").write_text(f"reference: {theirs}\nacp-state: {ours}\n")

@@ -1,5 +1,5 @@
 """Network faults across hosts: each process on its own host of a network-namespace test bed
-(bench/hosts.py), Redis on the bed's Redis address, partitions as kernel drop rules (no RST,
+(testbed/hosts.py), Redis on the bed's Redis address, partitions as kernel drop rules (no RST,
 no FIN), latency through the bed's fault proxy. Skipped, saying why, where namespaces or
 nftables are not available (not root, no `ip netns`)."""
 
@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from bench.hosts import TestBed
-from tests.harness import ApiProcess, Harness, SseClient
+from testbed.hosts import TestBed
+from testbed.processes import ApiProcess
+from tests.harness import Harness, SseClient
 from tests.helpers import create, eventually, is_type, prompt
 from tests.host_bed import across, bed, bed_redis  # noqa: F401 (fixtures)
 
@@ -154,7 +155,7 @@ async def test_a_worker_that_rejoins_over_a_slow_link_joins_once(bed: TestBed, a
     renewals overlap that join. One that was sent before the join landed answers `new` for
     the new incarnation: that is the join itself, not a store that lost its state. Taken for
     the latter (with the freeze still counted), it gave the new incarnation up too, and the
-    sessions created on it vanished without a word (bench/chaos.py --hosts --cluster)."""
+    sessions created on it vanished without a word (bench/chaos/run.py --hosts --cluster)."""
     worker = await across.worker("--lease-ms", str(LEASE_MS), host=bed.hosts["worker-1"])
     api = await across.api(host=bed.hosts["api-1"])
     await create(api, workspace)

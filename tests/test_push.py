@@ -12,8 +12,9 @@ from typing import Any, Callable
 import redis.asyncio as aioredis
 
 from acp_state.ids import workspace_id
-from bench.redis_server import RedisServer, free_port
-from tests.harness import ApiProcess, Harness, SseClient
+from testbed.processes import ApiProcess
+from testbed.redis_server import RedisServer, free_port
+from tests.harness import Harness, SseClient
 from tests.helpers import create, eventually, prompt
 
 PROCEED_ONCE = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}

@@ -1,4 +1,5 @@
-"""The real Qwen Code agent (`qwen --acp`) behind a worker, driven offline by FakeOpenAI.
+"""The real Qwen Code agent (`qwen --acp`) behind a worker, driven offline by the scripted
+model endpoint (testbed/model_endpoint.py).
 
 Opt-in by installation: skipped when no `qwen` executable is found (see `find_qwen`).
 Select or deselect it with `-m qwen` / `-m "not qwen"`.
@@ -11,8 +12,10 @@ from typing import Any, Iterator
 
 import pytest
 
-from bench.fake_openai import FakeOpenAI, message_text, qwen_env
-from tests.harness import ApiProcess, Harness
+from testbed.model_endpoint import ModelEndpoint, message_text
+from testbed.processes import ApiProcess
+from testbed.qwen import qwen_env
+from tests.harness import Harness
 
 pytestmark = pytest.mark.qwen
 
@@ -23,8 +26,8 @@ PROCEED_ONCE = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
 
 
 @pytest.fixture
-def fake_llm() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as fake:
+def fake_llm() -> Iterator[ModelEndpoint]:
+    with ModelEndpoint() as fake:
         yield fake
 
 
@@ -48,18 +51,18 @@ async def status(api: ApiProcess, sid: str) -> dict[str, Any]:
     return response.json()
 
 
-def tool_results(fake: FakeOpenAI) -> list[str]:
-    """The text of every tool-result message the fake LLM was sent."""
-    return [message_text(m) for r in fake.requests for m in r.get("messages") or [] if m.get("role") == "tool"]
+def tool_results(fake: ModelEndpoint) -> list[str]:
+    """The text of every tool-result message the scripted model was sent."""
+    return [message_text(m) for r in fake.chat_requests for m in r.get("messages") or [] if m.get("role") == "tool"]
 
 
 async def test_qwen_permission_and_question_through_the_api(
-    qwen: str, fake_llm: FakeOpenAI, harness: Harness, workspace: str, tmp_path: Path
+    qwen: str, fake_llm: ModelEndpoint, harness: Harness, workspace: str, tmp_path: Path
 ) -> None:
     # `fake_llm` comes before `harness`, so it outlives the worker and its qwen child.
     scratch = tmp_path / "qwen-tmp"  # qwen leaves qwen-socks-* folders in its temp dir
     scratch.mkdir()
-    env = qwen_env(tmp_path / "home", fake_llm.base_url)
+    env = qwen_env(tmp_path / "home", fake_llm.openai_url)
     env["TMPDIR"] = str(scratch)
 
     events = await harness.events()

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from testbed.processes import ROOT
+from tests.harness import Harness
 from tests.helpers import proc_stat
-from tests.harness import ROOT, Harness
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 

@@ -24,8 +24,9 @@ from redis.exceptions import NoPermissionError
 from acp_state.ids import workspace_id
 from acp_state.store import acl, keys, scripts
 from acp_state.store.acl import API, WORKER, script_commands, users_acl
-from bench.redis_server import RedisServer, free_cluster_port, free_port
-from tests.harness import ROOT, ApiProcess, Harness, SseClient, WorkerProcess
+from testbed.processes import ROOT, ApiProcess, WorkerProcess
+from testbed.redis_server import RedisServer, free_cluster_port, free_port
+from tests.harness import Harness, SseClient
 from tests.helpers import create, eventually, is_type, prompt
 
 SHIPPED = ROOT / "deploy" / "redis" / "users.acl"
@@ -219,7 +220,7 @@ async def dashboard_reads_everything_and_writes_nothing(server: Deployment, ws: 
                 before = await read_as(admin, key, key_type)
                 assert await read_as(dashboard, key, key_type) == before or key_type == "stream", key
         assert {"hash", "set", "zset", "stream", "string"} <= kinds.keys(), kinds.keys()
-        # What docs/architecture.md tells a dashboard to read: the session hash, its owner's
+        # What docs/internals.md ("Scripts") tells a dashboard to read: the session hash, its owner's
         # lease in the registry, against Redis's TIME.
         session = await dashboard.hgetall(keys.session(ws, sid))
         deadline = await dashboard.zscore(keys.WORKERS, session["inc"])

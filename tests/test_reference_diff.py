@@ -1,6 +1,6 @@
 """Differential test: the reference daemon (`qwen serve` 0.24.4) and acp-state, side by side.
 
-Both run on one scripted LLM (`FakeOpenAI`) and the same workspace folder: the reference as
+Both run on one scripted LLM (`testbed.model_endpoint`) and the same workspace folder: the reference as
 `qwen serve`, acp-state as one worker hosting `qwen --acp` and one API. One scenario runs
 against each (concurrently); every step's status code, the headers clients read and the
 body's shape (`tests.reference.shape`) are compared. Differences listed in the ```compat
@@ -33,8 +33,10 @@ import httpx
 import pytest
 
 from acp_state.ids import workspace_id
-from bench.fake_openai import FakeOpenAI, message_text, qwen_env
-from tests.harness import Harness, WorkerProcess
+from testbed.model_endpoint import ModelEndpoint, message_text
+from testbed.processes import WorkerProcess
+from testbed.qwen import qwen_env
+from tests.harness import Harness
 from tests.reference import (
     Exchange,
     compare,
@@ -77,8 +79,8 @@ def workspace(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def fake_llm() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as fake:
+def fake_llm() -> Iterator[ModelEndpoint]:
+    with ModelEndpoint() as fake:
         yield fake
 
 
@@ -359,13 +361,13 @@ async def scenario(t: Target) -> None:
     await t.call(unknown, detach, "POST", f"{u}/detach")
 
 
-async def start_acp_worker(harness: Harness, qwen: str, fake: FakeOpenAI, tmp_path: Path) -> WorkerProcess:
+async def start_acp_worker(harness: Harness, qwen: str, fake: ModelEndpoint, tmp_path: Path) -> WorkerProcess:
     """acp-state's worker hosting `qwen --acp` on the scripted LLM. Its agent's HOME (where
     qwen keeps its chats: the agent state a load reads) and TMPDIR are the same for every
     worker started here, so a second one is the first one's restart."""
     scratch = tmp_path / "acp-qwen-tmp"
     scratch.mkdir(exist_ok=True)
-    env = qwen_env(tmp_path / "acp-home", fake.base_url)
+    env = qwen_env(tmp_path / "acp-home", fake.openai_url)
     env["TMPDIR"] = str(scratch)
     return await harness.worker(
         "--agent", f"{qwen} --acp", "--session-mode", AGENT_MODE,
@@ -382,7 +384,7 @@ def dump(path: Path, reference: Target, ours: Target) -> None:
 
 
 async def test_reference_and_acp_state_answer_alike(
-    qwen: str, fake_llm: FakeOpenAI, harness: Harness, workspace: str, tmp_path: Path
+    qwen: str, fake_llm: ModelEndpoint, harness: Harness, workspace: str, tmp_path: Path
 ) -> None:
     # `fake_llm` comes before `harness`, so it outlives the worker and its qwen child.
     rules = load_allowed(COMPATIBILITY)
@@ -390,7 +392,7 @@ async def test_reference_and_acp_state_answer_alike(
     await start_acp_worker(harness, qwen, fake_llm, tmp_path)
     api = await harness.api()
 
-    async with reference_daemon(qwen, workspace, fake_llm.base_url, tmp_path / "reference") as daemon:
+    async with reference_daemon(qwen, workspace, fake_llm.openai_url, tmp_path / "reference") as daemon:
         async with httpx.AsyncClient(base_url=daemon.base_url, timeout=30) as client:
             reference = Target("reference", client, workspace)
             ours = Target("acp-state", api.client, workspace)
@@ -516,10 +518,10 @@ def reference_log_tail(tmp_path: Path, lines: int = 40) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no log)"
 
 
-def model_history_of(fake: FakeOpenAI, t: Target) -> list[str] | None:
+def model_history_of(fake: ModelEndpoint, t: Target) -> list[str] | None:
     """The texts of the messages the scripted LLM was sent before `t`'s question after the
     restore (None: it was never asked)."""
-    for request in fake.requests:
+    for request in fake.chat_requests:
         texts = [message_text(m) for m in request.get("messages") or []]
         asked = [n for n, text in enumerate(texts) if question_of(t) in text]
         if asked:
@@ -528,7 +530,7 @@ def model_history_of(fake: FakeOpenAI, t: Target) -> list[str] | None:
 
 
 async def test_a_restored_session_answers_like_the_reference(
-    qwen: str, fake_llm: FakeOpenAI, harness: Harness, workspace: str, tmp_path: Path
+    qwen: str, fake_llm: ModelEndpoint, harness: Harness, workspace: str, tmp_path: Path
 ) -> None:
     rules = load_allowed(COMPATIBILITY)
     reference = Target("reference", None, workspace)  # type: ignore[arg-type]  # set by start()
@@ -541,7 +543,7 @@ async def test_a_restored_session_answers_like_the_reference(
             # The same scratch (HOME, TMPDIR, log) every time: the restart keeps qwen's chats.
             life = contextlib.AsyncExitStack()
             daemon = await life.enter_async_context(
-                reference_daemon(qwen, workspace, fake_llm.base_url, tmp_path / "reference"))
+                reference_daemon(qwen, workspace, fake_llm.openai_url, tmp_path / "reference"))
             reference.client = await life.enter_async_context(
                 httpx.AsyncClient(base_url=daemon.base_url, timeout=30))
             lives.push_async_callback(life.aclose)

@@ -9,7 +9,8 @@ import urllib.parse
 from pathlib import Path
 
 from acp_state.ids import workspace_id
-from tests.harness import ApiProcess, Harness
+from testbed.processes import ApiProcess
+from tests.harness import Harness
 from tests.helpers import create, prompt
 
 PROCEED_ONCE = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}

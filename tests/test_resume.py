@@ -13,7 +13,8 @@ import asyncio
 import sys
 
 from acp_state.store import keys
-from tests.harness import ROOT, ApiProcess, Harness, SseClient
+from testbed.processes import ROOT, ApiProcess
+from tests.harness import Harness, SseClient
 from tests.helpers import SAFETY_STOP_S, create, eventually, is_type, load, prompt, recalled, status, turn_done
 
 LEASE_MS = "1500"
@@ -322,12 +323,12 @@ async def test_a_command_that_finds_the_session_moved_since_it_was_located_goes_
     from acp_state.api.locator import SessionLocator
     from acp_state.api.outcomes import gone
     from acp_state.ids import new_id
-    from acp_state.store import AdmissionStatus, CatalogRow, Mode, RedisStore, Transition, WorkerRegistry
+    from acp_state.store import AdmissionStatus, CatalogRow, Mode, RedisStore, Transition, WorkerRegistry, WorkerReport
 
     store = RedisStore.from_url(f"memory://moves-{secrets.token_hex(4)}")
     ws, sid, old, new = secrets.token_hex(8), new_id(), "w-old", "w-new"
     for inc in (old, new):
-        await store.heartbeat(inc, {}, 60_000)
+        await store.heartbeat(inc, WorkerReport(inc), 60_000)
     meta = {"sessionId": sid, "workspaceCwd": "/w", "createdAt": "2020-01-01T00:00:00Z"}
     await store.apply(ws, sid, old, Transition(mode=Mode.CREATE, meta=meta, epoch="e", catalog=CatalogRow(meta["createdAt"], meta["createdAt"], 1)))
     located = CachedSession(ws, old, await store.session(ws, sid))  # type: ignore[arg-type]

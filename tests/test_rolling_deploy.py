@@ -1,12 +1,12 @@
 """A rolling deploy under real Qwen Code: bench/rolling_deploy.py at a test's size.
 
 3 workers running `qwen --acp` (one HOME, so one agent-state store), 2 API processes and
-the scripted model endpoint (bench/fake_openai.py, which records what qwen sends). Each
+the scripted model endpoint (testbed/model_endpoint.py, which records what qwen sends). Each
 session is told a fact in a first turn; then the 3 workers are restarted one after another
 (SIGTERM, a new worker started, until it is ready and the old one has exited) while a
 client keeps a prompt going on every session (the next one sent when its terminal
 arrives). Every request and SSE frame is recorded in the chaos run's history format and
-checked by bench/chaos_check.py.
+checked by bench/chaos/checker.py.
 
 Opt-in by installation, as tests/test_qwen_agent.py: skipped when no `qwen` is found.
 """
@@ -19,8 +19,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from bench.fake_openai import FakeOpenAI
-from bench.redis_server import RedisServer
+from testbed.model_endpoint import ModelEndpoint
+from testbed.redis_server import RedisServer
 from bench.rolling_deploy import Plan, deploy
 
 pytestmark = pytest.mark.qwen
@@ -35,8 +35,8 @@ EVENT_TIMEOUT_S = 90.0  # a prompt may wait for a move, whose target may be star
 
 
 @pytest.fixture
-def fake_llm() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as fake:  # before the harness: it outlives the workers and their qwen
+def fake_llm() -> Iterator[ModelEndpoint]:
+    with ModelEndpoint() as fake:  # before the harness: it outlives the workers and their qwen
         yield fake
 
 
@@ -63,7 +63,7 @@ def assert_every_conversation_went_on(run: dict[str, Any]) -> None:
 
 
 async def test_a_rolling_deploy_moves_every_session_and_loses_no_prompt(
-    qwen: str, fake_llm: FakeOpenAI, own_redis: RedisServer, workspace: str, tmp_path: Path
+    qwen: str, fake_llm: ModelEndpoint, own_redis: RedisServer, workspace: str, tmp_path: Path
 ) -> None:
     plan = Plan(SESSIONS, GRACE_S, in_flight=IN_FLIGHT, event_timeout_s=EVENT_TIMEOUT_S, stop_timeout_s=90)
     run = await deploy(plan, own_redis.url, workspace, fake_llm, tmp_path / "home", tmp_path)
@@ -87,7 +87,7 @@ async def test_a_rolling_deploy_moves_every_session_and_loses_no_prompt(
 
 
 async def test_a_kill9_mid_deploy_keeps_the_chaos_invariants(
-    qwen: str, fake_llm: FakeOpenAI, own_redis: RedisServer, workspace: str, tmp_path: Path
+    qwen: str, fake_llm: ModelEndpoint, own_redis: RedisServer, workspace: str, tmp_path: Path
 ) -> None:
     """The worker that took the second drain's first session is killed -9 as soon as the
     client sees that move: its sessions die (`session_died`, swept once its lease lapsed),

@@ -1,6 +1,6 @@
 """The reference's official TypeScript SDK (`@qwen-code/sdk` 0.1.14, `DaemonClient`), unchanged,
-drives acp-state: two workers hosting the real `qwen --acp` (FakeOpenAI behind it), two API
-processes, and tests/node/sdk_test.mjs as the client. Halfway, API A is SIGKILLed while the
+drives acp-state: two workers hosting the real `qwen --acp` (the scripted model endpoint behind
+it), two API processes, and tests/node/sdk_test.mjs as the client. Halfway, API A is SIGKILLed while the
 script holds an event stream on it; the script resumes the stream on API B.
 
 The script prints one JSON line per step; on failure this test shows them all. Skipped, with
@@ -21,7 +21,8 @@ from typing import Awaitable, Callable, Iterator
 
 import pytest
 
-from bench.fake_openai import FakeOpenAI, find_qwen, qwen_env
+from testbed.model_endpoint import ModelEndpoint
+from testbed.qwen import find_qwen, qwen_env
 from tests.harness import Harness
 
 pytestmark = pytest.mark.qwen
@@ -47,8 +48,8 @@ def tools() -> tuple[str, str]:
 
 
 @pytest.fixture
-def fake_llm() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as fake:
+def fake_llm() -> Iterator[ModelEndpoint]:
+    with ModelEndpoint() as fake:
         yield fake
 
 
@@ -119,14 +120,14 @@ def assert_passed(code: int, log: list[str], stderr: str) -> None:
 
 
 async def test_the_reference_sdk_drives_acp_state(
-    tools: tuple[str, str], fake_llm: FakeOpenAI, harness: Harness, workspace: str, tmp_path: Path
+    tools: tuple[str, str], fake_llm: ModelEndpoint, harness: Harness, workspace: str, tmp_path: Path
 ) -> None:
     node, qwen = tools
     # `fake_llm` comes before `harness`, so it outlives the workers and their qwen children.
     for n in range(2):
         scratch = tmp_path / f"qwen-tmp-{n}"  # qwen leaves qwen-socks-* folders in its temp dir
         scratch.mkdir()
-        env = qwen_env(tmp_path / f"home-{n}", fake_llm.base_url)
+        env = qwen_env(tmp_path / f"home-{n}", fake_llm.openai_url)
         env["TMPDIR"] = str(scratch)
         await harness.worker(
             "--agent", f"{qwen} --acp", "--session-mode", "default",
@@ -143,12 +144,12 @@ async def test_the_reference_sdk_drives_acp_state(
 
 
 async def test_the_script_passes_against_the_reference(
-    tools: tuple[str, str], fake_llm: FakeOpenAI, workspace: str, tmp_path: Path
+    tools: tuple[str, str], fake_llm: ModelEndpoint, workspace: str, tmp_path: Path
 ) -> None:
     """The reference daemon (`qwen serve`) passes every step but the failover (one daemon:
     nothing to kill), so the script asks nothing of acp-state that the reference does not do."""
     node, qwen = tools
-    env = qwen_env(tmp_path / "home", fake_llm.base_url)
+    env = qwen_env(tmp_path / "home", fake_llm.openai_url)
     scratch = tmp_path / "qwen-tmp"
     scratch.mkdir()
     env["TMPDIR"] = str(scratch)

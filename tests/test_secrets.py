@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from acp_state.cli import secrets
-from bench.redis_server import RedisServer, die_with_parent, free_port
-from tests.harness import ROOT
+from testbed.processes import ROOT
+from testbed.redis_server import RedisServer, die_with_parent, free_port
 from tests.helpers import eventually
 
 TOKEN = "file-token-0123456789abcdef"

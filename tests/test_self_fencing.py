@@ -22,7 +22,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from acp_state.store import keys
-from tests.harness import ApiProcess, EventWatcher, Harness, WorkerProcess
+from testbed.processes import ApiProcess, WorkerProcess
+from tests.harness import EventWatcher, Harness
 from tests.helpers import create, eventually, load, proc_stat, prompt, recalled, turn_done
 from tests.host_bed import across, bed, bed_redis  # noqa: F401 (the host test bed's fixtures)
 

@@ -14,7 +14,8 @@ import httpx
 
 from acp_state.ids import workspace_id
 from acp_state.store import keys
-from tests.harness import ApiProcess, Harness
+from testbed.processes import ApiProcess
+from tests.harness import Harness
 from tests.helpers import create, eventually, status
 
 CLIENT_TTL_MS = 1500

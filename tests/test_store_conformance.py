@@ -35,9 +35,10 @@ from acp_state.store import (
     Standing,
     Transition,
     VoteOutcome,
+    WorkerReport,
 )
 from acp_state.store import keys
-from bench.redis_server import RedisCluster, RedisServer
+from testbed.redis_server import RedisCluster, RedisServer
 
 BACKENDS = ["memory", "redis", "cluster"]
 LEASE_MS = 60_000
@@ -111,7 +112,7 @@ async def test_apply_then_read_back(store: RedisStore) -> None:
     snapshot = await store.load_snapshot(s.ws, s.sid, 10)
     assert snapshot.view == view and len(snapshot.page) == 2 and snapshot.log == envelopes
     assert await store.locate(s.sid) == s.ws
-    assert (await store.catalog_row(s.ws, s.sid))["createdAt"] == "2020-01-01T00:00:00Z"
+    assert (await store.catalog_row(s.ws, s.sid)).created_at == "2020-01-01T00:00:00Z"
 
 
 async def test_transitions_read_back_as_views(store: RedisStore) -> None:
@@ -219,7 +220,7 @@ async def test_send_admits_fences_and_keeps_the_first_outcome(store: RedisStore)
     assert [c[2].prompt_id for c in received] == ["p1"]  # type: ignore[union-attr]
     # Nothing more. (This also leaves a cluster's reader waiting inside XREAD when the store
     # closes: cancelled the instant after a read returned, redis-py's cluster client can
-    # hang the cancellation; see docs/architecture.md, "What is not built yet".)
+    # hang the cancellation; see docs/internals.md, "What is not built yet".)
     assert await store.read_commands({inbox: received[0][1]}, 200) == []
 
 
@@ -420,17 +421,20 @@ async def test_replies_reach_the_waiter_or_are_abandoned(store: RedisStore) -> N
 
 async def test_lease_basics(store: RedisStore) -> None:
     inc = f"w-{secrets.token_hex(4)}"
-    assert await store.heartbeat(inc, {"sessions": 0}, LEASE_MS) is Standing.NEW
-    assert await store.heartbeat(inc, {"sessions": 1}, LEASE_MS) is Standing.HELD
+    assert await store.heartbeat(inc, WorkerReport(inc), LEASE_MS) is Standing.NEW
+    report = WorkerReport(inc, host="h", pid=7, sessions=1, max_sessions=4, agent_names=["default", "qwen"],
+                          states={"idle": 1}, renewed_at=1234, state_store="h:/s", draining=True)
+    assert await store.heartbeat(inc, report, LEASE_MS) is Standing.HELD
     view = await store.lease_view()
     assert view.live_until()[inc] > view.redis_now_ms
-    assert (await store.worker_reports([inc]))[inc] == {"sessions": 1}
+    assert (await store.worker_reports([inc]))[inc] == report
+    assert await store.known_agents() == ["default", "qwen"]
     await store.resign(inc)
     assert inc in (await store.claim_dead_workers()).claimed
-    assert await store.heartbeat(inc, {}, LEASE_MS) is Standing.DEAD
+    assert await store.heartbeat(inc, WorkerReport(inc), LEASE_MS) is Standing.DEAD
     await store.forget_worker(inc, set())
     other = f"w-{secrets.token_hex(4)}"
-    await store.heartbeat(other, {}, LEASE_MS)
+    await store.heartbeat(other, WorkerReport(other), LEASE_MS)
     await store.release(other)
     assert other not in (await store.lease_view()).deadlines
 
@@ -526,7 +530,7 @@ async def test_a_moving_session_parks_its_commands_for_the_owner_that_takes_it_o
                      agent_sid="a-1", resumable=True)
     await store.apply(s.ws, s.sid, s.inc, Transition(catalog=row))
     row = await store.catalog_row(s.ws, s.sid)
-    assert row is not None and (row["agent"], row["stateStore"], row["agentSessionId"], row["resumable"]) == (
+    assert row is not None and (row.agent, row.state_store, row.agent_sid, row.resumable) == (
         "default", "host:/state", "a-1", True)
     target = f"w-{secrets.token_hex(4)}"
     inbox = store.inbox_feed(s.ws, s.inc)

@@ -25,7 +25,8 @@ from acp_state import commands
 from acp_state.commands import Reply
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
-from tests.harness import ApiProcess, Harness, SseClient
+from testbed.processes import ApiProcess
+from tests.harness import Harness, SseClient
 
 W1_TOKEN = "tenant-one-token-0123456789"
 W2_TOKEN = "tenant-two-token-0123456789"

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from acp_state.ids import workspace_id
-from bench.redis_server import free_port
+from testbed.redis_server import free_port
 from tests.harness import Harness, SseClient
 from tests.helpers import create, eventually, prompt
 from tests.web_shell_helpers import (  # noqa: F401  (browser, open_page: fixtures, each module's own)

@@ -19,7 +19,7 @@ try:
 except ImportError:  # pragma: no cover - scripts/test installs it
     pytest.fail("playwright is not installed (scripts/test installs the test extra)", pytrace=False)
 
-from tests.harness import ApiProcess
+from testbed.processes import ApiProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"

@@ -13,19 +13,18 @@ import os
 import secrets
 import shlex
 import signal
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 import acp
 from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementation
 
-from acp_state import __version__
+from acp_state import __version__, tracing
 from acp_state.commands import cancelled_response
 from acp_state.interactions import CancelSentinelCollision
 
 from .reaper import TAG_VARIABLE, parent_death_signal, reaper, tagged
 
-if TYPE_CHECKING:
-    from .session import LiveSession
+tracing.quiet_acp_sdk()  # its own spans, one per message, even when acp-state does not trace
 
 log = logging.getLogger("worker.agent")
 
@@ -38,6 +37,17 @@ GROUP_GRACE_S = 2.0
 # before its `session/new` answer names it (Copilot does), and they belong to the session.
 EARLY_UPDATES_PER_SESSION = 50
 EARLY_SESSIONS = 20
+
+
+class HostedSession(Protocol):
+    """What a child says to a session it hosts (worker/session.py's `LiveSession`): the
+    agent's updates, its permission requests, and its own exit."""
+
+    sid: str
+
+    async def on_update(self, update: dict[str, Any]) -> None: ...
+    async def request_permission(self, tool_call: dict[str, Any], options: list[dict[str, Any]]) -> dict[str, Any]: ...
+    async def die(self) -> None: ...
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -99,7 +109,7 @@ class AgentProcess:
         self.session_mode = session_mode
         self.stderr_path = stderr_path
         self._on_exit = on_exit
-        self.sessions: dict[str, LiveSession] = {}
+        self.sessions: dict[str, HostedSession] = {}
         self._early: dict[str, list[dict[str, Any]]] = {}  # updates for sessions not adopted yet
         self._replaying: dict[str, list[dict[str, Any]]] = {}  # early updates still on their way
         self.process: asyncio.subprocess.Process | None = None
@@ -310,7 +320,7 @@ class AgentProcess:
 
     # ---- ACP client callbacks (called by the SDK) ---------------------------------------
 
-    def adopt(self, agent_sid: str, session: LiveSession) -> None:
+    def adopt(self, agent_sid: str, session: HostedSession) -> None:
         """Host `session` under the agent's id; the updates the agent sent for it before it
         was adopted are relayed first, in order (they wait for its first snapshot)."""
         self.sessions[agent_sid] = session
@@ -319,7 +329,7 @@ class AgentProcess:
             self._replaying[agent_sid] = early
             asyncio.ensure_future(self._replay(agent_sid, session))
 
-    async def _replay(self, agent_sid: str, session: LiveSession) -> None:
+    async def _replay(self, agent_sid: str, session: HostedSession) -> None:
         queue = self._replaying[agent_sid]
         try:
             while queue:

@@ -1,5 +1,6 @@
 """A create on this worker: its session started (a new one, a load, or a move's arrival),
-published, its creator answered, and an answer nobody took taken back.
+published, its creator answered, and an answer nobody took taken back. A move's arrival is
+taken over as worker/move.py says (`take_over`).
 
 The worker hands each `create` command here (`Creates.start`); capacity is reserved at once,
 before the agent starts. From the agent's answer on, the store is told in order, each write
@@ -16,21 +17,23 @@ import heapq
 import itertools
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable, Mapping
 
 from acp_state import commands
 from acp_state.clock import iso
 from acp_state.commands import Reply
 from acp_state.moves import Carry
-from acp_state.store import ApplyOutcome, ReplyFate
+from acp_state.store import ApplyOutcome, ReplyFate, WorkerStore
 from acp_state.tasks import survive
 from acp_state.turn_errors import from_exception
 
-from .prompt import Prompt
-from .session import RETRY_FIRST_S, RETRY_MAX_S, LiveSession
+from .config import WorkerConfig
+from .move import go_on_from, take_over
+from .session import LiveSession
+from .stored_session import until_stored
 
 if TYPE_CHECKING:
-    from .worker import Worker
+    from .agent import AgentProcess
 
 log = logging.getLogger("worker")
 
@@ -48,50 +51,58 @@ SESSION_ID_CONFLICT = "session_id_conflict"
 Answered = tuple[float, int, str, Reply, LiveSession]
 
 
-async def _stored(write: Callable[[], Awaitable[Any]], patience_s: float = 30.0) -> bool:
-    """Run a write until the store takes it (retrying while it is away, as session
-    transitions do); False if it said no (a reply nobody waits for) or never took it."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + patience_s
-    pause = RETRY_FIRST_S
-    while True:
-        try:
-            return await write() is not False
-        except Exception as error:  # (redis-py can fail oddly on a connection torn mid-write)
-            if loop.time() + pause > deadline:
-                log.error("a write was given up: %r", error)
-                return False
-            log.warning("a write failed (%r); retrying", error)
-        await asyncio.sleep(pause)
-        pause = min(2 * pause, RETRY_MAX_S)
-
-
 class Creates:
     """The creates of one worker: those under way (their capacity reserved) and those
-    answered whose answer is not yet known to be taken."""
+    answered whose answer is not yet known to be taken.
 
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
+    Given what it uses of its worker: the store, the config (capacity, agents on offer), the
+    sessions it hosts, whether it drains, its agent children (`agent_for`), how a started
+    session is made (`new_session`) and hosted (`host`), the inboxes it reads
+    (`follow_inbox(ws)`, under its current incarnation), and its command handler
+    (`dispatch`, for the commands parked while a session moved here)."""
+
+    def __init__(
+        self,
+        *,
+        store: WorkerStore,
+        config: WorkerConfig,
+        sessions: Mapping[str, LiveSession],
+        draining: Callable[[], bool],
+        agent_for: Callable[..., Awaitable[AgentProcess]],
+        new_session: Callable[[commands.Create, str, AgentProcess, str], LiveSession],
+        host: Callable[[LiveSession], None],
+        follow_inbox: Callable[[str], None],
+        dispatch: Callable[[commands.Command], None],
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.sessions = sessions
+        self.draining = draining
+        self.agent_for = agent_for
+        self.new_session = new_session
+        self.host = host
+        self.follow_inbox = follow_inbox
+        self.dispatch = dispatch
         self.under_way = 0  # reserved, and not yet one of the worker's sessions
         self._answered: list[Answered] = []
         self._order = itertools.count()
 
     def start(self, command: commands.Create) -> None:
         """Take a create on (or refuse it at once: the worker drains, or is full)."""
-        worker = self.worker
-        if worker.draining or len(worker.sessions) + self.under_way >= worker.config.max_sessions:
-            code = "worker_draining" if worker.draining else "worker_full"
-            asyncio.ensure_future(worker.store.reply(command.request_id, Reply(ok=False, code=code)))
+        draining = self.draining()
+        if draining or len(self.sessions) + self.under_way >= self.config.max_sessions:
+            code = "worker_draining" if draining else "worker_full"
+            asyncio.ensure_future(self.store.reply(command.request_id, Reply(ok=False, code=code)))
             return
         self.under_way += 1  # capacity is reserved now, before the agent starts
-        worker.follow_inbox(command.ws, worker.incarnation)
+        self.follow_inbox(command.ws)
         asyncio.ensure_future(self._create(command))
 
     async def _create(self, command: commands.Create) -> None:
-        worker, store = self.worker, self.worker.store
+        store = self.store
         sid, cwd = command.sid, command.cwd
-        name = command.agent or worker.config.default_agent
-        if name not in worker.config.agents:  # placement read an old report; the API tries another
+        name = command.agent or self.config.default_agent
+        if name not in self.config.agents:  # placement read an old report; the API tries another
             self.under_way -= 1
             with contextlib.suppress(Exception):
                 await store.reply(command.request_id, Reply(ok=False, code="agent_not_offered"))
@@ -99,7 +110,7 @@ class Creates:
         try:
             carry = Carry.unpack(command.carry) if command.carry is not None else None
             returning = command.load or carry is not None or command.move_from is not None
-            agent = await worker.agent_for(name, cwd, sid, returning=bool(returning))
+            agent = await self.agent_for(name, cwd, sid, returning=bool(returning))
             if command.load and not agent.supports_load:
                 self.under_way -= 1
                 with contextlib.suppress(Exception):
@@ -117,14 +128,14 @@ class Creates:
             with contextlib.suppress(Exception):  # else the API times out and says so
                 await store.reply(command.request_id, Reply(ok=False, code=code, error=reason))
             return
-        session = worker.new_session(command, name, agent, agent_sid)
+        session = self.new_session(command, name, agent, agent_sid)
         if carry is not None:
-            session.resume_from(carry)
+            go_on_from(session, carry)
         if command.move_from is not None:
             session.arriving = []  # prompts sent to us before the carried ones are placed wait
         elif carry is None:  # a new session (a resumed one's row stands whatever happens)
             session.untold_request = command.request_id
-        worker.host(session)
+        self.host(session)
         self.under_way -= 1  # the reservation is now a session: count it once
         # From here on the store is told, retrying while it is away: the sweeper's index
         # first, then the session, then the API's answer. A session nobody was told of (the
@@ -134,7 +145,7 @@ class Creates:
         async def index() -> None:
             ours[:] = [await store.index_session(session.incarnation, session.ws, sid, True)]
 
-        indexed = await _stored(index)
+        indexed = await until_stored(index)
         if indexed and not ours[0]:
             if command.move_from is None:  # another workspace holds the id: nothing was written
                 log.warning("the session id is another workspace's; refusing the create", extra={"sessionId": sid})
@@ -145,7 +156,7 @@ class Creates:
             # (Only a store that lost the locator and let another workspace claim the id meanwhile.)
             log.error("a moved session's id is another workspace's; it moves all the same", extra={"sessionId": sid})
         if command.move_from is not None:
-            await self._arrive(session, command, carry, indexed)
+            await take_over(session, command, carry, indexed, store=store, dispatch=self.dispatch)
             return
         result = await session.publish_created(command.client_id) if indexed else None
         if result is None or result.applied != ApplyOutcome.APPLIED:
@@ -158,41 +169,12 @@ class Creates:
         wait_ms = command.wait_ms
         wait_s = (wait_ms if isinstance(wait_ms, int) and 0 < wait_ms <= 3_600_000 else DEFAULT_REPLY_WAIT_MS) / 1000
         kept_s = math.ceil(wait_s + 3 * RECLAIM_MARGIN_S)  # still there when taken back
-        if not await _stored(lambda: store.reply(command.request_id, answer, kept_s)):
+        if not await until_stored(lambda: store.reply(command.request_id, answer, kept_s)):
             log.warning("the create's answer was not taken; closing the session", extra={"sessionId": sid})
             await session.close("create_abandoned", uncatalog=not session.resumed)
             return
         deadline = asyncio.get_running_loop().time() + wait_s + RECLAIM_MARGIN_S
         heapq.heappush(self._answered, (deadline, next(self._order), command.request_id, answer, session))
-
-    async def _arrive(
-        self, session: LiveSession, command: commands.Create, carry: Carry | None, indexed: bool
-    ) -> None:
-        """Take over a session a draining worker moves here (worker/drain.py), then run what
-        waited for the move: the carried prompts, the parked ones, those sent here since."""
-        result = await session.publish_moved(command.move_from or "") if indexed else None
-        if result is None or result.applied != ApplyOutcome.APPLIED:
-            # The mover named another target, or the session ended: it is not ours.
-            await session.close("conflict", publish=False)
-            with contextlib.suppress(Exception):
-                await self.worker.store.reply(command.request_id, Reply(ok=False, code="session_conflict"))
-            return
-        parked: list[commands.Command | commands.MalformedCommand] = []
-        await _stored(lambda: self._take_parked(session, parked))
-        since = session.arrive([Prompt.of(p) for p in carry.prompts] if carry else [])
-        for parked_command in parked:  # in the order they were sent, as from an inbox
-            if isinstance(parked_command, commands.MalformedCommand):
-                log.error("dropping a parked command that could not be handled: %s", parked_command)
-            else:
-                commands.dispatch(self.worker, parked_command)
-        for prompt in since:
-            session.enqueue(prompt)
-        answer = Reply(ok=True, created_at=iso(session.created_ms), incarnation=session.incarnation)
-        with contextlib.suppress(Exception):  # the mover reads the owner from the store if this is lost
-            await self.worker.store.reply(command.request_id, answer)
-
-    async def _take_parked(self, session: LiveSession, into: list[commands.Command | commands.MalformedCommand]) -> None:
-        into[:] = await self.worker.store.take_parked(session.ws, session.sid)
 
     async def reclaim_loop(self) -> None:
         """Undo the creates whose answer nobody took (see RECLAIM_MARGIN_S)."""
@@ -208,7 +190,7 @@ class Creates:
                     heapq.heappush(self._answered, entry)
 
     async def _reclaim(self, due: list[Answered]) -> None:
-        fates = await self.worker.store.reclaim_replies([(request, answer) for _, _, request, answer, _ in due])
+        fates = await self.store.reclaim_replies([(request, answer) for _, _, request, answer, _ in due])
         for (_, _, _, _, session), fate in zip(due, fates, strict=True):
             if fate is ReplyFate.UNTAKEN:
                 log.warning("nobody took the create's answer; closing the session", extra={"sessionId": session.sid})

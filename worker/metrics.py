@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator, Mapping, Protocol, Sized
 
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from acp_state.interactions import USER_QUESTION
-
-if TYPE_CHECKING:
-    from .worker import Worker
 
 TRANSITIONS = Counter("acp_state_transitions_total", "State transitions written to Redis")
 EVENTS = Counter("acp_state_events_total", "Events appended and published", ["type"])
@@ -24,16 +21,28 @@ WRITES_DROPPED = Counter(
 )
 
 
-class WorkerCollector(Collector):
-    """Gauges computed from the worker's memory when scraped, never stored."""
+class Counted(Protocol):
+    """What the gauges read of a live session (worker/session.py)."""
 
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
+    def pending_kinds(self) -> list[str]: ...
+
+
+class WorkerCollector(Collector):
+    """Gauges computed from the worker's memory when scraped, never stored: given its live
+    sessions, their counts by state, its running agent children and its capacity."""
+
+    def __init__(
+        self, *, sessions: Mapping[str, Counted], state_counts: Mapping[str, int], agents: Sized, max_sessions: int
+    ) -> None:
+        self.sessions = sessions
+        self.state_counts = state_counts
+        self.agents = agents
+        self.max_sessions = max_sessions
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        sessions = list(self.worker.sessions.values())
+        sessions = list(self.sessions.values())
         by_state = GaugeMetricFamily("acp_state_sessions", "Live sessions by state", labels=["state"])
-        for state, count in self.worker.state_counts.items():
+        for state, count in self.state_counts.items():
             by_state.add_metric([state], count)
         yield by_state
         pending = GaugeMetricFamily("acp_state_pending_interactions", "Pending interactions by kind", labels=["kind"])
@@ -44,7 +53,5 @@ class WorkerCollector(Collector):
         for kind, count in kinds.items():
             pending.add_metric([kind], count)
         yield pending
-        yield GaugeMetricFamily("acp_state_agent_processes", "Running ACP agent children", value=len(self.worker.agents))
-        yield GaugeMetricFamily(
-            "acp_state_max_sessions", "Sessions this worker accepts", value=self.worker.config.max_sessions
-        )
+        yield GaugeMetricFamily("acp_state_agent_processes", "Running ACP agent children", value=len(self.agents))
+        yield GaugeMetricFamily("acp_state_max_sessions", "Sessions this worker accepts", value=self.max_sessions)

@@ -2,10 +2,10 @@
 spec §4.1), published, indexed for the legacy vote route, and answered by the vote that won
 in Redis or cancelled by the session itself.
 
-`PermissionRequests` is mixed into `LiveSession` (worker/session.py) rather than held by it:
-a worker holds tens of thousands of idle sessions, and a separate object each would cost
-memory for nothing. It keeps its own state (`pending`, the request order) and uses the
-session's identity, its running prompt and its ordered writes.
+A `LiveSession` (worker/session.py) makes its `PermissionRequests` when its agent first
+asks: a worker holds tens of thousands of idle sessions, most of which never ask. It is
+given what it uses: the store (the request index), the session's identity and its ordered
+writes.
 """
 
 from __future__ import annotations
@@ -14,15 +14,12 @@ import asyncio
 import itertools
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Awaitable, Callable
 
-from acp_state import commands, events, ids, interactions
+from acp_state import commands, events, ids, interactions, tracing
 from acp_state.clock import iso
 from acp_state.commands import cancelled_response
 from acp_state.store import Applied, ApplyOutcome, PendingInteraction, Transition, WorkerStore
-
-if TYPE_CHECKING:
-    from .prompt import Prompt
 
 log = logging.getLogger("worker.session")
 
@@ -41,18 +38,15 @@ class Pending:
 class PermissionRequests:
     """The permission requests of one live session (see the module)."""
 
-    __slots__ = ("pending", "_order")
+    __slots__ = ("store", "ws", "sid", "_write", "pending", "_order")
 
-    if TYPE_CHECKING:  # the session's (worker/session.py)
-        store: WorkerStore
-        ws: str
-        sid: str
-        closed: bool
-        active: Prompt | None
-
-        async def _write(self, transition: Transition) -> Applied | None: ...
-
-    def __init__(self) -> None:
+    def __init__(
+        self, *, store: WorkerStore, ws: str, sid: str, write: Callable[[Transition], Awaitable[Applied | None]]
+    ) -> None:
+        self.store = store
+        self.ws = ws
+        self.sid = sid
+        self._write = write  # the session's, in order with its other transitions
         self.pending: dict[str, Pending] = {}  # by request id, in the order they were asked
         self._order = itertools.count()
 
@@ -60,7 +54,7 @@ class PermissionRequests:
         """The kind of each pending request (a permission, or a question for the user)."""
         return [pending.interaction["kind"] for pending in self.pending.values()]
 
-    def _pending_interactions(self) -> list[PendingInteraction]:
+    def interactions(self) -> list[PendingInteraction]:
         """Every pending request as the store keeps it (a snapshot writes them all)."""
         return [self._projected(rid, pending) for rid, pending in self.pending.items()]
 
@@ -68,17 +62,17 @@ class PermissionRequests:
     def _projected(rid: str, pending: Pending) -> PendingInteraction:
         return PendingInteraction(rid, pending.interaction, pending.order, pending.allowed)
 
-    async def request_permission(self, tool_call: dict[str, Any], options: list[dict[str, Any]]) -> dict[str, Any]:
-        """The agent asks: publish the request, register it, await the winning vote (spec §4.1)."""
-        if self.closed:
-            return cancelled_response()
+    async def request(
+        self, tool_call: dict[str, Any], options: list[dict[str, Any]], prompt_id: str | None
+    ) -> dict[str, Any]:
+        """The agent asks, during prompt `prompt_id`: publish the request, register it,
+        await the winning vote (spec §4.1)."""
         if len(self.pending) >= interactions.MAX_PENDING_PER_SESSION:
             log.warning("%d pending requests, refusing another", len(self.pending), extra={"sessionId": self.sid})
             return cancelled_response()
         mapped = interactions.map_options(options)
         interactions.check_sentinel(mapped)
         rid = ids.new_id()
-        prompt_id = self.active.prompt_id if self.active else None
         interaction = interactions.normalize(rid, tool_call, options, iso())
         pending = Pending(
             interaction=interaction,
@@ -99,9 +93,11 @@ class PermissionRequests:
             self.pending.pop(rid, None)
             return cancelled_response()
         await self._locate_request(rid, True)
+        wait = tracing.start_wait(self.active.trace_turn if self.active else None, rid, interaction["kind"])
         try:
             vote = await pending.answer
         finally:
+            tracing.end_wait(wait, pending.answer)
             # The request's index stays until it expires: a vote repeated with the same
             # Idempotency-Key on the legacy route must still find the session.
             still_ours = self.pending.pop(rid, None) is not None
@@ -126,7 +122,7 @@ class PermissionRequests:
         if pending is not None and not pending.answer.done():
             pending.answer.set_result(vote)
 
-    def _resolve_all_pending(self, event_list: list[str]) -> list[str]:
+    def cancel_all(self, event_list: list[str]) -> list[str]:
         """Resolve every pending request `cancelled`, adding its `permission_resolved` to
         `event_list`; returns their request ids."""
         resolved: list[str] = []
@@ -139,7 +135,7 @@ class PermissionRequests:
             del self.pending[rid]
         return resolved
 
-    def _drop_pending(self) -> None:
+    def drop(self) -> None:
         """Answer every pending request cancelled and forget it, writing nothing (the store
         ended the session already)."""
         for pending in list(self.pending.values()):
@@ -147,7 +143,7 @@ class PermissionRequests:
                 pending.answer.set_result(None)
         self.pending.clear()
 
-    async def _locate_pending(self) -> None:
+    async def locate_all(self) -> None:
         """Index every pending request again (the store lost the index with the session)."""
         for rid in list(self.pending):
             await self._locate_request(rid, True)

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from acp_state import commands
+from acp_state import commands, tracing
 from acp_state.commands import CRON, FOREGROUND, NOTIFICATION
 from acp_state.clock import now_ms
 from acp_state.turns import TEXT_MAX_CHARS, TurnRecord
@@ -31,6 +31,9 @@ class Prompt:
     result: list[str] = field(default_factory=list)  # the agent's message text of this turn
     result_chars: int = 0
     turn: TurnRecord = field(init=False)
+    # Its trace (acp_state.tracing), when on: what its turn starts under, and the turn's span.
+    trace_parent: Any = field(default=None, repr=False)
+    trace_turn: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.turn = TurnRecord.queued(self.prompt_id, self.text, self.queued_at, self.client_id)
@@ -41,7 +44,7 @@ class Prompt:
         without its admission time (`queuedAt` 0: not by an API) is stamped on arrival."""
         if not command.queued_at:
             command = dataclasses.replace(command, queued_at=now_ms())
-        return cls(command)
+        return cls(command, trace_parent=tracing.parent_of(command.trace))
 
     @property
     def prompt_id(self) -> str:

@@ -1,40 +1,33 @@
 """One live session on a bridge worker: the per-session turn state machine (spec §3).
 
-Every transition is written to the store as one atomic step (state + events together).
-The in-memory state here is the truth; Redis holds its projection, which the worker can
-rewrite whole (`snapshot`) when Redis lost it. Two parts of it live beside the jobs they
-serve and are mixed in: what the agent asks the session's clients (permissions, questions:
-`PermissionRequests`, worker/permissions.py) and its part in a move (`MovableSession`,
-worker/drain.py). An admitted prompt is a `Prompt` (worker/prompt.py).
+Every transition is written to the store as one atomic step (state + events together), in
+order (`StoredSession`, worker/stored_session.py). The in-memory state here is the truth;
+Redis holds its projection, which the worker can rewrite whole (`snapshot`) when Redis lost
+it. What the agent asks the session's clients (permissions, questions) is its
+`PermissionRequests` (worker/permissions.py), made when the agent first asks. An admitted
+prompt is a `Prompt` (worker/prompt.py). A move to another worker (worker/move.py) holds the
+session, ends its running turn, hands it over and, on the new owner, takes it over and runs
+its carried prompts first: the steps of its own state are here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from acp_state import events, ids, interactions
-from acp_state.commands import CHANNEL, FOREGROUND, Reply
+from acp_state import commands, events, ids, interactions, tracing
+from acp_state.commands import CHANNEL, FOREGROUND, Reply, cancelled_response
 from acp_state.clock import iso, now_ms
-from acp_state.store import (
-    Applied,
-    ApplyOutcome,
-    CatalogRow,
-    EndAdmitted,
-    Mode,
-    Transition,
-    WorkerStore,
-    is_transient,
-)
+from acp_state.store import Applied, ApplyOutcome, CatalogRow, EndAdmitted, Mode, Transition, WorkerStore
 from acp_state.turn_errors import LOOP_DETECTED_MESSAGE, TurnError, from_exception
 
-from .drain import MovableSession
 from .loop_guard import LoopGuard, LoopLimits, skipped_update
-from .metrics import EVENTS, TRANSITIONS, TURN_ERRORS, WRITES_DROPPED
+from .metrics import TURN_ERRORS
 from .permissions import PermissionRequests
 from .prompt import AUTOMATIC_KINDS, INTERACTIVE_KINDS, Prompt
+from .stored_session import StoredSession
 
 if TYPE_CHECKING:
     from .agent import AgentProcess
@@ -42,12 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("worker.session")
 
 DISPLAY_NAME_MAX = 256
-# A transition the store cannot take yet is retried, from RETRY_FIRST_S doubling up to
-# RETRY_MAX_S, for WRITE_PATIENCE_S (a worker shutting down waits less).
-RETRY_FIRST_S = 0.05
-RETRY_MAX_S = 1.0
-WRITE_PATIENCE_S = 120.0
-TERMINALS = ("turn_complete", "turn_error")
+# How long a drain waits for the agent to answer a turn it cancelled (see stop_turn).
+CANCEL_ANSWER_S = 5.0
 
 
 def advertised(update: dict[str, Any]) -> dict[str, Any]:
@@ -58,16 +47,13 @@ def advertised(update: dict[str, Any]) -> dict[str, Any]:
     return {"availableCommands": update["availableCommands"], "availableSkills": skills if isinstance(skills, list) else []}
 
 
-class LiveSession(PermissionRequests, MovableSession):
+class LiveSession(StoredSession):
     # Slots, not a per-instance dict: a worker holds tens of thousands of idle sessions.
-    __slots__ = ("store", "incarnation", "ws", "sid", "cwd", "agent", "agent_sid", "single",
-        "_on_gone", "_on_fenced", "_published", "_publishing", "untold_request", "_in_order",
-        "_op", "_unwritten", "_sent", "abandoned", "write_patience_s", "created_ms", "updated_ms",
-        "display_name", "clients", "available_commands", "loop_limits", "_on_state", "state", "active", "queue",
-        "automatic", "turn_error", "turn_error_event", "closed", "_runner",
+    __slots__ = ("cwd", "agent", "agent_sid", "single", "_on_gone", "untold_request", "_sent",
+        "created_ms", "updated_ms", "display_name", "clients", "available_commands", "loop_limits", "_on_state",
+        "state", "active", "queue", "automatic", "turn_error", "turn_error_event", "_runner", "permissions",
         "_guard", "_loop_stop", "agent_name", "state_store", "resumable", "resumed", "holding",
-        "source",
-        "moving", "arriving", "has_history", "_marker_read", "_idle")
+        "source", "moving", "arriving", "has_history", "_idle")
 
     def __init__(
         self,
@@ -85,32 +71,17 @@ class LiveSession(PermissionRequests, MovableSession):
         loop_limits: LoopLimits | None = None,
         on_state: Callable[[str | None, str | None], None] | None = None,
     ) -> None:
-        super().__init__()
-        self.store = store
-        self.incarnation = incarnation
-        self.ws = ws
-        self.sid = sid
+        super().__init__(store=store, incarnation=incarnation, ws=ws, sid=sid, on_fenced=on_fenced)
         self.cwd = cwd
         self.agent = agent
         self.agent_sid = agent_sid
         self.single = single
         self._on_gone = on_gone
-        self._on_fenced = on_fenced
-        # Set once the first snapshot was written (or the session gave up): an update the
-        # agent sends right after `session/new` must not reach the store before the
-        # session itself, or the fence refuses it.
-        self._published = False
-        self._publishing: asyncio.Future[None] | None = None  # made only if a write waits for it
         # The create's request id while no API is known to have taken its answer: kept in
         # the store, so that a sweep after this worker's death leaves no catalog row of a
         # session nobody was told of.
         self.untold_request: str | None = None
-        self._in_order = asyncio.Lock()  # FIFO: transitions reach the store in order
-        self._op = 0  # running number of this session's transitions
-        self._unwritten: list[str] = []  # terminals a fenced write carried, for the rewrite
         self._sent: Prompt | None = None  # the prompt the agent is answering, if any
-        self.abandoned = False
-        self.write_patience_s = WRITE_PATIENCE_S
         self.created_ms = now_ms()
         self.updated_ms = self.created_ms
         self.display_name: str | None = None
@@ -126,8 +97,8 @@ class LiveSession(PermissionRequests, MovableSession):
         self.automatic: dict[str, list[Prompt]] = {}
         self.turn_error: TurnError | None = None
         self.turn_error_event: bool = False
-        self.closed = False
         self._runner: asyncio.Task[None] | None = None
+        self.permissions: PermissionRequests | None = None  # made when the agent first asks
         # Per-turn state, reset when a prompt starts.
         self._guard = LoopGuard(self.loop_limits)
         self._loop_stop: TurnError | None = None
@@ -146,18 +117,7 @@ class LiveSession(PermissionRequests, MovableSession):
         self.moving = False
         # Moving here: prompts that arrive before the carried and parked ones are placed wait.
         self.arriving: list[Prompt] | None = None
-        self._marker_read: asyncio.Event | None = None  # our inbox's `moving` marker was read
         self._idle: asyncio.Event | None = None  # made while a drain waits for the turn to end
-
-    def _mark_published(self) -> None:
-        self._published = True
-        if self._publishing is not None and not self._publishing.done():
-            self._publishing.set_result(None)
-
-    @property
-    def published(self) -> bool:
-        """The session's first snapshot has been written (or it gave up)."""
-        return self._published
 
     # ---- projection ---------------------------------------------------------------------
 
@@ -182,7 +142,7 @@ class LiveSession(PermissionRequests, MovableSession):
 
     def snapshot(self, reason_event: str | None = None) -> Transition:
         """The whole state as one CREATE transition (first publish, or rewrite after loss)."""
-        admitted = ([self.active] if self.active else []) + self._waiting()
+        admitted = ([self.active] if self.active else []) + self.waiting()
         transition = Transition(
             mode=Mode.CREATE,
             meta=self._meta(),
@@ -195,7 +155,7 @@ class LiveSession(PermissionRequests, MovableSession):
             available_commands=self.available_commands,
             approval_mode=self.agent.modes.get(self.agent_sid, (None, []))[0],
             turn_error=self.turn_error.status_view() if self.turn_error is not None else None,
-            interactions_added=self._pending_interactions(),
+            interactions_added=self.permissions.interactions() if self.permissions else [],
             catalog=self.catalog_row(),
             single=self.single,
             untold_request=self.untold_request,
@@ -229,68 +189,7 @@ class LiveSession(PermissionRequests, MovableSession):
                 self._on_state(self.state, new)
             self.state = new
 
-    async def _write(self, transition: Transition | Callable[[], Transition]) -> Applied | None:
-        """Apply one transition, in order, until the store has it.
-
-        The state here is the truth and the store its projection, so a transition the store
-        could not take (unreachable, stalled, out of memory) is retried, in order (one at a
-        time per session), under a running number that makes a retry of one that did apply
-        a no-op. A fenced write (the store has no such session of ours) is reported to the
-        worker, which asks the registry whether we were declared dead or the store lost it;
-        the terminals it carried are then written again with the session. `transition` may
-        be a function, called in turn: a snapshot must see what the writes before it did."""
-        if not callable(transition) and transition.mode not in (Mode.CREATE, Mode.TAKEOVER) and not self._published:
-            if self._publishing is None:
-                self._publishing = asyncio.get_running_loop().create_future()
-            await asyncio.shield(self._publishing)
-        async with self._in_order:
-            if callable(transition):
-                transition = transition()
-            if self.closed and transition.mode is not Mode.DELETE:
-                return None
-            TRANSITIONS.inc()
-            for body in transition.events:
-                EVENTS.labels(events.event_type(body)).inc()
-            self._op += 1
-            transition = dataclasses.replace(transition, op=self._op)
-            try:
-                result = await self._apply_until_taken(transition)
-            finally:
-                self._track_state()
-            if result is not None and result.applied not in (ApplyOutcome.APPLIED, ApplyOutcome.PRESENT):
-                self._unwritten += [body for body in transition.events if events.event_type(body) in TERMINALS]
-                # (A refused takeover is the mover's to handle: the session is not ours.)
-                if not self.closed and self._on_fenced is not None and transition.mode is not Mode.TAKEOVER:
-                    log.warning("the store refused a write (%d); checking our lease", result.applied, extra={"sessionId": self.sid})
-                    asyncio.ensure_future(self._on_fenced(self, result.applied))
-        return result
-
-    async def _apply_until_taken(self, transition: Transition) -> Applied | None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.write_patience_s
-        pause = RETRY_FIRST_S
-        while True:
-            try:
-                return await self.store.apply(self.ws, self.sid, self.incarnation, transition)
-            except Exception as error:
-                # Retried whatever the error: the running number makes a retry of a write
-                # that did apply a no-op, and redis-py can fail oddly on a connection torn
-                # mid-reply. An error that is not the store's being away is logged in full.
-                if self.abandoned or loop.time() + pause > deadline:
-                    WRITES_DROPPED.inc()
-                    log.error("a transition could not be written; dropped (%r)", error, extra={"sessionId": self.sid})
-                    return None
-                log.warning(
-                    "a transition could not be written yet (%r); retrying", error,
-                    exc_info=not is_transient(error), extra={"sessionId": self.sid},
-                )
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, RETRY_MAX_S)
-
-    async def mark_told(self) -> None:
-        """The create's answer was taken. Its API says so in the store itself; this makes it
-        so even if that API could not (the session would stay out of listings)."""
-        await self._write(Transition(told=True))
+    _settled = _track_state  # after each write, too
 
     async def publish_created(self, client_id: str | None) -> Applied | None:
         if client_id:
@@ -307,11 +206,13 @@ class LiveSession(PermissionRequests, MovableSession):
         if self.closed:
             return
         await self._write(lambda: self.snapshot("session_restored"))
-        await self._locate_pending()
+        if self.permissions is not None:
+            await self.permissions.locate_all()
 
     # ---- prompts ------------------------------------------------------------------------
 
-    def _waiting(self) -> list[Prompt]:
+    def waiting(self) -> list[Prompt]:
+        """The prompts admitted here and not started yet, in the order they will run."""
         return [*self.queue, *(p for kind in AUTOMATIC_KINDS for p in self.automatic.get(kind, ()))]
 
     def enqueue(self, prompt: Prompt) -> None:
@@ -327,7 +228,7 @@ class LiveSession(PermissionRequests, MovableSession):
             self.display_name = prompt.text.strip()[:DISPLAY_NAME_MAX]
             transition.meta = self._meta()
             transition.catalog = self.catalog_row()
-        if self.active is not None or self._waiting() or self.holding:
+        if self.active is not None or self.waiting() or self.holding:
             prompt.queued = True
             data = {"sessionId": self.sid, "promptId": prompt.prompt_id, "text": prompt.text, "queuedAt": prompt.queued_at}
             transition.events.append(events.body("pending_prompt_added", data, prompt.prompt_id, prompt.client_id))
@@ -364,6 +265,9 @@ class LiveSession(PermissionRequests, MovableSession):
                 # `_meta` names the incarnation that sends the turn (the scripted agent logs its
                 # history writes with it: docs/chaos.md, invariant j), over any client's claim.
                 meta = {**(prompt.meta or {}), "acpState.incarnation": self.incarnation}
+                prompt.trace_turn = tracing.start_turn(prompt.trace_parent, self.sid, prompt.prompt_id, prompt.kind,
+                                                       self.incarnation)
+                meta.update(tracing.agent_meta(prompt.trace_turn))  # the agent goes on with the turn's trace
                 response = await self.agent.prompt(self.agent_sid, prompt.blocks, meta)
             except ConnectionError:
                 return  # the child died; AgentProcess ends every prompt with channel_closed
@@ -373,6 +277,7 @@ class LiveSession(PermissionRequests, MovableSession):
                 await self._end_with_stop(prompt, getattr(response, "stop_reason", None) or "end_turn")
             finally:
                 self._sent = None
+                tracing.end_turn(prompt.trace_turn, prompt.turn)
 
     async def _start(self, prompt: Prompt) -> None:
         """The prompt actually starts. Any start supersedes the kept turn-error event; only an
@@ -453,7 +358,7 @@ class LiveSession(PermissionRequests, MovableSession):
         transition.turns.append(prompt.turn)
         if error.structured:
             # A structured rejection cancels pending interactions first, without prompt_cancelled.
-            transition.interactions_removed += self._resolve_all_pending(transition.events)
+            transition.interactions_removed += self._cancel_requests(transition.events)
         self.turn_error = error
         self.turn_error_event = True
         TURN_ERRORS.labels(error.error_kind or "none").inc()
@@ -484,7 +389,7 @@ class LiveSession(PermissionRequests, MovableSession):
         store that never reached us), pending requests resolve cancelled, then `last_event`."""
         event_list: list[str] = []
         ended: list[str] = []
-        prompts = ([self.active] if self.active else []) + self._waiting()
+        prompts = ([self.active] if self.active else []) + self.waiting()
         self.queue.clear()
         for queue in self.automatic.values():
             queue.clear()
@@ -496,7 +401,7 @@ class LiveSession(PermissionRequests, MovableSession):
             data = {"sessionId": self.sid, "message": message, "code": code, "promptId": prompt.prompt_id}
             event_list.append(events.body("turn_error", data, prompt.prompt_id))
         self.active = None
-        resolved = self._resolve_all_pending(event_list)
+        resolved = self._cancel_requests(event_list)
         event_list.append(events.body(last_event, {"sessionId": self.sid, "reason": reason}))
         return Transition(
             mode=Mode.DELETE,
@@ -524,7 +429,7 @@ class LiveSession(PermissionRequests, MovableSession):
         # agent reads the cancel before the cancelled outcomes and ends `cancelled`.
         await self.agent.cancel(self.agent_sid)
         transition = Transition()
-        transition.interactions_removed = self._resolve_all_pending(transition.events)
+        transition.interactions_removed = self._cancel_requests(transition.events)
         if transition.events:
             await self._write(transition)
 
@@ -614,13 +519,14 @@ class LiveSession(PermissionRequests, MovableSession):
         self._mark_published()
         self._track_state()
         running = self.active
-        for prompt in ([running] if running else []) + self._waiting():
+        for prompt in ([running] if running else []) + self.waiting():
             prompt.ended = True
         self.queue.clear()
         for queue in self.automatic.values():
             queue.clear()
         self.active = None
-        self._drop_pending()
+        if self.permissions is not None:
+            self.permissions.drop()
         rid = False
         try:
             if running is not None and running.sent:
@@ -631,18 +537,137 @@ class LiveSession(PermissionRequests, MovableSession):
         await self._on_gone(self)
         return rid
 
+    # ---- the agent's requests ----------------------------------------------------------------
+
+    def pending_kinds(self) -> list[str]:
+        """The kind of each pending request (a permission, or a question for the user)."""
+        return self.permissions.pending_kinds() if self.permissions is not None else []
+
+    async def request_permission(self, tool_call: dict[str, Any], options: list[dict[str, Any]]) -> dict[str, Any]:
+        """The agent asks the session's clients (worker/permissions.py)."""
+        if self.closed:
+            return cancelled_response()
+        if self.permissions is None:
+            self.permissions = PermissionRequests(store=self.store, ws=self.ws, sid=self.sid, write=self._write)
+        return await self.permissions.request(tool_call, options, self.active.prompt_id if self.active else None)
+
+    def resolve_vote(self, vote: commands.Vote) -> None:
+        """A vote won in Redis reached us: hand it to the waiting agent request."""
+        if self.permissions is not None:
+            self.permissions.resolve_vote(vote)
+
+    def _cancel_requests(self, event_list: list[str]) -> list[str]:
+        """Resolve every pending request `cancelled` (their events added to `event_list`)."""
+        return self.permissions.cancel_all(event_list) if self.permissions is not None else []
+
+    # ---- a move to another worker (worker/move.py) --------------------------------------------
+
+    def hold(self) -> None:
+        """A drain began: start no new turn here (what is admitted queues and moves)."""
+        self.holding = True
+
+    async def until_idle(self) -> None:
+        """Until no turn runs (a held session starts none)."""
+        while self.active is not None and not self.closed:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+
+    def _went_idle(self) -> None:
+        if self._idle is not None and self.active is None:
+            self._idle.set()
+
+    async def stop_turn(self, code: str, message: str) -> None:
+        """End the running turn now (a drain's grace ran out): the agent is told to cancel,
+        what it awaits is answered cancelled, and the turn ends with a `turn_error` that
+        says why; its late answer then changes nothing."""
+        prompt = self.active
+        if prompt is None or self.closed:
+            return
+        prompt.cancel_requested = True
+        if prompt.sent:
+            await self.agent.cancel(self.agent_sid)
+        transition = self._terminal(prompt)
+        transition.interactions_removed = self._cancel_requests(transition.events)
+        prompt.turn = prompt.turn.failed(now_ms(), message, code)
+        transition.turns.append(prompt.turn)
+        data = {"sessionId": self.sid, "message": message, "code": code, "promptId": prompt.prompt_id}
+        transition.events.append(events.body("turn_error", data, prompt.prompt_id))
+        # Kept for refresh-append, as every turn error is: a client that reloads (or whose
+        # stream resumed past a gap, which reloads) still sees why the turn stopped. The
+        # status's `turnError` stays unset: the session itself did not fail.
+        self.turn_error_event = True
+        transition.keep_turn_error_event = len(transition.events)
+        await self._write(transition)
+        if prompt.sent and self._runner is not None:
+            # The agent answers the cancelled prompt once it has recorded the turn: the
+            # session's history must be complete before another worker loads it.
+            with contextlib.suppress(asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._runner), CANCEL_ANSWER_S)
+
+    def _let_go(self) -> bool:
+        """Forget the session here, writing nothing (False: it had ended already)."""
+        if self.closed:
+            return False
+        self.closed = True
+        self._mark_published()
+        self._track_state()
+        for prompt in self.waiting():
+            prompt.ended = True  # they run on the new owner, or are lost with the worker
+        self.queue.clear()
+        self.automatic.clear()
+        return True
+
+    def strand(self) -> None:
+        """No handing over, the store being away: forgotten here, left in the store and our
+        index for the sweeper to end; a later load resumes it from the agent's history."""
+        if self._let_go():
+            self.abandoned = True  # a write still retrying gives up
+
+    async def hand_over(self) -> None:
+        """The session moved to another worker: forget it here, writing nothing (the new
+        owner holds it now, and the agent child here lets go of it)."""
+        if not self._let_go():
+            return
+        try:
+            await self.agent.forget(self.agent_sid)
+        except Exception:  # the child may be gone already
+            log.warning("could not tell the agent", extra={"sessionId": self.sid}, exc_info=True)
+        await self._on_gone(self)
+
+    async def publish_moved(self, previous: str) -> Applied | None:
+        """Take the session over from `previous`, which named us its target: one event on
+        its stream says it moved; its log, epoch and fields stay (scripts' takeover)."""
+        data = {"sessionId": self.sid, "reason": "worker_draining"}
+        transition = Transition(
+            mode=Mode.TAKEOVER, takeover_from=previous, catalog=self.catalog_row(),
+            events=[events.body("session_moved", data)],
+        )
+        try:
+            return await self._write(transition)
+        finally:
+            self._mark_published()
+
+    def arrive(self, carried: list[Prompt]) -> list[Prompt]:
+        """The move is done: the prompts carried from the old owner (announced there as
+        queued) run first. Returns those sent here meanwhile, which the caller enqueues after
+        the parked commands (in the same turn of the loop: nothing comes between)."""
+        since, self.arriving = self.arriving or [], None
+        for prompt in carried:
+            prompt.queued = True
+            (self.automatic.setdefault(prompt.kind, []) if prompt.kind in AUTOMATIC_KINDS else self.queue).append(prompt)
+        if self.waiting() and (self._runner is None or self._runner.done()):
+            self._runner = asyncio.ensure_future(self._run())
+        return since
+
     # ---- agent updates ---------------------------------------------------------------------
 
     async def on_update(self, update: dict[str, Any]) -> None:
         """An ACP `session/update`: relayed as a `session_update` event, in arrival order.
-
         The loop guard sees every update of a running turn; newer turn content supersedes the
-        kept turn-error event, so a reload no longer re-appends it.
-
-        A turn a drain already ended (drain.stop_turn) is over for every client, its
-        `turn_error` sent: what its agent still says of it before answering the cancel is
-        dropped, or it would follow the error that explains the turn and supersede it.
-        """
+        kept turn-error event, so a reload no longer re-appends it. A turn a drain already
+        ended (`stop_turn`) is over for every client, its `turn_error` sent: what its agent
+        still says of it before answering the cancel is dropped, or it would follow the error
+        that explains the turn and supersede it."""
         stopped = self._sent is not None and self._sent.ended
         if stopped and events.is_turn_content(update):
             return

@@ -4,8 +4,9 @@ One process holds one incarnation at a time (a fresh id per start). Its lease is
 heartbeat of constant cost; its sessions are stamped with the incarnation, so when the lease
 lapses every reader drops them at once and a sweeper deletes them. A worker that finds its
 incarnation declared dead (it stalled past its lease) ends the sessions it still hosts and
-joins again as a new incarnation with none: dead stays dead. Its creates are
-worker/creates.py's, its drain worker/drain.py's.
+joins again as a new incarnation with none: dead stays dead. Its parts are given what they
+use, never the worker: its creates (worker/creates.py), its drain (worker/move.py, which
+also takes over the sessions other workers move here), its gauges (worker/metrics.py).
 """
 
 from __future__ import annotations
@@ -19,24 +20,22 @@ import os
 import secrets
 import socket
 import time
-from dataclasses import dataclass, field
 from typing import Any, Awaitable
 
 from prometheus_client import REGISTRY, make_asgi_app
 
-from acp_state import commands
+from acp_state import commands, tracing
 from acp_state.commands import Reply
-from acp_state.agents import DEFAULT_AGENT
 from acp_state.clock import iso, now_ms
-from acp_state.store import ApplyOutcome, Standing, Store, run_sweeper
+from acp_state.store import ApplyOutcome, Standing, WorkerReport, WorkerStore, run_sweeper
 from acp_state.summary import SESSION_STATES
 from acp_state.tasks import cancel_until_done, survive
 
 from .agent import AgentProcess
-from .loop_guard import LoopLimits
-from .metrics import COMMANDS, LEASE_RENEWALS, LEASES_LOST, WorkerCollector
-from .drain import drain
+from .config import WorkerConfig
 from .creates import Creates
+from .metrics import COMMANDS, LEASE_RENEWALS, LEASES_LOST, WorkerCollector
+from .move import Drain, leave_stranded
 from .prompt import Prompt
 from .reaper import fence_clock, reaper
 from .session import LiveSession
@@ -67,34 +66,6 @@ def self_fence_margin_ms(lease_ms: int) -> int:
     return max(SELF_FENCE_MARGIN_MIN_MS, int(lease_ms * SELF_FENCE_MARGIN))
 
 
-@dataclass
-class WorkerConfig:
-    # The agents on offer, name -> ACP agent command, the default first (`acp-state`
-    # offers the scripted test double as `default` when given no --agent).
-    agents: dict[str, str]
-    max_sessions: int = 1000
-    lease_ms: int = 10_000
-    child_per: str = "workspace"  # or "session"
-    session_modes: dict[str, str] = field(default_factory=dict)  # agent name -> mode after session/new
-    agent_stderr: str | None = None
-    name: str | None = None
-    loop_limits: LoopLimits = field(default_factory=LoopLimits)
-    metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
-    # The agent-state store its agents keep their history in (acp_state.moves): a session
-    # is resumed only on a worker that reads the same one.
-    state_store: str = ""
-    state_dir: str | None = None  # the agents' HOME, where they keep their history; None: ours
-    # How long a drain (SIGTERM, `acp-state drain`) lets running turns finish before its
-    # sessions move; 0: a stop closes the sessions at once, as before drains.
-    drain_grace_s: float = 30.0
-
-    @property
-    def default_agent(self) -> str:
-        """The agent a create that names none gets: `default` if offered, else the first."""
-        return DEFAULT_AGENT if DEFAULT_AGENT in self.agents else next(iter(self.agents))
-
-
 def new_incarnation(name: str | None = None) -> str:
     """`<name>-<pid>-<random>`: unique per process start, safe inside a hash tag."""
     base = name or socket.gethostname()
@@ -103,7 +74,7 @@ def new_incarnation(name: str | None = None) -> str:
 
 
 class Worker:
-    def __init__(self, store: Store, config: WorkerConfig) -> None:
+    def __init__(self, store: WorkerStore, config: WorkerConfig) -> None:
         self.store = store
         self.config = config
         self.incarnation = new_incarnation(config.name)
@@ -133,12 +104,21 @@ class Worker:
         self.renewed_ms = self.started_ms
         self.ready = asyncio.Event()
         self.overran: list[str] = []  # the shutdown steps that overran their time limit
-        self.creates = Creates(self)
-        self.state_counts: dict[str, int] = dict.fromkeys(SESSION_STATES, 0)
-        self._collector = WorkerCollector(self)
-        REGISTRY.register(self._collector)
         self.draining = False
         self._draining: asyncio.Task[None] | None = None
+        self.drain: Drain | None = None
+        self.creates = Creates(
+            store=store, config=config, sessions=self.sessions, draining=lambda: self.draining,
+            agent_for=self.agent_for, new_session=self.new_session, host=self.host,
+            follow_inbox=lambda ws: self.follow_inbox(ws, self.incarnation),
+            dispatch=lambda command: commands.dispatch(self, command),
+        )
+        self.state_counts: dict[str, int] = dict.fromkeys(SESSION_STATES, 0)
+        self._collector = WorkerCollector(
+            sessions=self.sessions, state_counts=self.state_counts, agents=self.agents, max_sessions=config.max_sessions
+        )
+        REGISTRY.register(self._collector)
+        self.stranded: str | None = None  # why a drain could not hand over (worker/move.py)
 
     def _count_state(self, old: str | None, new: str | None) -> None:
         if old is not None:
@@ -148,24 +128,24 @@ class Worker:
 
     # ---- lifecycle ----------------------------------------------------------------------
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> WorkerReport:
         """The load report stored with the lease: what placement and `acp-state status` read."""
-        return {
-            "incarnation": self.incarnation,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "startedAt": iso(self.started_ms),
-            "sessions": len(self.sessions) + self.creates.under_way,
-            "maxSessions": self.config.max_sessions,
-            "agents": len(self.agents),  # running agent children
-            "agentNames": list(self.config.agents),  # the agents on offer (placement)
-            "defaultAgent": self.config.default_agent,
-            "states": self.state_counts,
-            "leaseMs": self.config.lease_ms,
-            "renewedAt": now_ms(),
-            "stateStore": self.config.state_store,
-            "draining": self.draining,
-        }
+        return WorkerReport(
+            self.incarnation,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=iso(self.started_ms),
+            sessions=len(self.sessions) + self.creates.under_way,
+            max_sessions=self.config.max_sessions,
+            agents=len(self.agents),
+            agent_names=list(self.config.agents),
+            default_agent=self.config.default_agent,
+            states=dict(self.state_counts),
+            lease_ms=self.config.lease_ms,
+            renewed_at=now_ms(),
+            state_store=self.config.state_store,
+            draining=self.draining,
+        )
 
     async def run(self) -> None:
         """Register, then serve until `stop()`; always leaves Redis clean on the way out."""
@@ -195,7 +175,7 @@ class Worker:
         self._stop.set()
 
     def begin_drain(self, grace_s: float | None = None) -> None:
-        """Drain (worker/drain.py), then stop. A second call stops at once; so does a drain
+        """Drain (worker/move.py), then stop. A second call stops at once; so does a drain
         of a worker that was told to drain in no time."""
         grace_s = self.config.drain_grace_s if grace_s is None else grace_s
         if self._draining is not None or grace_s <= 0 or not self.ready.is_set():
@@ -205,9 +185,16 @@ class Worker:
         self._draining = asyncio.ensure_future(self._drain(grace_s))
 
     async def _drain(self, grace_s: float) -> None:
+        began = time.monotonic()  # the grace runs from the signal: a store away holds up no renewal past it
         try:
-            await survive("heartbeat", self.check_standing)  # placement reads `draining` now
-            await drain(self, grace_s)
+            renewal = asyncio.ensure_future(survive("heartbeat", self.check_standing))  # placement reads `draining` now
+            await asyncio.wait({renewal}, timeout=grace_s)
+            self.drain = Drain(
+                store=self.store, sessions=self.sessions, own=lambda: self.incarnation,
+                default_agent=self.config.default_agent, grace_s=grace_s - (time.monotonic() - began),
+                check_standing=self.check_standing,
+            )
+            self.stranded = await self.drain.run()
         except Exception:
             log.exception("the drain failed; stopping")
         finally:
@@ -232,7 +219,10 @@ class Worker:
         stopping = asyncio.gather(*(a.stop() for a in [*self.agents.values(), *self.retired]), return_exceptions=True)
         await within_limit("stopping agent children", SHUTDOWN_STEP_S, stopping, self.overran)
         try:
-            await within_limit("releasing the lease", SHUTDOWN_STEP_S, self._release(), self.overran)
+            if self.stranded:  # its sessions stay indexed for the sweeper (worker/move.py)
+                await leave_stranded(self.store, self.incarnation)
+            else:
+                await within_limit("releasing the lease", SHUTDOWN_STEP_S, self._release(), self.overran)
         except Exception:  # Redis is away: the sweeper removes what is left once the lease lapses
             log.warning("could not release the lease on the way out", exc_info=True)
         REGISTRY.unregister(self._collector)
@@ -250,7 +240,7 @@ class Worker:
         connection (a half-open link: only its socket timeout ends it) or on a slow network
         does not hold up the next, which takes another connection. Waiting for each in turn,
         one black-holed renewal (its socket timeout, then the gap before the next) cost a
-        3 s lease (bench/chaos.py --hosts, `half_open`; tests/test_partitions.py)."""
+        3 s lease (python -m bench.chaos --hosts, `half_open`; tests/test_partitions.py)."""
         interval = self.config.lease_ms / 3000
         while True:
             await asyncio.sleep(interval)
@@ -284,7 +274,7 @@ class Worker:
         # Only renewals on their way count against RENEWALS_OUT: one whose answer waits for
         # an earlier one's acting (a rewrite of every session after Redis lost them, slow
         # under latency) must not keep the next ones from going out, or the lease lapses
-        # while the worker is busy rewriting (bench/chaos.py --hosts: a restart empty
+        # while the worker is busy rewriting (python -m bench.chaos --hosts: a restart empty
         # under latency).
         self._renewals_out += 1
         report = self.report()
@@ -464,7 +454,8 @@ class Worker:
                 continue
             COMMANDS.labels(command.TYPE).inc()
             try:
-                commands.dispatch(self, command)
+                with tracing.processing(command, stream):  # a span when its sender's trace came along
+                    commands.dispatch(self, command)
             except Exception:  # one command that fails must not cost the ones behind it
                 log.exception("dropping a command that could not be handled: %r", command)
         now = asyncio.get_running_loop().time()
@@ -531,9 +522,8 @@ class Worker:
         self.begin_drain(command.grace_s)
 
     def on_moving(self, command: commands.Moving) -> None:
-        session = self.sessions.get(command.sid)
-        if session is not None:
-            session.marker_read()
+        if self.drain is not None:
+            self.drain.marker_read(command.sid)
 
     async def _serve_metrics(self) -> None:
         """`GET /metrics` of this worker (Prometheus text), on its own small HTTP listener."""

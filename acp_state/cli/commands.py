@@ -13,15 +13,24 @@ import os
 import sys
 from typing import Any, Awaitable, Callable
 
-from .. import logs
+from .. import logs, tracing
 from ..agents import PRESETS, offered_agents, session_modes, with_presets
 from ..moves import default_state_store
-from ..store import MEMORY, MissingPermission, RedisStore, Retention, UnsuitableRedis, check_permissions, check_redis
+from ..store import (
+    MEMORY, STORE_ERRORS, MissingPermission, RedisStore, Retention, UnsuitableRedis, check_permissions, check_redis,
+    outage_namer,
+)
 from ..testing import scripted_agent
 from . import secrets
 from .serving import DEFAULT_SERVER, SERVERS, listen_address, serve_http, settle_heap, started, until_signal, url_host
 
 EXIT_SHUTDOWN_OVERRAN = 70  # EX_SOFTWARE: stopped, but a step of the shutdown overran (logged)
+# EX_UNAVAILABLE: a worker stopped with sessions it could not hand over, the store being
+# away past the drain's grace (logged; they are left to the sweep and a later load).
+EXIT_STORE_UNREACHABLE = 69
+# How long `acp-state status` and `acp-state drain` wait for any reply before saying the
+# store is unreachable (a stalled or cut-off Redis otherwise holds a command line forever).
+CLI_REPLY_TIMEOUT_S = 5.0
 # The agent a worker runs when given no --agent: the scripted test double.
 SCRIPTED_AGENT = f"{sys.executable} -m {scripted_agent.__name__}"
 
@@ -81,7 +90,7 @@ def _check_origins(origins: list[str], has_token: bool) -> None:
 
 def _worker_config(args: argparse.Namespace) -> Any:
     from acp_state.worker.loop_guard import LoopLimits
-    from acp_state.worker.worker import WorkerConfig
+    from acp_state.worker.config import WorkerConfig
 
     agents, modes = _agents(args)
     return WorkerConfig(
@@ -126,7 +135,7 @@ async def run_api(args: argparse.Namespace) -> None:
 
     settings = _api_settings(args)
     app = create_app(settings)
-    server = serve_http(app, settings.host, settings.port, args.server)
+    server = serve_http(tracing.asgi(app), settings.host, settings.port, args.server)
 
     def stop() -> None:
         end_streams(app)  # open event streams end cleanly now, not when the grace period ends
@@ -169,6 +178,8 @@ async def run_worker(args: argparse.Namespace) -> None:
             logging.shutdown()
             os._exit(EXIT_SHUTDOWN_OVERRAN)
         await store.close()
+    if worker.stranded:
+        raise SystemExit(EXIT_STORE_UNREACHABLE)
 
 
 async def run_dev(args: argparse.Namespace) -> None:
@@ -180,7 +191,7 @@ async def run_dev(args: argparse.Namespace) -> None:
     settings = _api_settings(args)
     worker = Worker(store, _worker_config(args))
     app = create_app(settings, store=store)
-    server = serve_http(app, settings.host, settings.port, args.server)
+    server = serve_http(tracing.asgi(app), settings.host, settings.port, args.server)
 
     def stop() -> None:
         end_streams(app)
@@ -209,7 +220,7 @@ async def run_drain(args: argparse.Namespace) -> None:
     from .. import commands
     from ..store import WorkerRegistry
 
-    store = RedisStore.from_url(args.redis_url)
+    store = RedisStore.from_url(args.redis_url, reply_timeout_s=CLI_REPLY_TIMEOUT_S)
     try:
         registry = WorkerRegistry(store)
         if args.incarnation not in await registry.live():
@@ -227,7 +238,11 @@ async def run_drain(args: argparse.Namespace) -> None:
 async def run_status(args: argparse.Namespace) -> None:
     from .status import watch
 
-    await watch(RedisStore.from_url(args.redis_url), once=args.once, interval_s=args.interval)
+    store = RedisStore.from_url(args.redis_url, reply_timeout_s=CLI_REPLY_TIMEOUT_S)
+    try:
+        await watch(store, once=args.once, interval_s=args.interval)
+    finally:
+        await store.close()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -356,9 +371,13 @@ async def _check_permissions(url: str, command: str) -> None:
 
 
 async def _run(runner: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace) -> None:
+    if args.command in ("status", "drain"):
+        await _run_briefly(runner, args)
+        return
     await _check_redis(args.redis_url)
     await _check_permissions(args.redis_url, args.command)
     await runner(args)
+    tracing.shutdown()  # the spans still buffered go out before the exit (a bounded wait)
     if args.command in ("api", "dev") and args.server == "granian":
         # Every request, stream and the lifespan have ended: exit here. Dropping granian's
         # server (with the loop, or at the interpreter's exit) joins its Rust connection
@@ -367,6 +386,21 @@ async def _run(runner: Callable[[argparse.Namespace], Awaitable[None]], args: ar
         sys.stdout.flush()
         logging.shutdown()
         os._exit(0)
+
+
+async def _run_briefly(runner: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace) -> None:
+    """A command line's run (`status`, `drain`): a Redis it cannot reach is said in one line
+    and exit status 1, never a traceback, and never waited for (a server waits for it)."""
+    try:
+        await asyncio.wait_for(_check_redis(args.redis_url), CLI_REPLY_TIMEOUT_S)
+        await asyncio.wait_for(_check_permissions(args.redis_url, args.command), CLI_REPLY_TIMEOUT_S)
+        await runner(args)
+    except asyncio.TimeoutError:
+        raise SystemExit(f"acp-state: {outage_namer(args.redis_url)(TimeoutError())} "
+                         f"(no answer in {CLI_REPLY_TIMEOUT_S:.0f} s)") from None
+    except STORE_ERRORS as error:
+        detail = " ".join(str(error).split())
+        raise SystemExit(f"acp-state: {logs.describe(error)}" + (f": {detail}" if detail else "")) from None
 
 
 def _resolve_listeners(args: argparse.Namespace) -> None:
@@ -418,6 +452,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(2, f"acp-state: {error}\n")  # a usage error, like argparse's own: exit code 2
     default_format = "json" if args.command in ("api", "worker") else "text"
     logs.configure(args.log_level, args.log_format or default_format)
+    logs.name_outages(outage_namer(args.redis_url))  # a store that is away: a line, then counts
+    if args.command in ("api", "worker", "dev"):  # on from the OTEL_* variables (docs/tracing.md)
+        tracing.setup(f"acp-state-{args.command}")
     _warn_of_visible_secrets(args, argv)
     runner = {"api": run_api, "worker": run_worker, "dev": run_dev, "status": run_status, "drain": run_drain}[args.command]
     try:

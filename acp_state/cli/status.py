@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from typing import Any
-
-from ..store import LeaseReader
+from ..placement import load
+from ..store import LeaseReader, WorkerReport
 from ..summary import SESSION_STATES
 
 
-def render(deadlines: dict[str, int], reports: dict[str, dict[str, Any]], now: int) -> str:
+def render(deadlines: dict[str, int], reports: dict[str, WorkerReport], now: int) -> str:
     lines = [
         f"{'worker':44} {'lease age':>10} {'expires in':>10} {'sessions':>9} {'load':>6} {'agents':>6}  state",
     ]
@@ -27,14 +26,13 @@ def render(deadlines: dict[str, int], reports: dict[str, dict[str, Any]], now: i
             lines.append(f"{incarnation:44} {'lapsed':>10} {(deadline - now) / 1000:>9.1f}s {'-':>9} {'-':>6} {'-':>6}")
             continue
         live += 1
-        age = (now - report.get("renewedAt", now)) / 1000
-        sessions, maximum = report.get("sessions", 0), max(report.get("maxSessions", 1), 1)
+        age = (now - (report.renewed_at if report.renewed_at is not None else now)) / 1000
         lines.append(
             f"{incarnation:44} {age:>9.1f}s {(deadline - now) / 1000:>9.1f}s "
-            f"{sessions:>9} {100 * sessions / maximum:>5.0f}% {report.get('agents', 0):>6}  "
-            + ("draining" if report.get("draining") else "serving")
+            f"{report.sessions:>9} {100 * load(report):>5.0f}% {report.agents or 0:>6}  "
+            + ("draining" if report.draining else "serving")
         )
-        for state, count in report.get("states", {}).items():
+        for state, count in report.states.items():
             if state in totals:
                 totals[state] += count
     lines.append("")

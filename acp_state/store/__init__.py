@@ -15,7 +15,7 @@ from .acl import MissingPermission, check_permissions
 from .connection import MEMORY, UnsuitableRedis
 from .connection import check as check_redis
 from .fanout import Delivery, Fanout, Subscription
-from .faults import STORE_ERRORS, is_out_of_memory, is_transient, never_ran
+from .faults import STORE_ERRORS, is_out_of_memory, is_transient, never_ran, outage_namer
 from .interface import LeaseReader, ReaderStore, Store, SweeperStore, WorkerStore
 from .redis import RedisStore
 from .registry import WorkerRegistry
@@ -51,6 +51,7 @@ from .types import (
     Standing,
     Transition,
     VoteOutcome,
+    WorkerReport,
 )
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "PendingInteraction", "Presence", "ReaderStore",
     "RedisStore", "ReplyFate", "Retention", "STORE_ERRORS", "SessionView", "Standing", "Store",
     "Subscription", "SweeperStore", "Transition", "UnsuitableRedis", "VoteOutcome",
-    "WorkerRegistry", "WorkerStore", "check_permissions", "check_redis", "is_out_of_memory", "is_transient", "never_ran",
+    "WorkerRegistry", "WorkerReport", "WorkerStore", "check_permissions", "check_redis", "is_out_of_memory", "is_transient", "never_ran",
+    "outage_namer",
     "run_sweeper",
 ]

@@ -7,11 +7,12 @@ claims on a workspace's single-scope slot and on a session's load.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any, Awaitable, Callable
 
 import orjson
 
-from .. import commands
+from .. import commands, tracing
 from ..commands import CANCEL_SENTINEL, Attach, Command, Create, Drain, Reply, Vote
 from ..turns import TurnRecord
 from . import keys, scripts
@@ -122,12 +123,19 @@ class ApiSide(RedisSide):
         """Hand a command to the session's owner (scripts.SEND); prompts pass `admit_limit`.
 
         With `idempotency_key`, the first success is kept and a repeat returns it."""
-        key_list = [
-            keys.session(ws, command.sid), keys.inbox(ws, incarnation), keys.turns(ws, command.sid),
-            keys.parked(ws, command.sid),
-        ]
+        inbox = keys.inbox(ws, incarnation)
+        key_list = [keys.session(ws, command.sid), inbox, keys.turns(ws, command.sid), keys.parked(ws, command.sid)]
         if idempotency_key is not None:
             key_list.append(keys.idempotency(ws, command.sid, idempotency_key))
+        if not isinstance(command, commands.Prompt):
+            return await self._sent(key_list, incarnation, command, admit_limit)
+        # A prompt takes its trace along (the send span's context), for the worker to go on with.
+        with tracing.sending(command.TYPE, command.sid, command.prompt_id, inbox) as trace:
+            if trace:
+                command = dataclasses.replace(command, trace=trace)
+            return await self._sent(key_list, incarnation, command, admit_limit)
+
+    async def _sent(self, key_list: list[str], incarnation: str, command: Command, admit_limit: int | None) -> Admission:
         turn = ""
         if isinstance(command, commands.Prompt):
             turn = TurnRecord.queued(command.prompt_id, command.text, command.queued_at, command.client_id).pack()

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from .. import events
-from ..clock import now_ms
+from ..clock import from_iso, now_ms
 from ..turns import KEPT_ENDED_TURNS
 from .keys import F
 from .types import AttentionEntry, CatalogRow, CreateRecord, Mode, Retention, SessionView, Transition
@@ -157,22 +157,39 @@ def transition_ops(sid: str, t: Transition, retention: Retention) -> dict[str, A
     if t.catalog is not None:
         now = now_ms()
         ops["score"] = str(t.catalog.updated_ms)
-        ops["catalog"] = orjson.dumps(_catalog_json(t.catalog)).decode()
+        ops["catalog"] = pack_catalog_row(t.catalog)
         ops["retention"] = retention.catalog_ms
         ops["cutoff"] = str(now - retention.catalog_ms)
     return ops
 
 
-def _catalog_json(row: CatalogRow) -> dict[str, Any]:
+# A catalog row's optional fields: attribute, JSON key.
+_CATALOG_OPTIONAL = (("agent", "agent"), ("state_store", "stateStore"), ("agent_sid", "agentSessionId"),
+                     ("resumable", "resumable"), ("source_type", "sourceType"), ("source_id", "sourceId"))
+
+
+def pack_catalog_row(row: CatalogRow) -> str:
     """The catalog hash's value for a session (its id is the field, its cwd the workspace's)."""
+    return orjson.dumps(_catalog_json(row)).decode()
+
+
+def unpack_catalog_row(value: str | bytes) -> CatalogRow:
+    """A catalog hash's value as the row it is (`updated_ms` read from its `updatedAt`)."""
+    wire = orjson.loads(value)
+    updated_at = wire.get("updatedAt") or wire["createdAt"]
+    return CatalogRow(
+        wire["createdAt"], updated_at, from_iso(updated_at), wire.get("displayName") or None,
+        **{name: wire.get(key) for name, key in _CATALOG_OPTIONAL},
+    )
+
+
+def _catalog_json(row: CatalogRow) -> dict[str, Any]:
     value: dict[str, Any] = {"createdAt": row.created_at, "updatedAt": row.updated_at}
     if row.display_name:
         value["displayName"] = row.display_name
-    for name, field_value in (("agent", row.agent), ("stateStore", row.state_store),
-                              ("agentSessionId", row.agent_sid), ("resumable", row.resumable),
-                              ("sourceType", row.source_type), ("sourceId", row.source_id)):
-        if field_value is not None:
-            value[name] = field_value
+    for name, key in _CATALOG_OPTIONAL:
+        if getattr(row, name) is not None:
+            value[key] = getattr(row, name)
     return value
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from redis.cluster import key_slot
 
-from .. import commands
+from .. import commands, logs
 from ..commands import Command, MalformedCommand
 from ..tasks import cancel_until_done
 from .connection import Client
@@ -19,6 +19,7 @@ from .connection import Client
 log = logging.getLogger("acp_state.store")
 
 COMMAND_BATCH = 256
+READING = "reading the command streams of a cluster slot"
 
 # (stream, entry id, the entry's command or why it is none)
 Entry = tuple[str, str, Command | MalformedCommand]
@@ -79,10 +80,11 @@ class StreamReaders:
                 reply = await self.redis.xread(cursors, block=block_ms, count=COMMAND_BATCH)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # Redis away or a slot moving: try again shortly
-                log.warning("reading commands from %s failed", list(cursors), exc_info=True)
+            except Exception as error:  # Redis away or a slot moving: try again shortly
+                logs.failed(log, READING, error, logging.WARNING)  # once, then counted
                 await asyncio.sleep(0.5)
                 continue
+            logs.succeeded(READING)
             for entry in entries(reply):
                 cursors[entry[0]] = entry[1]
                 self.queue.put_nowait(entry)

@@ -541,8 +541,8 @@ class Fanout:
             # A read that returns nothing has met a connection that is gone (torn under a
             # write, or closed without an error). Reading it again returns nothing again at
             # once, and a loop whose awaits never wait never lets the event loop run: the
-            # process stopped answering and grew by gigabytes (bench/chaos.py --hosts, an
-            # API partitioned from Redis). The pump starts the link over instead.
+            # process stopped answering and grew by gigabytes (`python -m bench.chaos
+            # --hosts`, an API partitioned from Redis). The pump starts the link over instead.
             raise RedisConnectionError(f"the pub/sub connection {link.name} read nothing: it is closed")
         if connection.health_check_interval and response in pubsub.health_check_response:
             return None

@@ -8,6 +8,8 @@ safe, and an API answers that the outcome is unknown)? Anything else is a bug of
 
 from __future__ import annotations
 
+from typing import Callable
+
 from redis import exceptions as redis_errors
 
 # The store could not take the command now; the same command may succeed later. On a cluster,
@@ -93,3 +95,41 @@ def _says(error: BaseException, code: str) -> bool:
 # Every error the store's client raises: an API answers each as a failure of the store
 # (503 store_full or store_unavailable, or a 500 for a bug of ours).
 STORE_ERRORS: tuple[type[BaseException], ...] = (redis_errors.RedisError, redis_errors.RedisClusterException)
+
+
+# What an operator is told the store's errors mean, by the process's recurring-failure log
+# (acp_state.logs): the kinds a store that is away produces, each with where it is.
+_AWAY: tuple[type[BaseException], ...] = (
+    redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ClusterError,
+    redis_errors.SlotNotCoveredError,
+)
+
+
+def address(url: str) -> str:
+    """Where a store URL points, for a log line: `host:port` (the first node of a cluster's),
+    a socket's path; never its credentials."""
+    scheme, _, rest = url.partition("://")
+    if scheme == "unix":
+        return rest.split("?", 1)[0]
+    if not rest:
+        return scheme
+    location = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+    host, _, port = location.partition(",")[0].rpartition(":")
+    return f"{host}:{port}" if host else f"{location or scheme}:6379"
+
+
+def outage_namer(url: str) -> Callable[[BaseException], str | None]:
+    """How the store at `url` names an error that says it could not take a command now:
+    "redis unreachable at HOST:PORT" (down, cut off, stalled past a timeout, a cluster
+    without a master for a slot), "redis at HOST:PORT refused a command" (full, read-only,
+    loading); None for an error that is ours (a bug)."""
+    where = address(url)
+
+    def name(error: BaseException) -> str | None:
+        if isinstance(error, _REFUSED) or (is_transient(error) and not isinstance(error, _AWAY)):
+            return f"redis at {where} refused a command"
+        if is_transient(error) or isinstance(error, TimeoutError):  # (also a wait for it that gave up)
+            return f"redis unreachable at {where}"
+        return None
+
+    return name

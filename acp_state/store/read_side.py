@@ -10,6 +10,7 @@ state (one per shard on a cluster).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import orjson
@@ -18,12 +19,12 @@ from ..metrics import REDIS_ROUNDTRIP
 from ..turns import TurnRecord
 from . import keys, scripts
 from .batching import Script, pipelined
-from .codec import attention_entries, view_of
+from .codec import attention_entries, unpack_catalog_row, view_of
 from .connection import is_cluster
 from .fanout import Fanout
 from .keys import VersionField
 from .side import RedisSide
-from .types import AttentionCursor, AttentionEntry, CatalogVersion, LeaseView, ListedSession, LoadSnapshot, SessionView
+from .types import AttentionCursor, AttentionEntry, CatalogRow, CatalogVersion, LeaseView, ListedSession, LoadSnapshot, SessionView, WorkerReport
 
 # Workspaces whose last listing's live sessions are remembered (see ReadSide.list_page).
 LIST_HINTS = 4096
@@ -75,12 +76,18 @@ class ReadSide(RedisSide):
             stall_ms=int(stall or 0),
         )
 
-    async def worker_reports(self, incarnations: list[str]) -> dict[str, dict[str, Any]]:
-        """The load report each live worker stored with its lease (one round trip)."""
+    async def worker_reports(self, incarnations: list[str]) -> dict[str, WorkerReport]:
+        """The load report each live worker stored with its lease (one round trip); one no
+        worker could have written (not a report) is left out, as a worker without one."""
         if not incarnations:
             return {}
         values = await self.redis.hmget(keys.REPORTS, incarnations)
-        return {inc: orjson.loads(v) for inc, v in zip(incarnations, values, strict=True) if v}
+        reports = {}
+        for inc, value in zip(incarnations, values, strict=True):
+            if value:
+                with contextlib.suppress(ValueError):
+                    reports[inc] = WorkerReport.unpack(inc, value)
+        return reports
 
     async def known_agents(self) -> list[str]:
         """Every agent name a worker offered within the registry's TTL (live or not)."""
@@ -103,10 +110,10 @@ class ReadSide(RedisSide):
         with REDIS_ROUNDTRIP.labels("session_read").time():
             return view_of(await self.redis.hgetall(keys.session(ws, sid)), sid)
 
-    async def catalog_row(self, ws: str, sid: str) -> dict[str, Any] | None:
+    async def catalog_row(self, ws: str, sid: str) -> CatalogRow | None:
         """A session's durable catalog row (written with its first snapshot), if kept."""
         row = await self.redis.hget(keys.catalog(ws), sid)
-        return orjson.loads(row) if row else None
+        return unpack_catalog_row(row) if row else None
 
     # ---- workspaces ---------------------------------------------------------------------
 

@@ -68,13 +68,18 @@ class RedisStore(WorkerSide, ApiSide, PresenceSide, ReadSide, SweeperSide):
         super().__init__()  # each side binds its scripts to these clients, and sets up its state
 
     @classmethod
-    def from_url(cls, url: str, retention: Retention | None = None, lease_ms: int | None = None) -> RedisStore:
+    def from_url(
+        cls, url: str, retention: Retention | None = None, lease_ms: int | None = None, reply_timeout_s: float | None = None
+    ) -> RedisStore:
         """A store on `url` (see acp_state.store.connection), with its own clients for leases
-        and for the heartbeat; `lease_ms`: the lease of the worker that uses it, if any."""
+        and for the heartbeat; `lease_ms`: the lease of the worker that uses it, if any;
+        `reply_timeout_s`: how long any reply may take (a command line's; a server's
+        clients wait, a blocking read included)."""
         if url.startswith(MEMORY):
             return cls(connect(url), retention)
         timeout = lease_socket_timeout(lease_ms)
-        return cls(connect(url), retention, connect(url, socket_timeout=timeout), connect(url, socket_timeout=timeout))
+        main = connect(url, socket_timeout=reply_timeout_s) if reply_timeout_s else connect(url)
+        return cls(main, retention, connect(url, socket_timeout=timeout), connect(url, socket_timeout=timeout))
 
     async def close(self) -> None:
         await self._stop_readers()

@@ -134,6 +134,67 @@ class LeaseView:
         }
 
 
+# A worker's load report: attribute, its JSON key (the order the bytes have always had).
+_REPORT_WIRE = (
+    ("incarnation", "incarnation"), ("host", "host"), ("pid", "pid"), ("started_at", "startedAt"),
+    ("sessions", "sessions"), ("max_sessions", "maxSessions"), ("agents", "agents"), ("agent_names", "agentNames"),
+    ("default_agent", "defaultAgent"), ("states", "states"), ("lease_ms", "leaseMs"), ("renewed_at", "renewedAt"),
+    ("state_store", "stateStore"), ("draining", "draining"),
+)
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """The load report a worker stores with each renewal of its lease: what placement
+    (`acp_state.placement`), `GET /workers`, `/capabilities`, the deployment's metrics and
+    `acp-state status` read. Its JSON is one object of these fields, in this order (`pack`);
+    a report stored without some of them (an older worker's) reads as their defaults."""
+
+    incarnation: str
+    host: str | None = None
+    pid: int | None = None
+    started_at: str | None = None  # ISO
+    sessions: int = 0  # live, and creates under way (their capacity reserved)
+    max_sessions: int = 0
+    agents: int | None = None  # running agent children
+    agent_names: list[str] = field(default_factory=list)  # the agents on offer, the default first
+    default_agent: str | None = None
+    states: dict[str, int] = field(default_factory=dict)  # live sessions by state (SESSION_STATES)
+    lease_ms: int | None = None
+    renewed_at: int | None = None  # epoch ms, the worker's clock
+    state_store: str | None = None  # the agent-state store its agents read (acp_state.moves)
+    draining: bool = False  # moving its sessions away: placement sends it nothing
+
+    def pack(self) -> str:
+        """The JSON the registry keeps for the incarnation."""
+        return orjson.dumps({wire: getattr(self, name) for name, wire in _REPORT_WIRE}).decode()
+
+    @classmethod
+    def unpack(cls, incarnation: str, payload: str | bytes) -> WorkerReport:
+        """The report the registry kept for `incarnation`. Raises ValueError: not a JSON
+        object, or a field of the wrong JSON type (no worker writes one)."""
+        wire = orjson.loads(payload)
+        if not isinstance(wire, dict):
+            raise ValueError("worker report is not a JSON object")
+        values: dict[str, Any] = {}
+        for name, key in _REPORT_WIRE:
+            value = wire.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, _REPORT_TYPES[name]) or (isinstance(value, bool) and _REPORT_TYPES[name] is int):
+                raise ValueError(f"worker report field {key!r} is of the wrong type")
+            values[name] = value
+        values.setdefault("incarnation", incarnation)
+        return cls(**values)
+
+
+_REPORT_TYPES: dict[str, type] = {
+    "incarnation": str, "host": str, "pid": int, "started_at": str, "sessions": int, "max_sessions": int,
+    "agents": int, "agent_names": list, "default_agent": str, "states": dict, "lease_ms": int, "renewed_at": int,
+    "state_store": str, "draining": bool,
+}
+
+
 @dataclass(frozen=True)
 class DeadClaims:
     """One sweeper round's claim (SweeperStore.claim_dead_workers): the dead workers handed

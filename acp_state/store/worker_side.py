@@ -20,7 +20,7 @@ from .codec import transition_ops
 from .command_streams import COMMAND_BATCH, Entry, StreamReaders, entries
 from .connection import is_cluster
 from .side import INBOX_MAXLEN, INBOX_TTL_MS, REGISTRY_TTL_MS, REPLY_TTL_S, RedisSide
-from .types import ABANDONED, GIVEN, Applied, ApplyOutcome, IdClaim, ReplyFate, Standing, Transition
+from .types import ABANDONED, GIVEN, Applied, ApplyOutcome, IdClaim, ReplyFate, Standing, Transition, WorkerReport
 
 
 class WorkerSide(RedisSide):
@@ -42,14 +42,13 @@ class WorkerSide(RedisSide):
         self._replies = PerLoopTurn(self._send_replies)
         self._readers = StreamReaders(self.redis) if is_cluster(self.redis) else None
 
-    async def heartbeat(self, incarnation: str, report: dict[str, Any], lease_ms: int) -> Standing:
+    async def heartbeat(self, incarnation: str, report: WorkerReport, lease_ms: int) -> Standing:
         """Renew the lease on Redis's clock: one script, whatever the session count. The
-        agent names the report offers (`agentNames`) are recorded as known in the same step."""
-        offered = report.get("agentNames") or []
+        agent names the report offers are recorded as known in the same step."""
         with REDIS_ROUNDTRIP.labels("heartbeat").time():
             standing, _ = await self._heartbeat(
                 keys.REGISTRY_KEYS,
-                [incarnation, lease_ms, orjson.dumps(report).decode(), REGISTRY_TTL_MS, orjson.dumps(offered).decode()],
+                [incarnation, lease_ms, report.pack(), REGISTRY_TTL_MS, orjson.dumps(report.agent_names).decode()],
             )
         return Standing(standing)
 

@@ -9,9 +9,8 @@ every create for `FRESH_S`; creates that arrive during a read share it.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from acp_state.store import ReaderStore, WorkerRegistry
+from acp_state.store import ReaderStore, WorkerRegistry, WorkerReport
 
 FRESH_S = 0.1
 
@@ -21,10 +20,10 @@ class LiveReports:
         self._store = store
         self._registry = registry
         self._read_at = float("-inf")
-        self._reports: list[dict[str, Any]] = []
-        self._reading: asyncio.Future[list[dict[str, Any]]] | None = None
+        self._reports: list[WorkerReport] = []
+        self._reading: asyncio.Future[list[WorkerReport]] | None = None
 
-    async def get(self, fresh: bool = False) -> list[dict[str, Any]]:
+    async def get(self, fresh: bool = False) -> list[WorkerReport]:
         """The live workers' reports, read within the last FRESH_S (or now, if `fresh`)."""
         loop = asyncio.get_running_loop()
         if not fresh and loop.time() - self._read_at < FRESH_S:
@@ -33,7 +32,7 @@ class LiveReports:
             self._reading = asyncio.ensure_future(self._read())
         return list(await asyncio.shield(self._reading))
 
-    async def _read(self) -> list[dict[str, Any]]:
+    async def _read(self) -> list[WorkerReport]:
         started = asyncio.get_running_loop().time()
         reports = await self._store.worker_reports(await self._registry.live())
         self._reports, self._read_at = list(reports.values()), started

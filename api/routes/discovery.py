@@ -8,7 +8,7 @@ import logging
 from starlette.requests import Request
 from starlette.responses import Response
 
-from acp_state.agents import offers
+from acp_state.placement import offers
 
 from .. import limits, workspace_ref
 from ..responses import OrjsonResponse
@@ -91,12 +91,12 @@ async def agents_on_offer(request: Request) -> list[dict[str, object]]:
     take it as their default (a create that names no agent)."""
     state = app_state(request)
     reports = list((await state.store.worker_reports(await state.registry.live())).values())
-    names = sorted(set(await state.store.known_agents()).union(*(r.get("agentNames") or [] for r in reports)))
+    names = sorted(set(await state.store.known_agents()).union(*(r.agent_names for r in reports)))
     return [
         {
             "name": name,
             "workers": sum(1 for r in reports if offers(r, name)),
-            "defaultOn": sum(1 for r in reports if r.get("defaultAgent") == name),
+            "defaultOn": sum(1 for r in reports if r.default_agent == name),
         }
         for name in names
     ]

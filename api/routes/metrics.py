@@ -31,7 +31,7 @@ async def metrics(request: Request) -> Response:
     reports = await state.store.worker_reports(live)
     totals: dict[str, int] = {}
     for report in reports.values():
-        for name, count in report.get("states", {}).items():
+        for name, count in report.states.items():
             totals[name] = totals.get(name, 0) + count
     for name, count in totals.items():
         DEPLOYMENT_SESSIONS.labels(name).set(count)

@@ -18,7 +18,7 @@ from starlette.responses import Response
 
 from acp_state import commands, ids
 from acp_state.moves import Carry
-from acp_state.store import LoadClaim
+from acp_state.store import CatalogRow, LoadClaim
 
 from ..auth import Principal, principal_of
 from ..locator import not_found
@@ -45,7 +45,7 @@ async def resume(state: AppState, sid: str, principal: Principal, client_id: str
     row = await state.store.catalog_row(ws, sid) if ws is not None and ws in state.workspaces else None
     if ws is None or row is None:
         raise not_found(sid)
-    if row.get("resumable") is False:
+    if row.resumable is False:
         raise not_resumable(sid)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + state.settings.create_timeout_s
@@ -76,21 +76,21 @@ async def resume(state: AppState, sid: str, principal: Principal, client_id: str
         await asyncio.sleep(WAIT_STEP_S)
 
 
-async def _load(state: AppState, ws: str, sid: str, row: dict, client_id: str) -> None:
-    carry = Carry.of_row(row)
+async def _load(state: AppState, ws: str, sid: str, row: CatalogRow, client_id: str) -> None:
+    carry = Carry.of_row(row.created_at, row.updated_at, row.display_name)
 
     def create(request_id: str) -> commands.Create:
         return commands.Create(
             ws=ws, sid=sid, cwd=state.workspaces[ws], client_id=client_id,
-            wait_ms=int(state.settings.create_timeout_s * 1000), request_id=request_id, agent=row.get("agent"),
+            wait_ms=int(state.settings.create_timeout_s * 1000), request_id=request_id, agent=row.agent,
             # (A session never prompted has no history: its agent starts it anew.)
-            load=carry.history, agent_sid=row.get("agentSessionId"), carry=carry.pack(),
-            source_type=row.get("sourceType"), source_id=row.get("sourceId"),  # the row keeps them
+            load=carry.history, agent_sid=row.agent_sid, carry=carry.pack(),
+            source_type=row.source_type, source_id=row.source_id,  # the row keeps them
         )
 
     try:
         async with effect(state.store.resends):  # a load sent to a worker may have happened
-            await place(state, create, agent=row.get("agent"), state_store=row.get("stateStore"))
+            await place(state, create, agent=row.agent, state_store=row.state_store)
     except ApiError as error:
         # The worker's publish was refused: the session was deleted meanwhile (a delete
         # that came after this load's claim lapsed), or is another's.

@@ -251,9 +251,9 @@ async def _repeated_create(state: AppState, key: CreateKey, ws: str, cwd: str, f
     row = await state.store.catalog_row(ws, record.sid)
     state.locator.remember(record.sid, ws)
     body = {"sessionId": record.sid, "workspaceCwd": cwd, "attached": record.attached, "clientId": record.client_id}
-    answer = dict(body, createdAt=row["createdAt"] if row else created_at or iso(now_ms()))
+    answer = dict(body, createdAt=row.created_at if row else created_at or iso(now_ms()))
     if row is not None and not record.attached:
-        answer.update(session_source.echoed(row.get("sourceType"), row.get("sourceId")))
+        answer.update(session_source.echoed(row.source_type, row.source_id))
     return OrjsonResponse(answer)
 
 

@@ -9,6 +9,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from acp_state.placement import load
+from acp_state.store import WorkerReport
+
 from ..auth import principal_of
 from ..responses import ApiError, OrjsonResponse
 from ..state import app_state
@@ -24,22 +27,21 @@ async def workers(request: Request) -> Response:
     reports = await state.store.worker_reports(sorted(live))
     listed: list[dict[str, Any]] = []
     for inc in sorted(live):
-        report = reports.get(inc, {})
-        sessions, maximum = report.get("sessions", 0), report.get("maxSessions") or 0
+        report = reports.get(inc) or WorkerReport(inc)  # (a worker between its lease and its report)
         listed.append({
             "incarnation": inc,
-            "host": report.get("host"),
-            "pid": report.get("pid"),
-            "startedAt": report.get("startedAt"),
-            "leaseMs": view.leases.get(inc, report.get("leaseMs")),
-            "leaseAgeMs": max(0, now - report["renewedAt"]) if "renewedAt" in report else None,
+            "host": report.host,
+            "pid": report.pid,
+            "startedAt": report.started_at,
+            "leaseMs": view.leases.get(inc, report.lease_ms),
+            "leaseAgeMs": max(0, now - report.renewed_at) if report.renewed_at is not None else None,
             "expiresInMs": live[inc] - now,
-            "sessions": sessions,
-            "maxSessions": maximum,
-            "load": round(sessions / maximum, 4) if maximum else None,
-            "agents": report.get("agents"),
-            "states": report.get("states", {}),
-            "draining": bool(report.get("draining")),
-            "stateStore": report.get("stateStore"),
+            "sessions": report.sessions,
+            "maxSessions": report.max_sessions,
+            "load": round(load(report), 4) if report.max_sessions else None,
+            "agents": report.agents,
+            "states": report.states,
+            "draining": report.draining,
+            "stateStore": report.state_store,
         })
     return OrjsonResponse({"workers": listed, "serverTime": now})

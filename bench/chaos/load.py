@@ -5,8 +5,8 @@ the other API after any error), runs a few steps (prompts of every kind, votes f
 voters on both APIs, answers, cancels, queued prompts, status reads) and deletes the session
 or leaves it open. Every mutating request carries an Idempotency-Key and is retried with it
 while its outcome is unknown or the store says it did nothing; every attempt, every SSE frame
-and every session's owner go to the history (bench/chaos_history.py), which
-bench/chaos_check.py checks. docs/chaos.md, "The load", says what it does and why.
+and every session's owner go to the history (bench/chaos/history.py), which
+bench/chaos/checker.py checks. docs/chaos.md, "The load", says what it does and why.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import orjson
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
 
-from . import chaos_check
-from .chaos_history import Recorder, log, now
-from .chaos_schedule import APIS
+from . import checker
+from .history import Recorder, log, now
+from .schedule import APIS
 
 # A request may wait out a stalled master and its replica's promotion (sleep 5 leases plus
 # the node timeout): a client that gave up sooner would leave outcomes unknown that the
@@ -37,7 +37,7 @@ POLL_TIMEOUT = httpx.Timeout(8.0, connect=2.0)
 SSE_TIMEOUT = httpx.Timeout(connect=3.0, read=25.0, write=5.0, pool=5.0)
 SNAPSHOT_WAIT_S = 30.0  # how long a new session's actor waits for its reader's snapshot
 CHAIN_BUDGET_S = 120.0  # how long one logical mutating request is retried with its key
-ENDING = chaos_check.ENDINGS
+ENDING = checker.ENDINGS
 # The load's long turn (`#slow 5`, 4% of its steps): longer than the drain grace.
 LONG_TURN_S = 5
 # Off loopback an API needs a bearer token; the load sends this one (role user).
@@ -163,7 +163,7 @@ class Reader:
                 self.snapshot.set()
             return 0
         self.last_id = event_id
-        if event_type == chaos_check.MOVED:
+        if event_type == checker.MOVED:
             self.load.moved(self.sid, event_id)
         if event_type in ENDING:
             self.ended = True
@@ -540,8 +540,8 @@ class Load:
         if prompt_id is None:
             return
         await reader.wait_for(
-            lambda e: e.get("type") in chaos_check.TERMINALS + ENDING
-            and (e.get("type") in ENDING or chaos_check.envelope_prompt_id(e) == prompt_id),
+            lambda e: e.get("type") in checker.TERMINALS + ENDING
+            and (e.get("type") in ENDING or checker.envelope_prompt_id(e) == prompt_id),
             timeout,
         )
 

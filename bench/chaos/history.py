@@ -7,7 +7,7 @@ wrote to the sessions' shared history (`record_agent_writes`: the scripted agent
 `writes.log` and each history file), so the checker can hold the agents to the lease too
 (invariant j: no history write of an incarnation after a sweeper may declare it dead).
 
-bench/chaos_check.py reads the history back (its docstring lists every kind of record);
+bench/chaos/checker.py reads the history back (its docstring lists every kind of record);
 bench/rolling_deploy.py records its run the same way.
 """
 
@@ -27,9 +27,9 @@ import redis
 
 from acp_state.store import keys
 from acp_state.testing.scripted_agent import LOGGED_TEXT_CHARS, read_writes
+from testbed.processes import API_BANNER, WORKER_BANNER, AcpProcess
 
-from .chaos_redis import client as redis_client
-from .procs import API_BANNER, WORKER_BANNER, AcpProcess
+from .redis_nodes import client as redis_client
 
 READY_TIMEOUT_S = 45
 WORKER_NAME = "chaos-w{slot}"  # --name: incarnations are `<name>-<pid>-<8 hex>`
@@ -69,8 +69,8 @@ class RecordedProcess(AcpProcess):
     def __init__(self, role: str, slot: int, argv: list[str], log_dir: Path, rec: Recorder, port: int | None = None,
                  env: dict[str, str] | None = None, prefix: list[str] | None = None) -> None:
         super().__init__(
-            *argv, marker=WORKER_BANNER if role == "worker" else API_BANNER,
-            log=log_dir / f"{role}{slot}-{time.monotonic_ns()}.log", env=env, prefix=prefix or (),
+            argv, log_dir / f"{role}{slot}-{time.monotonic_ns()}.log",
+            marker=WORKER_BANNER if role == "worker" else API_BANNER, env=env, prefix=prefix,
             log_level="INFO", ready_timeout_s=READY_TIMEOUT_S,
         )
         self.role = role
@@ -110,7 +110,7 @@ class RecordedProcess(AcpProcess):
                 log(f"worker slot {self.slot} changed incarnation to {worker_id}")
 
     def sigterm(self) -> None:
-        """SIGTERM (a worker drains; see worker/drain.py), recorded for a worker: the checker
+        """SIGTERM (a worker drains; see worker/move.py), recorded for a worker: the checker
         holds a drain's stops and closes to the incarnations told to stop."""
         if not self.alive:
             return

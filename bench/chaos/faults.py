@@ -1,8 +1,8 @@
-"""How the chaos run injects each fault of its schedule (bench/chaos_schedule.py): on the
+"""How the chaos run injects each fault of its schedule (bench/chaos/schedule.py): on the
 processes (kill -9, SIGSTOP of a worker or of the worker alone, a drain by SIGTERM or
 `acp-state drain`), on Redis (DEBUG
 SLEEP, CLIENT PAUSE, a restart empty, maxmemory, killed pub/sub clients, a cluster
-failover) and, across hosts, on the network (bench/chaos_network.py). Each fault goes to
+failover) and, across hosts, on the network (bench/chaos/network.py). Each fault goes to
 the history with what was done and when; docs/chaos.md's table says what each does.
 """
 
@@ -15,15 +15,15 @@ import signal
 import sys
 import time
 from typing import TYPE_CHECKING, Any
+from testbed.processes import ROOT
 
-from . import chaos_network
-from .chaos_history import RecordedProcess, log, now
-from .chaos_redis import client as redis_client
-from .chaos_schedule import FAULTS_HOSTS
-from .procs import ROOT
+from . import network
+from .history import RecordedProcess, log, now
+from .redis_nodes import client as redis_client
+from .schedule import FAULTS_HOSTS
 
 if TYPE_CHECKING:
-    from .chaos import Chaos
+    from .run import Chaos
 
 # How long a drained worker may take to exit (its grace, every hand-off, the shutdown)
 # before it is killed; the fault records the kill (the checker then counts it killed).
@@ -58,7 +58,7 @@ class Faults:
 
     def __init__(self, run: Chaos) -> None:
         self.run = run
-        self.network: chaos_network.Network | None = None  # across hosts, once the bed is up
+        self.network: network.Network | None = None  # across hosts, once the bed is up
         self.log: list[dict[str, Any]] = []
         self.condition_log: list[dict[str, Any]] = []
         self.drained: list[RecordedProcess] = []  # workers told to drain, replaced in their slot

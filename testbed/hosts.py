@@ -9,9 +9,9 @@ on one host's links at any time, existing connections included; partitions are k
 rules inside the host's namespace, so the processes' own sockets see them (no RST, no FIN:
 only their timeouts and TCP keepalive notice).
 
-    python -m bench.hosts check     # exit 0 where the bed can run; 77 and the reason where not
-    python -m bench.hosts clean     # remove what runs that died left behind
-    python -m bench.hosts shell     # a bed of api-1 and worker-1 until Ctrl-C (for poking at it)
+    python -m testbed.hosts check     # exit 0 where the bed can run; 77 and the reason where not
+    python -m testbed.hosts clean     # remove what runs that died left behind
+    python -m testbed.hosts shell     # a bed of api-1 and worker-1 until Ctrl-C (for poking at it)
 
 Nothing outlives the bed: `stop()` removes every namespace, link, rule and process it made,
 and a watchdog process (its own session) does the same if the driver dies without it (kill -9
@@ -137,7 +137,7 @@ class TestBed:
         self.folder.mkdir(parents=True, exist_ok=True)
         os.environ[RUN_ENV] = self.run_id  # inherited by every process started from here on
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-m", "bench.hosts", "watch", str(os.getpid()), self.run_id, str(self.folder)],
+            [sys.executable, "-m", "testbed.hosts", "watch", str(os.getpid()), self.run_id, str(self.folder)],
             cwd=str(ROOT), start_new_session=True, stdin=subprocess.DEVNULL,
             env={k: v for k, v in os.environ.items() if k != RUN_ENV},  # it must not reap itself
         )
@@ -177,7 +177,7 @@ class TestBed:
         to Redis through it; its upstream is Redis on loopback (never redirected)."""
         port = _free_port()
         self._proxy = subprocess.Popen(
-            [sys.executable, "-m", "bench.fault_proxy", "--listen", f"0.0.0.0:{port}", "--transparent",
+            [sys.executable, "-m", "testbed.fault_proxy", "--listen", f"0.0.0.0:{port}", "--transparent",
              "--upstream-host", "127.0.0.1", "--control", str(self.proxy_control), "--seed", str(self.proxy_seed)],
             cwd=str(ROOT), stdout=subprocess.PIPE, stderr=open(self.folder / "proxy.log", "ab"),  # noqa: SIM115
         )

@@ -6,7 +6,7 @@ schedule derived only from `random.Random(seed)` (and the run's shape: minutes, 
 single or cluster) injects faults, drains among them (`worker_drain`: the workers run with
 --drain-grace-s, so a drained worker's sessions move to the other one; see docs/chaos.md,
 "Drains"), records every request, every SSE frame, every fault and the sessions' owners
-to a JSONL history, and checks the history (bench/chaos_check.py). Exits non-zero on any
+to a JSONL history, and checks the history (bench/chaos/checker.py). Exits non-zero on any
 violation.
 
     python -m bench.chaos --seed 7 --minutes 1 [--cluster] [--lease-ms 3000] [--drain-grace-s 2]
@@ -31,13 +31,15 @@ from typing import Any
 
 from acp_state.ids import workspace_id
 from acp_state.store import RedisStore
+from testbed.hosts import UNAVAILABLE_EXIT, HostsUnavailable, TestBed
+from testbed.redis_server import free_port
 
-from . import chaos_check, chaos_network
-from .chaos_faults import Faults
-from .chaos_history import WORKER_NAME, LeaseWatch, RecordedProcess, Recorder, log, now, record_agent_writes
-from .chaos_load import HOSTS_TOKEN, Load
-from .chaos_redis import ChaosRedis, ChaosRedisCluster
-from .chaos_schedule import (
+from . import checker, network
+from .faults import Faults
+from .history import WORKER_NAME, LeaseWatch, RecordedProcess, Recorder, log, now, record_agent_writes
+from .load import HOSTS_TOKEN, Load
+from .redis_nodes import ChaosRedis, ChaosRedisCluster
+from .schedule import (
     APIS,
     DRAIN_GRACE_S,
     FAULTS_CLUSTER,
@@ -47,8 +49,6 @@ from .chaos_schedule import (
     format_schedule,
     make_schedule,
 )
-from .hosts import UNAVAILABLE_EXIT, HostsUnavailable, TestBed
-from .redis_server import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CREATE_TIMEOUT_S = 15
@@ -71,7 +71,7 @@ class Chaos:
                                       faults_option(args), args.drain_grace_s, args.hosts)
         # Across hosts: the test bed (built in `run`), and the link-condition lane.
         self.bed: TestBed | None = None
-        self.conditions = (chaos_network.make_conditions(args.seed, args.minutes, args.lease_ms)
+        self.conditions = (network.make_conditions(args.seed, args.minutes, args.lease_ms)
                            if args.hosts and faults_option(args) != [] else [])
         stem = f"chaos-{'hosts-' if args.hosts else ''}{'cluster' if args.cluster else 'single'}-seed{args.seed}"
         self.out = Path(args.out) if args.out else RESULTS / f"{stem}.json"
@@ -168,8 +168,8 @@ class Chaos:
         if args.hosts:
             # First: the bed marks every process started after it, Redis too, for its reaper.
             self.bed = await asyncio.to_thread(
-                TestBed(chaos_network.host_names(), proxy_seed=self.seed, folder=self.log_dir / "hosts").start)
-            self.faults.network = chaos_network.Network(self.bed)
+                TestBed(network.host_names(), proxy_seed=self.seed, folder=self.log_dir / "hosts").start)
+            self.faults.network = network.Network(self.bed)
             log(f"hosts up: {', '.join(f'{h.name} {h.ip}' for h in self.bed.hosts.values())}; Redis at {self.bed.redis_ip}")
             log("link conditions:\n" + format_schedule(self.conditions))
         address = self.bed.redis_ip if self.bed else None
@@ -240,7 +240,7 @@ class Chaos:
         """SIGTERM to each (all at once), SIGKILL only for one that ignores it."""
         alive = [p for p in processes if p is not None]
         timeout = 30 + (self.drain_grace_s if role == "worker" else 0)
-        results = await asyncio.gather(*(p.terminate(timeout) for p in alive))
+        results = await asyncio.gather(*(p.shut_down(timeout) for p in alive))
         for process, how in zip(alive, results, strict=True):
             self.shutdown_notes[f"{role}{process.slot}"] = how
 
@@ -261,8 +261,8 @@ class Chaos:
 
     def summarize(self, started: float) -> dict[str, Any]:
         log("checking the history")
-        records = chaos_check.load(str(self.history_path))
-        report = self.report = chaos_check.check(records)
+        records = checker.load(str(self.history_path))
+        report = self.report = checker.check(records)
         checked = report.to_json(examples=20)
         return {
             "seed": self.seed,
@@ -321,8 +321,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: a new temporary folder)")
     parser.add_argument("--print-schedule", action="store_true", help="print the fault schedule as JSON and exit")
     parser.add_argument("--hosts", action="store_true",
-                        help="run each process on its own host of a network-namespace test bed (bench/hosts.py, "
-                             "root and nftables needed) and draw network faults too (bench/chaos_network.py)")
+                        help="run each process on its own host of a network-namespace test bed (testbed/hosts.py, "
+                             "root and nftables needed) and draw network faults too (bench/chaos/network.py)")
     return parser.parse_args(argv)
 
 
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_schedule:
         plan = make_schedule(args.seed, args.minutes, args.lease_ms, args.cluster, args.node_timeout_ms,
                              faults_option(args), args.drain_grace_s, args.hosts)
-        conditions = chaos_network.make_conditions(args.seed, args.minutes, args.lease_ms) if args.hosts else []
+        conditions = network.make_conditions(args.seed, args.minutes, args.lease_ms) if args.hosts else []
         print(json.dumps({"faults": plan, "conditions": conditions} if args.hosts else plan, indent=2))
         return 0
     chaos = Chaos(args)
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the run across hosts cannot run here: {error}", file=sys.stderr)
         return UNAVAILABLE_EXIT
     chaos.out.write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    print(chaos_check.render(chaos.report, examples=2))
+    print(checker.render(chaos.report, examples=2))
     print(f"summary: {chaos.out}\nhistory: {chaos.history_path}\nlogs: {chaos.log_dir}")
     return 1 if summary["violations_total"] else 0
 

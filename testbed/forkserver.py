@@ -105,7 +105,7 @@ class _Server:
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
         self.path = os.path.join(folder, "socket")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.forkserver", self.path], cwd=str(ROOT),
+            [sys.executable, "-m", "testbed.forkserver", self.path], cwd=str(ROOT),
             env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
             preexec_fn=die_with_parent,  # this process gone: the server, then its children
         )

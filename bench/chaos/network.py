@@ -1,6 +1,6 @@
 """The chaos run's network faults, for a run across hosts (`python -m bench.chaos --hosts`).
 
-Two kinds of fault, on the hosts of bench/hosts.py's test bed:
+Two kinds of fault, on the hosts of testbed/hosts.py's test bed:
 
 - **cuts** (in the fault schedule, never overlapping another fault): a host partitioned
   from Redis both ways (`host_partition`) or one way (`host_partition_oneway`: only what
@@ -13,7 +13,7 @@ Two kinds of fault, on the hosts of bench/hosts.py's test bed:
   one host's connections to Redis or on every host's, through the fault proxy.
 
 Only `random.Random(seed)` picks kinds, targets, parameters and times, as for the other
-faults (bench/chaos_schedule.py's make_schedule).
+faults (bench/chaos/schedule.py's make_schedule).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import random
 import time
 from typing import Any
 
-from .hosts import TestBed
+from testbed.hosts import TestBed
 
-CUTS = ("host_partition", "host_partition_oneway", "half_open", "link_down")  # chaos_check.STOPPING too
+CUTS = ("host_partition", "host_partition_oneway", "half_open", "link_down")  # checker.STOPPING too
 CONDITIONS = ("latency", "jitter", "packet_loss")
 WORKER_HOSTS = ("worker-1", "worker-2")
 API_HOSTS = ("api-1", "api-2")

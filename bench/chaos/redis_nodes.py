@@ -2,7 +2,7 @@
 timeout is short (so a killed master's replica is promoted within seconds), both with the
 DEBUG command enabled for local connections (`DEBUG SLEEP`).
 
-Built on bench/redis_server.py without changing it: `ChaosRedisCluster` only overrides how
+Built on testbed/redis_server.py without changing it: `ChaosRedisCluster` only overrides how
 the nodes are started and adds what the fault injector needs (which nodes are masters now,
 which master has a replica, kill -9 of one node, its restart as a replica).
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from .redis_server import RedisCluster, RedisServer
+from testbed.redis_server import RedisCluster, RedisServer, bind_args
 
 SHARED_REDIS_PORT = 6379
 DEBUG_ARGS = ["--enable-debug-command", "local"]
@@ -35,14 +35,6 @@ def client(port: int, **options: Any) -> redis.Redis:
     options.setdefault("socket_timeout", 5)
     options.setdefault("socket_connect_timeout", 2)
     return redis.Redis(host="127.0.0.1", port=_guard(port), decode_responses=True, **options)
-
-
-def bind_args(address: str | None) -> list[str]:
-    """Listen on loopback (the fault injector's own connections) and, for a run across
-    hosts, on the address the other hosts reach (bench/hosts.py's `redis_ip`), where the
-    run's own reads (owners, the final key scan) come from too: that address is on the
-    bed's private bridge, so protected mode (loopback only without a password) is off."""
-    return ["--bind", "127.0.0.1", address, "--protected-mode", "no"] if address else []
 
 
 class ChaosRedis:

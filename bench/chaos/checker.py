@@ -1,6 +1,6 @@
 """The history checker of the chaos run: pure functions over the recorded history.
 
-    python -m bench.chaos_check history.jsonl [--examples 5] [--json]
+    python -m bench.chaos.checker history.jsonl [--examples 5] [--json]
 
 The history is JSON lines, one record each, in the order the run wrote them (`seq`). Kinds:
 
@@ -84,12 +84,12 @@ INVARIANTS = {
 
 # Faults that stop a worker from reaching Redis for a while: SIGSTOP (of the worker alone
 # for `worker_stop_alone`: its agents run on, to be stopped by its fence), and across hosts
-# (bench/chaos_network.py) a cut of the worker's host from Redis. Past its lease either one
+# (bench/chaos/network.py) a cut of the worker's host from Redis. Past its lease either one
 # is declared dead: its sessions may die `worker_lost`, as a killed worker's do.
 STOPPING = ("worker_stop", "worker_stop_alone", "host_partition", "host_partition_oneway", "half_open", "link_down")
 TERMINALS = ("turn_complete", "turn_error")
 ENDINGS = ("session_died", "session_closed")
-# A drain handed the session to another worker: not an end (worker/drain.py).
+# A drain handed the session to another worker: not an end (worker/move.py).
 MOVED = "session_moved"
 # The `turn_error` code of a turn a drain's grace ended, and the close reason of a session a
 # stopping worker could not hand over.

@@ -4,8 +4,8 @@ Only `random.Random(seed)` decides, within the run's shape (its length, the leas
 Redis or cluster, the kinds allowed, the drain grace, across hosts or not), so a seed names
 one schedule; `python -m bench.chaos --seed N --print-schedule` prints it. Targets are
 indexes (worker slot, API slot, master number in port order), resolved when a fault is
-injected (bench/chaos_faults.py). The network cuts of a run across hosts are drawn here too;
-how each is planned is bench/chaos_network.py's.
+injected (bench/chaos/faults.py). The network cuts of a run across hosts are drawn here too;
+how each is planned is bench/chaos/network.py's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 import random
 from typing import Any
 
-from . import chaos_network
+from . import network
 
 WORKERS = 2
 APIS = 2
@@ -22,7 +22,7 @@ WARMUP_S = 4.0
 # The workers' --drain-grace-s: how long a drained worker's running turns may finish before
 # its sessions move. The load's turns run 0.05-1 s (an echo, `#slow 1`) or wait for votes
 # its voters send within moments, so 2 s lets the turns running at the SIGTERM end on
-# their own, while its long turns (`#slow 5`, chaos_load.LONG_TURN_S) and a turn whose voters are
+# their own, while its long turns (`#slow 5`, load.LONG_TURN_S) and a turn whose voters are
 # slow are stopped with `turn_error` `worker_draining`: both ways are taken. Short
 # against the schedule too: a drain's grace, hand-offs and exit fit in its estimate, so
 # no other fault overlaps one; and the final SIGTERM (both workers draining, no target)
@@ -34,9 +34,9 @@ FAULTS_SINGLE = (
     "client_pause_all", "client_pause_write", "redis_restart_empty", "maxmemory", "api_kill9", "pubsub_kill",
 )
 FAULTS_CLUSTER = tuple(k for k in FAULTS_SINGLE if k != "redis_restart_empty") + ("cluster_failover",)
-# A run across hosts (--hosts) draws these too (bench/chaos_network.py), and runs a lane of
+# A run across hosts (--hosts) draws these too (bench/chaos/network.py), and runs a lane of
 # link conditions (latency, jitter, loss) beside the schedule.
-FAULTS_HOSTS = chaos_network.CUTS
+FAULTS_HOSTS = network.CUTS
 
 
 def make_schedule(
@@ -55,7 +55,7 @@ def make_schedule(
     kinds = [k for k in (FAULTS_CLUSTER if cluster else FAULTS_SINGLE) if only is None or k in only]
     cuts = [k for k in FAULTS_HOSTS if hosts and (only is None or k in only)]
     rng.shuffle(cuts)
-    kinds += cuts * chaos_network.CUT_WEIGHT
+    kinds += cuts * network.CUT_WEIGHT
     plan: list[dict[str, Any]] = []
     t = WARMUP_S + rng.uniform(0, 2)
     bag: list[str] = []
@@ -120,7 +120,7 @@ def make_schedule(
             params["restart_as_replica"] = rng.random() < 0.75
             est = 3 * node_timeout_ms / 1000 + 5.0
         elif kind in FAULTS_HOSTS:
-            target, params, est = chaos_network.plan_cut(rng, kind, lease)
+            target, params, est = network.plan_cut(rng, kind, lease)
         else:  # pragma: no cover
             raise AssertionError(kind)
         if t + est > window_end:

@@ -82,6 +82,14 @@ def free_port(host: str = "127.0.0.1", ports: range | None = None) -> int:
     raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
+def bind_args(address: str | None) -> list[str]:
+    """Listen on loopback (the fault injector's own connections) and, for a run across
+    hosts, on the address the other hosts reach (testbed/hosts.py's `redis_ip`), where the
+    run's own reads (owners, the final key scan) come from too: that address is on the
+    bed's private bridge, so protected mode (loopback only without a password) is off."""
+    return ["--bind", "127.0.0.1", address, "--protected-mode", "no"] if address else []
+
+
 class RedisServer:
     def __init__(self, port: int | None = None, folder: str | None = None,
                  username: str | None = None, password: str | None = None) -> None:

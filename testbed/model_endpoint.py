@@ -1,7 +1,8 @@
-"""A scripted model endpoint on loopback that real coding agents talk to offline.
+"""A scripted model endpoint on loopback that real coding agents talk to offline: the agent
+matrix's agents, and Qwen Code under the reference daemon, our worker and the benches.
 
-Standard library only. One threaded HTTP server speaks four model APIs, each streamed the
-way its agents require:
+The standard library (and the scripted agent's question, acp_state.testing) only. One
+threaded HTTP server speaks four model APIs, each streamed the way its agents require:
 
 * OpenAI chat completions  ``POST …/chat/completions`` (SSE ``data:`` chunks, or JSON);
 * OpenAI Responses         ``POST …/responses`` (SSE with ``event:`` lines);
@@ -14,12 +15,18 @@ result, the tools on offer) and answered by the same script, so every agent gets
 story whatever API it speaks. The last user text picks it (see `Script.reply`):
 
 ``PERM``   one shell tool call ``touch perm_check.txt`` (the agent asks permission), then "done";
+``QUESTION`` one ``ask_user_question`` call (Qwen Code asks the user the scripted agent's question);
 ``LOOP``   the same read-only tool call, identical every time, for ever;
 ``WRITE``  one write of a new file ``written.txt`` (the agent may ask permission), then "done";
 ``SLOW``   text, one short piece every 100 ms for up to a minute (cancel it mid-turn);
 otherwise  the text ``hello from the scripted model``.
 
-A tool result as the last item is answered "done" (except in a loop).
+A tool result as the last item is answered "done" (except in a loop). A tool call is only
+scripted when the request offers that tool; otherwise the reply is the text (agents make
+some side calls without tools).
+
+Every request is kept (`requests`, and `turns` as the script read them), so a test can ask
+what an agent sent its model.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator
+
+from acp_state.testing.scenarios import QUESTIONS
 
 MODEL = "fake-model"
 HELLO = "hello from the scripted model"
@@ -46,6 +55,7 @@ SHELL_TOOLS = ("run_shell_command", "shell", "Bash", "bash", "execute_command", 
                "run_commands")
 READ_TOOLS = ("read_file", "Read", "read", "view", "read_text_file", "read_files")
 WRITE_TOOLS = ("write_file", "Write", "write", "create")
+QUESTION_TOOLS = ("ask_user_question",)
 WRITE_FILE = "written.txt"  # a file that does not exist before the write (gemini reads it first)
 
 
@@ -90,6 +100,11 @@ def _text_of(content: Any) -> str:
     if isinstance(content, list):
         return "".join(_text_of(p.get("text") or p.get("content") or "") for p in content if isinstance(p, dict))
     return ""
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text of a chat message whose content is a string or a list of parts."""
+    return _text_of(message.get("content"))
 
 
 def _props(schema: dict[str, Any]) -> dict[str, Any]:
@@ -167,6 +182,10 @@ class Script:
             tool = turn.tool(SHELL_TOOLS)
             if tool is not None:
                 return Reply(tool=tool.name, arguments=shell_arguments(tool.schema))
+        if "QUESTION" in text:
+            tool = turn.tool(QUESTION_TOOLS)
+            if tool is not None:  # the scripted agent's question, so both agents' flows read alike
+                return Reply(tool=tool.name, arguments={"questions": QUESTIONS})
         if "WRITE" in text:
             tool = turn.tool(WRITE_TOOLS)
             if tool is not None:
@@ -418,7 +437,14 @@ class ModelEndpoint:
 
     @property
     def openai_url(self) -> str:
+        """The `OPENAI_BASE_URL` of an agent that speaks OpenAI chat completions (Qwen Code)."""
         return f"{self.url}/v1"
+
+    @property
+    def chat_requests(self) -> list[dict[str, Any]]:
+        """The bodies of the OpenAI chat-completions requests, in order (all Qwen Code sends)."""
+        with self._lock:
+            return [body for path, body in self.requests if path.split("?")[0].rstrip("/").endswith("/chat/completions")]
 
     def start(self) -> ModelEndpoint:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)

@@ -1,9 +1,9 @@
 """A userspace TCP fault proxy: latency, jitter, loss-like stalls and black holes between
 processes and Redis, for the multi-host chaos run (this kernel has no `tc netem`).
 
-    python -m bench.fault_proxy --listen 127.0.0.1:7000 --upstream 127.0.0.1:6380 \\
+    python -m testbed.fault_proxy --listen 127.0.0.1:7000 --upstream 127.0.0.1:6380 \\
         --control /tmp/fault.sock [--seed 1]
-    python -m bench.fault_proxy --listen 0.0.0.0:7000 --transparent \\
+    python -m testbed.fault_proxy --listen 0.0.0.0:7000 --transparent \\
         --upstream-host 127.0.0.1 --control /tmp/fault.sock
 
 `--upstream` forwards every connection to one address. `--transparent` serves connections
@@ -395,7 +395,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.fault_proxy", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m testbed.fault_proxy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--listen", type=parse_address, required=True, metavar="HOST:PORT")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--upstream", type=parse_address, metavar="HOST:PORT",
