@@ -46,6 +46,7 @@ from .routes import (
     permissions,
     presence,
     resume,
+    session_context,
     sessions,
     supported_commands,
     tickets,
@@ -94,6 +95,10 @@ ROUTES = [
     Route("/session/{id}/events", events.stream_events, methods=["GET"]),
     Route("/session/{id}/transcript", history.transcript, methods=["GET"]),
     Route("/session/{id}/load", resume.load, methods=["POST"]),
+    Route("/session/{id}/resume", resume.resume_session, methods=["POST"]),
+    Route("/session/{id}/context", session_context.context, methods=["GET"]),
+    Route("/session/{id}/context-usage", session_context.context_usage, methods=["GET"]),
+    Route("/session/{id}/goal", unconfigured.session_goal, methods=["GET"]),
     Route("/session/{id}/permission/{requestId}", permissions.vote_in_session, methods=["POST"]),
     Route("/permission/{requestId}", permissions.vote_legacy, methods=["POST"]),
     Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
@@ -101,6 +106,9 @@ ROUTES = [
     Route("/stream-tickets", tickets.create_ticket, methods=["POST"]),
     Route("/brand", unconfigured.brand, methods=["GET"]),
     Route("/goals", unconfigured.goals, methods=["GET"]),
+    Route("/workspace/settings", unconfigured.settings, methods=["GET"]),
+    Route("/workspace/extensions", unconfigured.extensions, methods=["GET"]),
+    Route("/workspace/extensions/operations", unconfigured.extension_operations, methods=["GET"]),
 ]
 # The event streams whose routes open them below Starlette's stack (`ApiApp.opened_stream`):
 # each is held for hours, and would hold the stack's frames with it.

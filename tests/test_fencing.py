@@ -281,6 +281,7 @@ class _QuietAgent:
     """The agent side of a LiveSession, for driving its state machine directly."""
 
     modes: dict = {}  # the agent's session modes by agent session id (none here)
+    reported: dict = {}  # what its session/new answered of each session (none here)
 
     async def cancel(self, agent_sid: str) -> None: ...
     async def forget(self, agent_sid: str) -> None: ...

@@ -62,6 +62,10 @@ UNREGISTERED_CWD = "/nonexistent-acp-state-diff-ws"
 # permission classifier, which the scripted LLM cannot answer, so it asks): acp-state's
 # agent runs in the same mode, so both agents ask the same permission the same way.
 AGENT_MODE = "auto"
+# The reference gives its agent 10 s to start a session (`initialize`): a loaded machine's
+# `qwen --acp` took longer (504 init_timeout), where acp-state's worker waits up to its create
+# timeout. The same patience on both sides.
+PATIENT = ("--initialize-timeout-ms", str(CREATE_TIMEOUT_S * 1000))
 PROCEED_ONCE = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
 
 
@@ -179,6 +183,12 @@ def idle(s: dict[str, Any]) -> bool:
     return s.get("hasActivePrompt") is False and s.get("activeWorkState") == "idle"
 
 
+async def context_views(t: Target, step: str, s: str) -> None:
+    """A session's context (its agent's modes), context usage and goal."""
+    for route in ("context", "context-usage", "goal"):
+        await t.call(step, f"GET /session/:id/{route}", "GET", f"{s}/{route}")
+
+
 async def scenario(t: Target) -> None:
     """The one scenario both sides run. Step names say the session's state."""
     ws = t.workspace
@@ -204,6 +214,7 @@ async def scenario(t: Target) -> None:
     await session_views("idle, fresh")
     await t.call("idle, fresh", "GET /session/:id/pending-prompts", "GET", f"{s}/pending-prompts")
     await t.call("idle, fresh", "GET /session/:id/supported-commands", "GET", f"{s}/supported-commands")
+    await context_views(t, "idle, fresh", s)
     await t.call("idle, path form", "GET /workspace/:id/sessions", "GET", f"/workspace/{enc}/sessions")
     await t.call("idle, path form", "GET /workspaces/:workspace/sessions/live-state", "GET",
                  f"/workspaces/{enc}/sessions/live-state")
@@ -224,6 +235,9 @@ async def scenario(t: Target) -> None:
     await t.call("waiting for permission", vote, "POST", f"{s}/permission/{rid}", PROCEED_ONCE)
     await t.wait_status("turn ended", sid, idle)
     await session_views("turn ended", pid1)
+    await context_views(t, "turn ended", s)
+    await t.call("turn ended", "POST /session/:id/resume", "POST", f"{s}/resume", {})
+    await t.call("invalid JSON", "POST /session/:id/resume", "POST", f"{s}/resume", raw=b"{not json")
     # A poller's conditional GET, with the validator the previous answer carried (if any).
     seen = await t.call("turn ended", "GET /session/:id/status", "GET", f"{s}/status")
     await t.call("turn ended, If-None-Match", "GET /session/:id/status", "GET", f"{s}/status",
@@ -280,6 +294,8 @@ async def scenario(t: Target) -> None:
     await t.call(unknown, "POST /session/:id/cancel", "POST", f"{u}/cancel")
     await t.call(unknown, "GET /session/:id/pending-prompts", "GET", f"{u}/pending-prompts")
     await t.call(unknown, "GET /session/:id/supported-commands", "GET", f"{u}/supported-commands")
+    await context_views(t, unknown, u)
+    await t.call(unknown, "POST /session/:id/resume", "POST", f"{u}/resume", {})
     await t.call(unknown, "DELETE /session/:id/pending-prompts/:promptId", "DELETE", f"{u}/pending-prompts/{UNKNOWN_SID}")
     await t.call(unknown, vote, "POST", f"{u}/permission/{UNKNOWN_SID}", PROCEED_ONCE)
     await t.headers_of_stream(unknown, "GET /session/:id/events", f"{u}/events")
@@ -323,6 +339,8 @@ async def scenario(t: Target) -> None:
     await t.call("sourced", "DELETE /session/:id", "DELETE", f"/session/{sourced_id}")
     await t.call("daemon", "GET /brand", "GET", "/brand")
     await t.call("daemon", "GET /goals", "GET", "/goals")
+    for route in ("/workspace/settings", "/workspace/extensions", "/workspace/extensions/operations"):
+        await t.call("daemon", f"GET {route}", "GET", route)
 
     # 9. Close, then the session is gone.
     await t.call("idle", "DELETE /session/:id", "DELETE", s)
@@ -392,7 +410,7 @@ async def test_reference_and_acp_state_answer_alike(
     await start_acp_worker(harness, qwen, fake_llm, tmp_path)
     api = await harness.api()
 
-    async with reference_daemon(qwen, workspace, fake_llm.openai_url, tmp_path / "reference") as daemon:
+    async with reference_daemon(qwen, workspace, fake_llm.openai_url, tmp_path / "reference", *PATIENT) as daemon:
         async with httpx.AsyncClient(base_url=daemon.base_url, timeout=30) as client:
             reference = Target("reference", client, workspace)
             ours = Target("acp-state", api.client, workspace)
@@ -454,8 +472,16 @@ async def restore_scenario(t: Target, restart: Callable[[], Awaitable[None]]) ->
     told_pid = (told.body or {}).get("promptId", "no-prompt") if told.is_json else "no-prompt"
     await t.wait_get("told a fact", "(wait) GET /session/:id/turns/:promptId", f"{s}/turns/{told_pid}", turn_ended)
     await t.wait_status("told a fact", sid, idle)
+    # A second session, brought back after the restart by POST /session/:id/resume.
+    other = await t.call("new", "POST /session", "POST", "/session", {"cwd": ws, "sessionScope": "thread"},
+                         timeout=CREATE_TIMEOUT_S)
+    o = f"/session/{(other.body or {}).get('sessionId', 'no-session') if other.is_json else 'no-session'}"
+    hello = await t.call("idle, fresh", prompt, "POST", f"{o}/prompt", text_prompt(f"hello from {t.name}"))
+    hello_pid = (hello.body or {}).get("promptId", "no-prompt") if hello.is_json else "no-prompt"
+    await t.wait_get("told a fact", "(wait) GET /session/:id/turns/:promptId", f"{o}/turns/{hello_pid}", turn_ended)
 
     await restart()
+
 
     # Persisted, not live: listed, and 404 wherever a live session is needed (no auto-restore).
     views = (
@@ -472,6 +498,11 @@ async def restore_scenario(t: Target, restart: Callable[[], Awaitable[None]]) ->
 
     # The load resumes it (ACP session/load under the same id), then it is live again.
     await t.call("persisted", load, "POST", f"{s}/load", {}, timeout=CREATE_TIMEOUT_S)
+    # The second session is resumed (POST /session/:id/resume: no replay).
+    await t.call("persisted", "GET /session/:id/context", "GET", f"{o}/context")
+    await t.call("persisted", "POST /session/:id/resume", "POST", f"{o}/resume", {}, timeout=CREATE_TIMEOUT_S)
+    await t.call("restored", "GET /session/:id/status", "GET", f"{o}/status")
+    await t.call("restored", "GET /session/:id/context", "GET", f"{o}/context")
     for route, url in views:
         await t.call("restored", route, "GET", url)
     await t.call("restored, the turn before the restart", "GET /session/:id/turns/:promptId", "GET",
@@ -543,7 +574,7 @@ async def test_a_restored_session_answers_like_the_reference(
             # The same scratch (HOME, TMPDIR, log) every time: the restart keeps qwen's chats.
             life = contextlib.AsyncExitStack()
             daemon = await life.enter_async_context(
-                reference_daemon(qwen, workspace, fake_llm.openai_url, tmp_path / "reference"))
+                reference_daemon(qwen, workspace, fake_llm.openai_url, tmp_path / "reference", *PATIENT))
             reference.client = await life.enter_async_context(
                 httpx.AsyncClient(base_url=daemon.base_url, timeout=30))
             lives.push_async_callback(life.aclose)

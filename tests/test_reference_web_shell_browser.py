@@ -10,23 +10,25 @@ reports no violation. Screenshots: artifacts/screenshots/reference-*.png.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-import pytest
 from playwright.async_api import Page
 
 from tests.harness import Harness
 from tests.helpers import create, prompt
 from tests.web_shell_helpers import (  # noqa: F401  (browser, open_page: fixtures, each module's own)
-    OpenPage, browser, expect, open_page, shoot,
+    REFERENCE_SHELL as WEB_SHELL,
+    OpenPage,
+    browser,
+    expect,
+    needs_reference_shell,
+    open_page,
+    reference_composer as composer,
+    shoot,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-WEB_SHELL = ROOT / "tests" / "node" / "node_modules" / "@qwen-code" / "qwen-code" / "web-shell"
 SESSION_URL = re.compile(r"/session/([0-9a-f-]{36})$")
 
-pytestmark = pytest.mark.skipif(not (WEB_SHELL / "index.html").is_file(),
-                                reason="npm install --prefix tests/node (scripts/test) installs the reference")
+pytestmark = needs_reference_shell
 
 # Every violation of the page's CSP, as the browser reports it to the page (an init script
 # runs before the page's own and is not subject to its policy).
@@ -36,10 +38,6 @@ document.addEventListener('securitypolicyviolation', (e) => {
   window.__cspViolations.push(e.violatedDirective + ' ' + (e.blockedURI || 'inline') + ' ' + (e.sourceFile || ''));
 });
 """
-
-
-def composer(page: Page):
-    return page.get_by_role("textbox").and_(page.locator("[contenteditable=true]")).first
 
 
 async def test_the_reference_shell_lists_sessions_and_runs_a_new_task(

@@ -12,6 +12,7 @@ from acp_state.worker.session import LiveSession
 
 class _Agent:
     modes: dict = {}  # the agent's session modes by agent session id (none here)
+    reported: dict = {}  # what its session/new answered of each session (none here)
 
     async def forget(self, agent_sid: str) -> None:
         pass

@@ -20,8 +20,14 @@ except ImportError:  # pragma: no cover - scripts/test installs it
     pytest.fail("playwright is not installed (scripts/test installs the test extra)", pytrace=False)
 
 from testbed.processes import ApiProcess
+from tests.harness import Harness
 
 ROOT = Path(__file__).resolve().parent.parent
+# The reference's own Web Shell (`@qwen-code/qwen-code` 0.24.4's build), which
+# tests/test_reference_web_shell*.py serve with `acp-state api --web-shell`.
+REFERENCE_SHELL = ROOT / "tests" / "node" / "node_modules" / "@qwen-code" / "qwen-code" / "web-shell"
+needs_reference_shell = pytest.mark.skipif(not (REFERENCE_SHELL / "index.html").is_file(),
+                                           reason="npm install --prefix tests/node (scripts/test) installs the reference")
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 VIEWPORT = {"width": 1200, "height": 860}
@@ -157,3 +163,25 @@ async def send_from_page(page: Page, lang: str, text: str) -> None:
 
 def agent_says(page: Page, text: str):
     return page.locator(".msg-agent .msg-body", has_text=text)
+
+
+# -- the reference's Web Shell ---------------------------------------------------------------
+
+
+async def reference_deployment(harness: Harness, env: dict[str, str] | None = None) -> tuple[ApiProcess, ApiProcess]:
+    """Two workers (their scripted agents with `env`) and two API processes serving the
+    reference's Web Shell, on the harness's Redis."""
+    for _ in range(2):
+        await harness.worker(env=env)
+    return (await harness.api("--web-shell", str(REFERENCE_SHELL)), await harness.api("--web-shell", str(REFERENCE_SHELL)))
+
+
+def reference_composer(page: Page):
+    """The reference page's composer (a contenteditable textbox)."""
+    return page.get_by_role("textbox").and_(page.locator("[contenteditable=true]")).first
+
+
+async def send_from_reference_page(page: Page, text: str) -> None:
+    await reference_composer(page).click()
+    await page.keyboard.type(text)
+    await page.keyboard.press("Enter")

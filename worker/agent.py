@@ -37,6 +37,8 @@ GROUP_GRACE_S = 2.0
 # before its `session/new` answer names it (Copilot does), and they belong to the session.
 EARLY_UPDATES_PER_SESSION = 50
 EARLY_SESSIONS = 20
+# What a session/new, load or resume answer says of the session, kept for GET /session/:id/context.
+REPORTED_STATE = ("modes", "models", "configOptions")
 
 
 class HostedSession(Protocol):
@@ -115,7 +117,8 @@ class AgentProcess:
         self.process: asyncio.subprocess.Process | None = None
         self.conn: Any = None
         self.supports_close = False
-        self.supports_load = False  # `agentCapabilities.loadSession`: it can resume a session
+        self.supports_load = False  # it can resume a session: `loadSession` or `sessionCapabilities.resume`
+        self.supports_resume = False  # `sessionCapabilities.resume`: it resumes without replaying
         self.home = home  # the agent's HOME: where it keeps its history (the worker's --state-dir)
         self._loading: set[str] = set()  # sessions being loaded: their replayed history is dropped
         self._watcher: asyncio.Task[None] | None = None
@@ -129,6 +132,9 @@ class AgentProcess:
         self.hosted: set[str] = set()
         # Agent session id -> (current mode id, the mode ids it offers), from its ACP `modes`.
         self.modes: dict[str, tuple[str | None, list[str]]] = {}
+        # Agent session id -> what its session/new, load or resume answered of the session's
+        # state (`modes`, `models`, `configOptions`, as sent), for `GET /session/:id/context`.
+        self.reported: dict[str, dict[str, Any]] = {}
         # In the child's environment, inherited by its descendants: finds those that leave
         # its process group (a daemon, such as Cline's hub) when the agent is stopped.
         self.tag = secrets.token_hex(8)
@@ -189,7 +195,8 @@ class AgentProcess:
         capabilities = result.agent_capabilities
         session_caps = getattr(capabilities, "session_capabilities", None) if capabilities else None
         self.supports_close = getattr(session_caps, "close", None) is not None
-        self.supports_load = bool(getattr(capabilities, "load_session", False))
+        self.supports_resume = getattr(session_caps, "resume", None) is not None
+        self.supports_load = bool(getattr(capabilities, "load_session", False)) or self.supports_resume
 
     async def _watch(self) -> None:
         assert self.process is not None
@@ -240,19 +247,29 @@ class AgentProcess:
         modes = getattr(response, "modes", None)
         if modes is not None:
             self.modes[agent_sid] = (modes.current_mode_id, [mode.id for mode in modes.available_modes])
+        answered = _dump(response) if response is not None else {}
+        self.reported[agent_sid] = {key: answered[key] for key in REPORTED_STATE if key in answered}
 
     async def set_mode(self, agent_sid: str, mode: str) -> None:
         """ACP `session/set_mode`; the mode is the session's current one once it answered."""
         await self.conn.set_session_mode(session_id=agent_sid, mode_id=mode)
         self.modes[agent_sid] = (mode, self.modes.get(agent_sid, (None, []))[1])
+        reported = self.reported.get(agent_sid, {})
+        if isinstance(reported.get("modes"), dict):
+            reported["modes"]["currentModeId"] = mode
+        for option in reported.get("configOptions") or []:  # the mode's selector says it too
+            if isinstance(option, dict) and option.get("category") == "mode":
+                option["currentValue"] = mode
 
     async def load_session(self, agent_sid: str, cwd: str) -> str:
-        """Resume the agent's session `agent_sid` from its history (ACP `session/load`). The
-        agent replays the conversation as updates before it answers: the session's clients
-        have it already (its transcript outlives the worker), so those are dropped here."""
+        """Resume the agent's session `agent_sid` from its history: ACP `session/resume` where
+        the agent advertises it (it replays nothing), else `session/load`, whose replay of the
+        conversation as updates before its answer is dropped here: the session's clients have
+        it already (its transcript outlives the worker)."""
         self._loading.add(agent_sid)
         try:
-            self._note_modes(agent_sid, await self.conn.load_session(cwd=cwd, mcp_servers=[], session_id=agent_sid))
+            restore = self.conn.resume_session if self.supports_resume else self.conn.load_session
+            self._note_modes(agent_sid, await restore(cwd=cwd, mcp_servers=[], session_id=agent_sid))
         finally:
             self._loading.discard(agent_sid)
             self._early.pop(agent_sid, None)
@@ -276,6 +293,7 @@ class AgentProcess:
         self.sessions.pop(agent_sid, None)
         self._early.pop(agent_sid, None)  # (updates sent after it left)
         self.modes.pop(agent_sid, None)
+        self.reported.pop(agent_sid, None)
         if not self.alive:
             return True
         assert self.process is not None

@@ -63,10 +63,10 @@ class PermissionRequests:
         return PendingInteraction(rid, pending.interaction, pending.order, pending.allowed)
 
     async def request(
-        self, tool_call: dict[str, Any], options: list[dict[str, Any]], prompt_id: str | None
+        self, tool_call: dict[str, Any], options: list[dict[str, Any]], prompt_id: str | None, turn_trace: Any = None
     ) -> dict[str, Any]:
         """The agent asks, during prompt `prompt_id`: publish the request, register it,
-        await the winning vote (spec §4.1)."""
+        await the winning vote (spec §4.1). `turn_trace`: the turn's span, the wait's parent."""
         if len(self.pending) >= interactions.MAX_PENDING_PER_SESSION:
             log.warning("%d pending requests, refusing another", len(self.pending), extra={"sessionId": self.sid})
             return cancelled_response()
@@ -93,7 +93,7 @@ class PermissionRequests:
             self.pending.pop(rid, None)
             return cancelled_response()
         await self._locate_request(rid, True)
-        wait = tracing.start_wait(self.active.trace_turn if self.active else None, rid, interaction["kind"])
+        wait = tracing.start_wait(turn_trace, rid, interaction["kind"])
         try:
             vote = await pending.answer
         finally:

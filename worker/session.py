@@ -50,7 +50,7 @@ def advertised(update: dict[str, Any]) -> dict[str, Any]:
 class LiveSession(StoredSession):
     # Slots, not a per-instance dict: a worker holds tens of thousands of idle sessions.
     __slots__ = ("cwd", "agent", "agent_sid", "single", "_on_gone", "untold_request", "_sent",
-        "created_ms", "updated_ms", "display_name", "clients", "available_commands", "loop_limits", "_on_state",
+        "created_ms", "updated_ms", "display_name", "clients", "available_commands", "usage", "loop_limits", "_on_state",
         "state", "active", "queue", "automatic", "turn_error", "turn_error_event", "_runner", "permissions",
         "_guard", "_loop_stop", "agent_name", "state_store", "resumable", "resumed", "holding",
         "source", "moving", "arriving", "has_history", "_idle")
@@ -87,6 +87,7 @@ class LiveSession(StoredSession):
         self.display_name: str | None = None
         self.clients: set[str] = set()
         self.available_commands: dict[str, Any] | None = None  # the agent's last advertised (advertised())
+        self.usage: dict[str, Any] | None = None  # the agent's last usage_update {used, size, cost?}
         self.loop_limits = loop_limits or LoopLimits()
         self._on_state = on_state
         self.state: str | None = None  # None until published, and again once gone
@@ -154,6 +155,8 @@ class LiveSession(StoredSession):
             clients=list(self.clients),
             available_commands=self.available_commands,
             approval_mode=self.agent.modes.get(self.agent_sid, (None, []))[0],
+            agent_state=self.agent.reported.get(self.agent_sid, {}),
+            usage=self.usage,
             turn_error=self.turn_error.status_view() if self.turn_error is not None else None,
             interactions_added=self.permissions.interactions() if self.permissions else [],
             catalog=self.catalog_row(),
@@ -447,7 +450,7 @@ class LiveSession(StoredSession):
         previous = current or mode
         data = {"sessionId": self.sid, "previous": previous, "next": mode, "persisted": False}
         prompt_id = self.active.prompt_id if self.active else None
-        await self._write(Transition(approval_mode=mode,
+        await self._write(Transition(approval_mode=mode, agent_state=self.agent.reported.get(self.agent_sid, {}),
                                      events=[events.body("approval_mode_changed", data, prompt_id, client_id)]))
         return Reply(ok=True, previous=previous)
 
@@ -549,7 +552,8 @@ class LiveSession(StoredSession):
             return cancelled_response()
         if self.permissions is None:
             self.permissions = PermissionRequests(store=self.store, ws=self.ws, sid=self.sid, write=self._write)
-        return await self.permissions.request(tool_call, options, self.active.prompt_id if self.active else None)
+        active = self.active
+        return await self.permissions.request(tool_call, options, active and active.prompt_id, active and active.trace_turn)
 
     def resolve_vote(self, vote: commands.Vote) -> None:
         """A vote won in Redis reached us: hand it to the waiting agent request."""
@@ -677,6 +681,8 @@ class LiveSession(StoredSession):
         transition = Transition(events=[events.body("session_update", {"sessionId": self.sid, "update": update}, prompt_id)])
         if update.get("sessionUpdate") == "available_commands_update" and isinstance(update.get("availableCommands"), list):
             self.available_commands = transition.available_commands = advertised(update)
+        if update.get("sessionUpdate") == "usage_update":  # how full the agent's context window is
+            self.usage = transition.usage = {k: update[k] for k in ("used", "size", "cost") if k in update}
         if self.turn_error_event and events.is_turn_content(update):
             self.turn_error_event = False
             transition.clear_turn_error_event = True

@@ -63,6 +63,8 @@ def view_of(fields: dict[str, str], sid: str) -> SessionView | None:
         moving=F.MOVING in fields,
         available_commands=orjson.loads(fields[F.COMMANDS]) if F.COMMANDS in fields else None,
         approval_mode=fields.get(F.MODE),
+        agent_state=orjson.loads(fields[F.AGENT_STATE]) if F.AGENT_STATE in fields else None,
+        usage=orjson.loads(fields[F.USAGE]) if F.USAGE in fields else None,
     )
 
 
@@ -97,6 +99,10 @@ def transition_ops(sid: str, t: Transition, retention: Retention) -> dict[str, A
         fields[F.MODE] = t.approval_mode
     if t.available_commands is not None:
         fields[F.COMMANDS] = orjson.dumps(t.available_commands).decode()
+    if t.agent_state is not None:
+        fields[F.AGENT_STATE] = orjson.dumps(t.agent_state).decode()
+    if t.usage is not None:
+        fields[F.USAGE] = orjson.dumps(t.usage).decode()
     for pending in t.interactions_added:
         fields[F.INTERACTION + pending.rid] = orjson.dumps(pending.interaction).decode()
         fields[F.VOTABLE + pending.rid] = orjson.dumps([pending.order, pending.allowed]).decode()

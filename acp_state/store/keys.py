@@ -275,6 +275,8 @@ class F:
     MOVING = "mv"  # the incarnation a draining owner is handing the session to
     MODE = "am"  # the agent's current session mode (status approvalMode), when it has modes
     COMMANDS = "cmds"  # JSON {availableCommands, availableSkills}: the agent's last available_commands_update
+    AGENT_STATE = "ast"  # JSON {modes?, configOptions?}: the session's state as the agent's new/load/resume said it
+    USAGE = "use"  # JSON {used, size, cost?}: the agent's last ACP usage_update (its context window)
     CLIENT = "c:"  # + clientId -> "1": a registered client (its presence, if it heartbeats: keys.presence)
     INTERACTION = "pi:"  # + requestId -> PendingInteraction JSON
     VOTABLE = "pv:"  # + requestId -> JSON [order, [allowed option ids]]

@@ -344,6 +344,8 @@ class Transition:
     takeover_from: str | None = None  # TAKEOVER: the incarnation that is handing the session over
     available_commands: dict[str, Any] | None = None  # set: {availableCommands, availableSkills} the agent advertised
     approval_mode: str | None = None  # set: the agent's current session mode (approvalMode)
+    agent_state: dict[str, Any] | None = None  # set: {modes?, configOptions?} as the agent reported them
+    usage: dict[str, Any] | None = None  # set: the agent's last usage_update {used, size, cost?}
 
 
 @dataclass(frozen=True)
@@ -379,6 +381,10 @@ class SessionView:
     # availableSkills}; None: nothing yet.
     available_commands: dict[str, Any] | None = None
     approval_mode: str | None = None  # the agent's current session mode, when it has modes
+    # The session's state as its agent reported it (session/new, load or resume: `modes`,
+    # `configOptions`), and its last ACP `usage_update` ({used, size, cost?}); None: none.
+    agent_state: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

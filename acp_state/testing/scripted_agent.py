@@ -19,6 +19,8 @@ Methods
                         text block each), then answers ``{}``. A session already hosted here is
                         replayed the same way. Neither hosted nor recorded: -32002 "Resource not
                         found: <id>" (``data.errorKind == "session_not_found"``).
+``session/resume``      with ``ACP_SCRIPTED_RESUME=1`` (``sessionCapabilities.resume``): as
+                        ``session/load``, without the replay; else -32601.
 ``session/set_mode``    -> ``{}`` (with ``ACP_SCRIPTED_MODES``: a ``modeId`` not offered is -32602).
 ``session/close``       -> ``{}``; cancels a running prompt and forgets the session (its history
                         stays on disk, so ``session/load`` brings it back).
@@ -109,6 +111,10 @@ Environment
 ``ACP_SCRIPTED_LOAD_DELAY_S``  seconds ``session/load`` waits after its replay before it answers.
 ``ACP_SCRIPTED_NO_LOAD``  ``1``: ``loadSession`` is false and ``session/load`` gets -32601, like an
                         agent without the capability. History is still written.
+``ACP_SCRIPTED_RESUME``  ``1``: ``sessionCapabilities.resume`` is advertised and ``session/resume`` served.
+``ACP_SCRIPTED_CONTEXT_SIZE``  a context window in tokens: each prompt ends (before its answer) with
+                        an ACP ``usage_update`` ``{used, size}``, ``used`` 1000 tokens per turn the
+                        session has had (the recorded ones after a load included).
 """
 
 from __future__ import annotations
@@ -277,6 +283,14 @@ def advertised_commands() -> list[JSON]:
     return commands
 
 
+def modes_answer() -> JSON:
+    """`{modes}` of a session/new or resume answer (``ACP_SCRIPTED_MODES``), or nothing."""
+    modes = offered_modes()
+    if not modes:
+        return {}
+    return {"modes": {"currentModeId": modes[0], "availableModes": [{"id": m, "name": m.title()} for m in modes]}}
+
+
 def checked_cwd(params: JSON) -> str:
     """The absolute `cwd` of session/new or session/load, whose `mcpServers` must be a list."""
     cwd = params.get("cwd")
@@ -295,6 +309,7 @@ class ScriptedAgent:
         self.sessions: dict[str, Session] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.can_load = os.environ.get("ACP_SCRIPTED_NO_LOAD") != "1"
+        self.can_resume = os.environ.get("ACP_SCRIPTED_RESUME") == "1"
         self.handlers: dict[str, Callable[[JSON], JSON]] = {
             "initialize": self.initialize,
             "session/new": self.new_session,
@@ -324,6 +339,10 @@ class ScriptedAgent:
             if method == "session/load" and self.can_load:
                 await self.load_session(params)  # replays, so it sends before its answer
                 await self.channel.respond(request_id, {})
+                return
+            if method == "session/resume" and self.can_resume:
+                await self.load_session(params, replay=False)
+                await self.channel.respond(request_id, modes_answer())  # as Qwen Code: the session's modes
                 return
             handler = self.handlers.get(method)
             if handler is None:
@@ -355,20 +374,17 @@ class ScriptedAgent:
 
     def initialize(self, params: JSON) -> JSON:
         capabilities = {**INITIALIZE_RESULT["agentCapabilities"], "loadSession": self.can_load}
+        if self.can_resume:
+            capabilities["sessionCapabilities"] = {"resume": {}}
         return {**INITIALIZE_RESULT, "agentCapabilities": capabilities}
 
     def new_session(self, params: JSON) -> JSON:
         session = Session(session_id=str(uuid.uuid4()), cwd=checked_cwd(params))
         self.sessions[session.session_id] = session
-        modes = offered_modes()
-        if not modes:
-            return {"sessionId": session.session_id}
-        return {"sessionId": session.session_id, "modes": {
-            "currentModeId": modes[0], "availableModes": [{"id": mode, "name": mode.title()} for mode in modes],
-        }}
+        return {"sessionId": session.session_id, **modes_answer()}
 
-    async def load_session(self, params: JSON) -> None:
-        """Host a recorded session (or keep hosting it) and replay its history."""
+    async def load_session(self, params: JSON, replay: bool = True) -> None:
+        """Host a recorded session (or keep hosting it) and replay its history (`session/resume`: not)."""
         cwd = checked_cwd(params)
         session_id = params.get("sessionId")
         # The id becomes a file name: refuse anything that could leave the sessions directory.
@@ -382,7 +398,7 @@ class ScriptedAgent:
         if session_id not in self.sessions:
             user_texts = [m["text"] for m in history if m["role"] == "user"]
             self.sessions[session_id] = Session(session_id, cwd, len(user_texts), user_texts=user_texts)
-        for message in history:
+        for message in history if replay else []:
             kind = "user_message_chunk" if message["role"] == "user" else "agent_message_chunk"
             update = {"sessionUpdate": kind, "content": text_block(message["text"])}
             await self.channel.notify("session/update", {"sessionId": session_id, "update": update})
@@ -459,6 +475,10 @@ class ScriptedAgent:
             session.user_texts.append(ctx.text)
             append_history(session.session_id, ctx.text, "".join(ctx.replies),
                            incarnation if isinstance(incarnation, str) else None, prior)
+        size = os.environ.get("ACP_SCRIPTED_CONTEXT_SIZE")
+        if size and "result" in response:  # how full the context window is now
+            used = {"sessionUpdate": "usage_update", "used": 1000 * len(session.user_texts), "size": int(size)}
+            await self.channel.notify("session/update", {"sessionId": session.session_id, "update": used})
         # Free the session before answering: the client may send its next prompt at once.
         session.turn = None
         await self.channel.send(response)

@@ -26,6 +26,8 @@ FEATURES = [
     "session_id_override",
     "session_scope_override",
     "session_load",
+    "session_resume",  # POST /session/:id/resume (session_resume), and its alias
+    "unstable_session_resume",
     "session_list",
     "session_catalog_batch",
     "workspace_session_live_state",
@@ -42,6 +44,8 @@ FEATURES = [
     "session_transcript",
     "session_transcript_pagination",
     "session_supported_commands",
+    "session_context",  # GET /session/:id/context and /context-usage (session_context)
+    "session_context_usage",
     "session_approval_mode_control",
     "session_source_metadata",  # sourceType/sourceId on create, listed and filtered (session_source)
     # acp-state's own

@@ -706,6 +706,70 @@ def paths() -> Schema:
                 body=json_body(ref("LoadRequest"), required=False),
             )
         },
+        "/session/{id}/resume": {
+            "post": operation(
+                "resumeSession", "Sessions", "Attach to a live session, or resume a persisted one, without its replay",
+                {
+                    "200": json_response(
+                        "Attached (`attached: true`, `state: {}`), or resumed on a live worker through its agent's "
+                        "`session/resume` where it advertises it, else `session/load` (`attached: false`, `state`: "
+                        "what the agent reported of the session). No `compactedReplay`.",
+                        obj({"sessionId": string(), "workspaceCwd": string(), "attached": boolean(), "clientId": string(),
+                             "createdAt": string(), "state": obj(), "hasRunningBackgroundTasks": boolean(),
+                             "hasActivePrompt": boolean(), "lastEventId": integer(minimum=0), "eventEpoch": string()}),
+                    ),
+                    **TOO_LARGE,
+                    "400": error("Bad body (`invalid_request`, `invalid_json`) or header."),
+                    "404": not_found(NO_SESSION),
+                    "409": error("The session's agent cannot resume sessions (`not_resumable`)."),
+                    "503": error("No live worker can resume it now (as `POST /session/{id}/load`).", RETRY_AFTER),
+                    "504": error("The worker did not resume the session in time (`agent_init_timeout`)."),
+                },
+                parameters=[SESSION_ID, CLIENT_ID],
+                body=json_body(obj(), required=False),
+            )
+        },
+        "/session/{id}/context": {
+            "get": operation(
+                "getSessionContext", "Prompts and events", "The session's state as its agent reported it",
+                {
+                    "200": json_response(
+                        "`state`: the agent's `modes` and `configOptions` from its ACP session/new, load or resume "
+                        "(`{}` if it said none); `recovery` is always `{kind: clean, canContinue: false}`.",
+                        obj({"v": integer(minimum=1), "sessionId": string(), "workspaceCwd": string(),
+                             "recovery": obj({"kind": string(), "canContinue": boolean()}), "state": obj()})),
+                    "404": not_found(NO_SESSION),
+                },
+                parameters=[SESSION_ID],
+            )
+        },
+        "/session/{id}/context-usage": {
+            "get": operation(
+                "getSessionContextUsage", "Prompts and events", "How full the agent's context window is",
+                {
+                    "200": json_response(
+                        "From the agent's last ACP `usage_update` (`used` of `size` tokens, all `unattributed` in the "
+                        "breakdown); 0 tokens and `isEstimated: true` before it reported any.",
+                        obj({"v": integer(minimum=1), "sessionId": string(), "workspaceCwd": string(),
+                             "usage": obj({"totalTokens": integer(minimum=0), "contextWindowSize": integer(minimum=0),
+                                           "breakdown": obj(), "isEstimated": boolean(), "showDetails": boolean()}),
+                             "formattedText": string()})),
+                    "404": not_found(NO_SESSION),
+                },
+                parameters=[SESSION_ID, query_param("detail", "`true`: `showDetails` (nothing more is known).", string())],
+            )
+        },
+        "/session/{id}/goal": {
+            "get": operation(
+                "getSessionGoal", "Prompts and events", "The reference's session goal: none here (acp-state has no goals)",
+                {
+                    "200": json_response("No goal.", obj({"snapshot": obj({"v": {"const": 2}, "goal": {"type": "null"},
+                                                                           "activity": {"const": "idle"}})})),
+                    "404": not_found(NO_SESSION),
+                },
+                parameters=[SESSION_ID],
+            )
+        },
         "/session/{id}/permission/{requestId}": {
             "post": operation(
                 "voteOnPermission", "Permissions", "Answer a pending permission request or user question",
@@ -863,6 +927,28 @@ def paths() -> Schema:
                 "listGoals", "Discovery", "The reference's active session goals: none here (acp-state has no goals)",
                 {"200": json_response("No goal.", obj({"v": {"const": 1}, "goals": array({}, maxItems=0),
                                                       "droppedCount": {"const": 0}}))},
+                store=False,
+            )
+        },
+        "/workspace/settings": {
+            "get": operation(
+                "getWorkspaceSettings", "Discovery", "The reference's workspace settings: none here",
+                {"200": json_response("No setting.", obj({"v": {"const": 1}, "settings": array({}, maxItems=0)}))},
+                store=False,
+            )
+        },
+        "/workspace/extensions": {
+            "get": operation(
+                "listExtensions", "Discovery", "The reference's installed extensions: none here",
+                {"200": json_response("No extension.", obj({"v": {"const": 1}, "workspaceCwd": string(),
+                                                            "initialized": boolean(), "extensions": array({}, maxItems=0)}))},
+                store=False,
+            )
+        },
+        "/workspace/extensions/operations": {
+            "get": operation(
+                "listExtensionOperations", "Discovery", "The reference's extension installs under way: none here",
+                {"200": json_response("None.", obj({"v": {"const": 1}, "operations": array({}, maxItems=0)}))},
                 store=False,
             )
         },

@@ -34,6 +34,27 @@ from ..transcript_records import asked_page_size, replayed
 WAIT_STEP_S = 0.05
 
 
+async def attach_or_resume(state: AppState, sid: str, principal: Principal, client_id: str) -> tuple[CachedSession, bool]:
+    """What `POST /session/:id/load` and `/resume` do first: register `client_id` on the live
+    session `sid`, resuming it first when it is persisted and not live (`resume`). Answers
+    the session and whether it was live already (`attached`: false for the call that resumed it)."""
+    attached = True
+    try:
+        ref = await state.locator.live(sid, principal)
+    except ApiError as error:
+        if error.status != 404:
+            raise
+        # Not live: a persisted session is resumed on a live worker (its agent's history).
+        ref, resumed = await resume(state, sid, principal, client_id)
+        attached = not resumed
+    attach = commands.Attach(sid=sid, client_id=client_id)
+    if not await state.locator.to_owner(
+        sid, ref, lambda owner: state.store.attach(ref.ws, owner, attach), lambda attached: not attached
+    ):
+        raise not_found(sid)
+    return ref, attached
+
+
 async def resume(state: AppState, sid: str, principal: Principal, client_id: str) -> tuple[CachedSession, bool]:
     """Make the persisted session `sid` live again; answers it as `locator.live` does, and
     whether this call resumed it (the others attached to the session it resumed).
@@ -109,21 +130,7 @@ async def load(request: Request) -> Response:
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", "invalid_request")
     page_size = asked_page_size(body.get("historyPageSize"))
-    principal = principal_of(request)
-    attached = True
-    try:
-        ref = await state.locator.live(sid, principal)
-    except ApiError as error:
-        if error.status != 404:
-            raise
-        # Not live: a persisted session is resumed on a live worker (its agent's history).
-        ref, resumed = await resume(state, sid, principal, client_id)
-        attached = not resumed
-    attach = commands.Attach(sid=sid, client_id=client_id)
-    if not await state.locator.to_owner(
-        sid, ref, lambda owner: state.store.attach(ref.ws, owner, attach), lambda attached: not attached
-    ):
-        raise not_found(sid)
+    ref, attached = await attach_or_resume(state, sid, principal_of(request), client_id)
     snapshot = await state.store.load_snapshot(ref.ws, sid, page_size)
     view, page = snapshot.view, snapshot.page
     if view is None:
@@ -155,3 +162,38 @@ async def load(request: Request) -> Response:
     if has_more:  # as the reference: only when there is more
         answer["historyHasMore"] = True
     return OrjsonResponse(answer)
+
+
+async def resume_session(request: Request) -> Response:
+    """`POST /session/:id/resume` (the reference's route; features `session_resume` and its
+    alias `unstable_session_resume`): `POST /session/:id/load` without the history. A live
+    session is attached (`attached: true`); a persisted one is resumed first, as a load
+    resumes it: its worker's agent brings it back by ACP `session/resume`, which replays
+    nothing, where the agent advertises `sessionCapabilities.resume`, else by `session/load`,
+    whose replay the worker drops. The answer carries no replay (`compactedReplay`): a client
+    that resumes has the transcript already, or pages it from `GET /session/:id/transcript`.
+    `state` is the agent's session state as it reported it on the resume (`modes`,
+    `configOptions`), `{}` for an attach, as in the reference."""
+    state = app_state(request)
+    sid = request.path_params["id"]
+    client_id = client_id_header(request) or ids.new_client_id()
+    body = await json_body(request, required=False)
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object", "invalid_request")
+    ref, attached = await attach_or_resume(state, sid, principal_of(request), client_id)
+    view = await state.store.session(ref.ws, sid)
+    if view is None:
+        raise not_found(sid)
+    summary = live_summary(view)
+    return OrjsonResponse({
+        "sessionId": sid,
+        "workspaceCwd": summary["workspaceCwd"],
+        "attached": attached,
+        "clientId": client_id,
+        "createdAt": summary["createdAt"],
+        "state": {} if attached else (view.agent_state or {}),
+        "hasRunningBackgroundTasks": False,
+        "hasActivePrompt": summary["hasActivePrompt"],
+        "lastEventId": view.last_event_id,
+        "eventEpoch": view.epoch,
+    })
