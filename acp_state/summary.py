@@ -1,6 +1,6 @@
 """The states of a live session, as a dashboard sorts them (most urgent first), and which one
 a live summary is in. Workers count their sessions by these in their reports (`acp-state
-status` sums them); the API's summaries themselves are `acp_state.api.summaries`."""
+status` sums them); the API's summaries themselves are `acp_state.api.reads.summaries`."""
 
 from __future__ import annotations
 

@@ -5,66 +5,65 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Mount, Route
+from starlette.routing import Match, Mount, Route
 from starlette.types import Receive, Scope, Send
 
 from acp_state.store import STORE_ERRORS, Change, RedisStore, WorkerRegistry, run_sweeper
 
-from . import (
-    approval_mode,
-    attention,
-    catalog,
-    discovery,
-    event_stream,
-    history,
-    hot_reads,
-    live_feed,
-    live_state,
-    metrics,
-    pending_prompts,
-    permissions,
-    presence,
-    session_context,
-    session_resume,
-    sessions,
-    stream_tickets,
-    supported_commands,
-    turns,
-    unconfigured,
-    web,
-    workers,
-    workspaces,
-)
+from . import hot_reads, stream_tickets
 from .auth import TICKET_PRINCIPAL, Authenticator, AuthMiddleware
-from .cache import StateCache
-from .etag import ETagMiddleware
 from .locator import SessionLocator
-from .metrics import RequestCounts, RequestMetrics
-from .placement import LiveReports
-from .reference_shell import ReferenceShell
-from .openapi import openapi_json
 from .origins import Edge, cors_send
+from .reads.cache import StateCache
+from .reads.etag import ETagMiddleware
+from .reads.worker_reports import LiveReports
+from .reference_shell import ReferenceShell
+from .request_metrics import RequestCounts, RequestMetrics
 from .responses import (
     ApiError,
     api_error_handler,
     internal_error_handler,
     store_error_handler,
 )
-from .stream_tickets import TicketError, Tickets
+from .routes import (
+    approval_mode,
+    attention,
+    catalog,
+    discovery,
+    events,
+    history,
+    live_feed,
+    live_state,
+    metrics,
+    openapi,
+    pending_prompts,
+    permissions,
+    presence,
+    resume,
+    session_context,
+    sessions,
+    supported_commands,
+    tickets,
+    turns,
+    unconfigured,
+    web,
+    workers,
+    workspaces,
+)
 from .settings import Settings
 from .state import AppState
+from .stream_tickets import TicketError, Tickets
+from .streams.attention_hub import AttentionFeeds
+from .streams.live_state_hub import LiveFeeds
+from .streams.response import DIRECT_SEND
 
 log = logging.getLogger("api")
-
-# The live feed's route (`{workspace:path}`: an id, or an absolute path), served below the stack.
-LIVE_FEED_PATH = re.compile(r"/workspaces/(.*)/sessions/live-state/events")
 
 # The routes dashboards poll all day come first: Starlette tries the routes in order, and
 # matching was a tenth of a status request's time in a profile (py-spy, 8 s under wrk).
@@ -93,24 +92,27 @@ ROUTES = [
     Route("/session/{id}/supported-commands", supported_commands.supported_commands, methods=["GET"]),
     Route("/session/{id}/approval-mode", approval_mode.set_approval_mode, methods=["POST"]),
     Route("/session/{id}/pending-prompts/{promptId}", pending_prompts.remove_pending_prompt, methods=["DELETE"]),
-    Route("/session/{id}/events", event_stream.stream_events, methods=["GET"]),
+    Route("/session/{id}/events", events.stream_events, methods=["GET"]),
     Route("/session/{id}/transcript", history.transcript, methods=["GET"]),
-    Route("/session/{id}/load", history.load, methods=["POST"]),
-    Route("/session/{id}/resume", session_resume.resume_session, methods=["POST"]),
+    Route("/session/{id}/load", resume.load, methods=["POST"]),
+    Route("/session/{id}/resume", resume.resume_session, methods=["POST"]),
     Route("/session/{id}/context", session_context.context, methods=["GET"]),
     Route("/session/{id}/context-usage", session_context.context_usage, methods=["GET"]),
     Route("/session/{id}/goal", unconfigured.session_goal, methods=["GET"]),
     Route("/session/{id}/permission/{requestId}", permissions.vote_in_session, methods=["POST"]),
     Route("/permission/{requestId}", permissions.vote_legacy, methods=["POST"]),
-    Route("/openapi.json", openapi_json, methods=["GET"]),
+    Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
     Route("/metrics", metrics.metrics, methods=["GET"]),
-    Route("/stream-tickets", stream_tickets.create_ticket, methods=["POST"]),
+    Route("/stream-tickets", tickets.create_ticket, methods=["POST"]),
     Route("/brand", unconfigured.brand, methods=["GET"]),
     Route("/goals", unconfigured.goals, methods=["GET"]),
     Route("/workspace/settings", unconfigured.settings, methods=["GET"]),
     Route("/workspace/extensions", unconfigured.extensions, methods=["GET"]),
     Route("/workspace/extensions/operations", unconfigured.extension_operations, methods=["GET"]),
 ]
+# The event streams whose routes open them below Starlette's stack (`ApiApp.opened_stream`):
+# each is held for hours, and would hold the stack's frames with it.
+BELOW_THE_STACK = (events.stream_events, live_feed.live_state_events)
 # acp-state's own Web Shell, unless `--web-shell` names another build (`reference_shell`).
 OWN_SHELL = [
     Route("/", web.index, methods=["GET"]),
@@ -131,12 +133,14 @@ def end_streams(app: Starlette) -> None:
 
 class ApiApp(Starlette):
     """The API's Starlette app, whose hottest reads skip its stack while they are current in
-    this process's cache (`hot_reads`), and whose session event streams run below it
-    (`event_stream.answer`); every other request goes through the stack."""
+    this process's cache (`hot_reads`), and whose session streams and live feeds are opened
+    by their routes below it (`opened_stream`); every other request goes through the stack."""
 
     def __init__(self, authenticator: Authenticator, counts: RequestCounts, edge: Edge, tickets: Tickets,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # The table's own routes of the streams served below the stack (`opened_stream`).
+        self.below_the_stack = [r for r in self.routes if isinstance(r, Route) and r.endpoint in BELOW_THE_STACK]
         self.authenticator = authenticator
         self.counts = counts
         self.edge = edge  # the Host and Origin checks, and the CORS answers (`origins`)
@@ -164,9 +168,7 @@ class ApiApp(Starlette):
         if await hot_reads.answer(state, self.authenticator, self.counts, scope, send):
             return
         # An open stream is awaited from this frame, none between (each would be held for hours).
-        stream = await event_stream.opened(state, self.authenticator, self.counts, scope)
-        if stream is None:
-            stream = await self._opened_live_feed(state, scope, receive)
+        stream = await self.opened_stream(scope, receive)
         if stream is not None:
             await stream(scope, receive, send)
             return
@@ -174,7 +176,7 @@ class ApiApp(Starlette):
         # at the start only, and let streams through) writes its later frames straight to the
         # server's send: a change to a thousand streams is a thousand writes, and each would
         # cross five wrappers for nothing.
-        scope[event_stream.DIRECT_SEND] = send
+        scope[DIRECT_SEND] = send
         await super().__call__(scope, receive, send)
 
     async def _redeemed(self, scope: Scope, receive: Receive, send: Send, ticket: str) -> bool:
@@ -192,41 +194,44 @@ class ApiApp(Starlette):
             return False
         return True
 
-    async def _live_feed(self, state: AppState | None, scope: Scope, receive: Receive, send: Send) -> bool:
-        """Serve `GET /workspaces/:workspace/sessions/live-state/events` below Starlette's
-        stack (`_opened_live_feed`, then the feed); False: not served, nothing sent."""
-        response = await self._opened_live_feed(state, scope, receive)
-        if response is None:
-            return False
-        await response(scope, receive, send)
-        return True
+    async def opened_stream(self, scope: Scope, receive: Receive) -> Response | None:
+        """An event stream served below Starlette's stack by its own route in the table
+        (`BELOW_THE_STACK`), matched as the router matches it and opened by the route's
+        endpoint: ready to be called as an ASGI app. None: not such a route, or refused
+        (nothing sent: the app serves it through the stack, and answers a refusal, such as
+        no token, no such session or a store error, its way).
 
-    async def _opened_live_feed(self, state: AppState | None, scope: Scope, receive: Receive) -> Response | None:
-        """`GET /workspaces/:workspace/sessions/live-state/events` opened below Starlette's
-        stack, as the session stream is (`event_stream.opened`), and for the same reason: an
-        open feed held every frame of the stack for its whole life (RSS per feed 31 KB through
-        it on granian, `python -m bench.stream_memory`). Same token check, same count, the
-        route's own code; anything it refuses (or a store error) is left to the app, which
-        answers it its way. None: not served, nothing sent."""
-        if state is None or scope["type"] != "http" or scope["method"] != "GET":
+        Why below the stack: an open stream holds every frame of the stack it was called
+        through for its whole life. Starlette's error middleware, routing, our four
+        middlewares and their send wrappers held more than the stream itself (13.3 KB of
+        Python heap a session stream through the stack, 5.5 KB below it; a live feed 31 KB
+        of RSS through it on granian: `python -m bench.stream_memory`); the caller awaits the
+        stream itself, so not even this frame is held. Same token check and the same count
+        as the stack gives the route; every other request pays one string test here."""
+        state = self.acp
+        if state is None or scope["type"] != "http" or scope["method"] != "GET" or not scope["path"].endswith("/events"):
             return None
-        match = LIVE_FEED_PATH.fullmatch(scope["path"])
-        principal = self.authenticator.principal(scope) if match is not None else None
-        if match is None or principal is None:
+        for route in self.below_the_stack:
+            matched, child_scope = route.matches(scope)
+            if matched is Match.FULL:
+                break
+        else:
+            return None
+        principal = self.authenticator.principal(scope)
+        if principal is None:
             return None
         # The route's request gets a scope of its own: what it adds (the path's parameters,
         # the principal, a copy of the headers list) would stay in the server's scope, which
-        # the server keeps for the feed's whole life.
-        route_scope = {**scope, "app": self, "path_params": {"workspace": match[1]},
-                       "state": {**scope.get("state", {}), "principal": principal}}
+        # the server keeps for the stream's whole life.
+        route_scope = {**scope, **child_scope, "app": self, "state": {**scope.get("state", {}), "principal": principal}}
         try:
-            response = await live_feed.live_state_events(Request(route_scope, receive))
+            response = await route.endpoint(Request(route_scope, receive))
         except (ApiError, *STORE_ERRORS):  # the app meets it again and answers it its way
             return None
-        except Exception:  # a bug of this shortcut: said, and the feed served by the app all the same
-            log.exception("opening a live feed below the stack failed; the app serves it")
+        except Exception:  # a bug of this shortcut: said, and the stream served by the app all the same
+            log.exception("opening %s below the stack failed; the app serves it", scope["path"])
             return None
-        self.counts.add(live_feed.live_state_events.__name__, 200)  # as RequestMetrics counts the route
+        self.counts.add(route.endpoint.__name__, 200)  # under the route's name, as RequestMetrics counts it
         return response
 
 
@@ -240,8 +245,8 @@ def create_app(settings: Settings, store: RedisStore | None = None) -> ApiApp:
         fanout = own_store.fanout()
         cache = StateCache(fanout)
         cwds = settings.workspace_cwds()
-        feeds = live_feed.LiveFeeds(own_store, registry, fanout)
-        inbox = attention.AttentionFeeds(own_store, registry, fanout, cwds)
+        feeds = LiveFeeds(own_store, registry, fanout)
+        inbox = AttentionFeeds(own_store, registry, fanout, cwds)
 
         def changed(change: Change) -> None:
             cache.changed(change.ws, change.sid)  # first: nothing this process serves after may be older

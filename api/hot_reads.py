@@ -20,17 +20,18 @@ from starlette.types import Scope, Send
 
 from acp_state.store import STORE_ERRORS
 
-from .attention import asked, attention_page, kept_page
-from .attention_cache import KeptPage
 from .auth import Authenticator
-from .cache import CachedPage, CachedSession, Heads
-from .etag import names
-from .metrics import RequestCounts
+from .reads.attention_pages import KeptPage
+from .reads.cache import CachedPage, CachedSession, Heads
+from .reads.etag import names
+from .reads.listings import current_page, unfiltered_page_asked
+from .reads.summaries import status_answer
+from .request_metrics import RequestCounts
 from .responses import JSON_TYPE, ApiError
-from .sessions import status
+from .routes.attention import asked, attention_page, kept_page
+from .routes.sessions import status
+from .routes.workspaces import list_sessions
 from .state import AppState
-from .summaries import status_answer
-from .workspaces import current_page, list_sessions, unfiltered_page_asked
 
 log = logging.getLogger("api.hot_reads")
 

@@ -13,7 +13,7 @@ from acp_state import ids
 from acp_state.store import ReaderStore, WorkerRegistry
 
 from .auth import Principal
-from .cache import CachedSession, StateCache
+from .reads.cache import CachedSession, StateCache
 from .responses import ApiError
 
 CACHE_SIZE = 100_000

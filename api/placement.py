@@ -1,12 +1,9 @@
 """Where a create goes: a live worker offering its agent (and, for a load, reading its
-session's agent-state store) with spare capacity, the next one if it is full (`place`); and
-the live workers' load reports it chooses by (`LiveReports`). Which workers take a session,
-and in which order they are asked, is `acp_state.placement`'s (a drain's moves use it too).
-
-A burst of creates would otherwise read the registry and the reports twice per create. The
-reports are as old as the last heartbeat anyway (a third of a lease), so one read serves
-every create for `FRESH_S`; creates that arrive during a read share it. A worker that died
-within that window is still asked: the create then finds it dead and tries the next one.
+session's agent-state store) with spare capacity, the next one if it is full (`place`), by
+the live workers' load reports this process keeps (`reads/worker_reports.py`). Which
+workers take a session, and in which order they are asked, is `acp_state.placement`'s (a
+drain's moves use it too). A worker that died since its report was read is still asked:
+the create then finds it dead and tries the next one.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 from acp_state import commands, ids
 from acp_state.commands import Reply
 from acp_state.placement import accepts, ranked
-from acp_state.store import ReaderStore, WorkerRegistry, WorkerReport, is_transient
+from acp_state.store import WorkerReport, is_transient
 
 from .outcomes import outcome_unknown
 from .responses import ApiError, unavailable
@@ -28,33 +25,8 @@ if TYPE_CHECKING:  # it holds this process's LiveReports
 
 log = logging.getLogger("api.placement")
 
-FRESH_S = 0.1
 # How often a create that found no live worker looks again.
 REPORTS_WAIT_STEP_S = 0.1
-
-
-class LiveReports:
-    def __init__(self, store: ReaderStore, registry: WorkerRegistry) -> None:
-        self._store = store
-        self._registry = registry
-        self._read_at = float("-inf")
-        self._reports: list[WorkerReport] = []
-        self._reading: asyncio.Future[list[WorkerReport]] | None = None
-
-    async def get(self, fresh: bool = False) -> list[WorkerReport]:
-        """The live workers' reports, read within the last FRESH_S (or now, if `fresh`)."""
-        loop = asyncio.get_running_loop()
-        if not fresh and loop.time() - self._read_at < FRESH_S:
-            return list(self._reports)
-        if self._reading is None or self._reading.done():
-            self._reading = asyncio.ensure_future(self._read())
-        return list(await asyncio.shield(self._reading))
-
-    async def _read(self) -> list[WorkerReport]:
-        started = asyncio.get_running_loop().time()
-        reports = await self._store.worker_reports(await self._registry.live())
-        self._reports, self._read_at = list(reports.values()), started
-        return self._reports
 
 
 async def _live_reports(state: AppState) -> list[WorkerReport]:

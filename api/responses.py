@@ -11,7 +11,8 @@ from starlette.responses import JSONResponse, Response
 
 from acp_state.store import is_out_of_memory, is_transient
 
-MAX_BODY_BYTES = 1024 * 1024
+from .limits import MAX_BODY_BYTES
+
 # Memory frees as retention windows pass or as an operator acts: not within a second.
 STORE_FULL_RETRY_S = 5
 

@@ -11,7 +11,7 @@ from acp_state import ids
 from acp_state.store import Admission
 
 from .auth import principal_of
-from .cache import CachedSession
+from .reads.cache import CachedSession
 from .responses import ApiError
 from .state import app_state
 

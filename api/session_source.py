@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .limits import MAX_SOURCE_ID
 from .responses import ApiError
 
 SOURCE_TYPE = re.compile(r"[a-z][a-z0-9_-]{0,63}")
-MAX_SOURCE_ID = 256
 # Reserved by the reference for sessions its daemon makes itself (standalone, Live Voice).
 STANDALONE = "standalone"
 LIVE_PREFIX = "realtime_voice:"

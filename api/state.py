@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
 from acp_state.store import Fanout, Store, WorkerRegistry
 
 from .locator import SessionLocator
-from .placement import LiveReports
+from .reads.worker_reports import LiveReports
 from .settings import Settings
-from .stream_opens import StreamOpens
-
-if TYPE_CHECKING:  # they read the app state themselves
-    from .attention import AttentionFeeds
-    from .live_feed import LiveFeeds
+from .streams.attention_hub import AttentionFeeds
+from .streams.live_state_hub import LiveFeeds
+from .streams.opens import StreamOpens
 
 
 @dataclass

@@ -28,13 +28,12 @@ from typing import Sequence
 from urllib.parse import unquote
 
 import orjson
-from starlette.requests import Request
 from starlette.types import Scope
 
 from acp_state.store import Store
 
-from .auth import Principal, Token, principal_of
-from .responses import ApiError, OrjsonResponse, json_body
+from .auth import Principal, Token
+from .responses import OrjsonResponse
 
 TICKET_LIFE_MS = 60_000
 # The event streams a ticket may open (their paths as the server sees them, decoded).
@@ -119,17 +118,3 @@ async def redeem(tickets: Tickets, store: Store, scope: Scope, ticket: str) -> P
     if not await store.spend_ticket(nonce, ttl_ms):
         raise TicketError("the stream ticket was used already; ask for a new one", "ticket_used")
     return principal
-
-
-async def create_ticket(request: Request) -> OrjsonResponse:
-    """`POST /stream-tickets {path}`: a ticket to open the event stream at `path` (relative
-    to the API, as the stream's URL names it, encoded or not) once, within 60 s."""
-    body = await json_body(request)
-    given = body.get("path") if isinstance(body, dict) else None
-    if not isinstance(given, str) or not given or len(given) > 2048:
-        raise ApiError(400, "`path` must name an event stream", "invalid_stream_path")
-    path = "/" + unquote(given.split("?", 1)[0]).lstrip("/")
-    if not STREAM_PATHS.fullmatch(path):
-        raise ApiError(400, "`path` must name an event stream", "invalid_stream_path")
-    ticket, expires = request.app.tickets.issue(principal_of(request), path)
-    return OrjsonResponse({"ticket": ticket, "expiresAt": expires, "path": path})

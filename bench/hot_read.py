@@ -33,7 +33,7 @@ from typing import Any, Awaitable, Callable
 import httpx
 
 from acp_state.api.app import create_app
-from acp_state.api.cache import CACHE_HITS
+from acp_state.api.reads.cache import CACHE_HITS
 from acp_state.api.settings import Settings
 from acp_state.ids import workspace_id
 

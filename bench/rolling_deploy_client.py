@@ -12,14 +12,31 @@ import sys
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .chaos import checker, load
-from .chaos.history import now
+from .chaos.history import Recorder, now
 from .chaos.schedule import APIS
 
-if TYPE_CHECKING:
-    from .rolling_deploy import Run
+
+class Plan(Protocol):
+    """What the client reads of the deploy's plan (`rolling_deploy.Plan`)."""
+
+    seed: int
+    event_timeout_s: float
+
+    @property
+    def resumes(self) -> bool: ...
+
+
+class Run(Protocol):
+    """What the client needs of the deploy that drives it (`rolling_deploy.Run`)."""
+
+    plan: Plan
+    rec: Recorder
+    api_ports: list[int]
+    redis_url: str
+    workspace: str
 
 TERMINALS = checker.TERMINALS
 ENDINGS = checker.ENDINGS

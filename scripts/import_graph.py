@@ -7,9 +7,14 @@ of an older commit prints that commit's graph. Module names are the installed on
 folder that pyproject.toml's `[tool.setuptools.package-dir]` maps (`api/` installs as
 `acp_state.api`) is named by its mapping. Exits 1, after the graph, when a rule is broken:
 
-* an import cycle among modules (lazy imports inside functions count; imports under
-  `if TYPE_CHECKING:` never run, so they are listed, and judged by the room rules, but make
-  no cycle: two modules that name each other's classes in annotations are one design);
+* an import cycle among modules (lazy imports inside functions count, and so do imports
+  under `if TYPE_CHECKING:`: two modules that name each other's classes, even only in
+  annotations, are one design cut in two; the listing marks them `(types)`);
+* a break of api/'s wings (`API_WINGS`): a route module (`api/routes/`) importing another;
+  a stream module (`api/streams/`, the SSE engine) importing a route, or anything that
+  reaches the app state (`api/state.py`, whose `AppState` holds the streams' hubs); a read
+  (`api/reads/`, what one process keeps) importing a route or a stream module; anything but
+  the app (`APP_MODULES`) importing a route;
 * a room importing one it may not (`MAY_IMPORT`: api and worker never import each other,
   the core and the store neither of them, the core not the store either (the store sits
   below the core's domain types: one way), production code nothing of `tests/`, `bench/`
@@ -83,13 +88,19 @@ INSTALLED_TOP_LEVEL = {"acp_state"}
 # No module over this many lines, but for those named here: the chaos run's checker (one
 # invariant after another over one history) and the hand-built OpenAPI document (data).
 MAX_LINES = 700
-LONG_MODULES = {"bench/chaos/checker.py", "api/openapi.py"}
+LONG_MODULES = {"bench/chaos/checker.py", "api/routes/openapi.py"}
 # Only the store package knows Redis: its key schema, its hash fields, its Lua, its client.
 STORE_PACKAGE = "acp_state.store"
 STORE_KEYS = ("acp_state/store/keys.py", "acp_state/keys.py")  # where the field names are
 FIELD_CLASSES = ("F", "ClockField")
 REDIS_CLIENTS = {"redis", "fakeredis"}
 KEY_PREFIX = "acp:"
+# api/ in wings, by job: the routes (one module per route family), the SSE engine, what one
+# process keeps in memory; the request plumbing sits beside `app.py`, outside any wing.
+API_PACKAGE = "acp_state.api"
+API_WINGS = ("routes", "streams", "reads")
+API_STATE = "acp_state.api.state"  # AppState: what the lifespan set up, the hubs among it
+APP_MODULES = {"acp_state.api.app", "acp_state.api.hot_reads"}  # the app itself: it serves the routes
 
 
 @dataclass
@@ -295,7 +306,7 @@ def cycles(modules: dict[str, Module]) -> list[list[str]]:
     def visit(name: str) -> None:
         index[name] = low[name] = len(index)
         stack.append(name)
-        for target in set(modules[name].imports) - modules[name].type_only:
+        for target in modules[name].imports:
             if target not in index:
                 visit(target)
                 low[name] = min(low[name], low[target])
@@ -318,6 +329,53 @@ def cycles(modules: dict[str, Module]) -> list[list[str]]:
     return found
 
 
+def wing(name: str) -> str | None:
+    """The api wing a module belongs to (None: beside `app.py`, or not the API's)."""
+    parts = name.split(".")
+    prefix = API_PACKAGE.split(".")
+    if parts[: len(prefix)] != prefix or len(parts) <= len(prefix) + 1 or parts[len(prefix)] not in API_WINGS:
+        return None
+    return parts[len(prefix)]
+
+
+def reaches(modules: dict[str, Module], start: str, goal: str) -> bool:
+    """Whether `start` imports `goal`, directly or through other modules."""
+    seen, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        if name == goal:
+            return True
+        if name not in seen:
+            seen.add(name)
+            todo.extend(modules[name].imports)
+    return False
+
+
+def wing_problems(module: Module, modules: dict[str, Module]) -> list[str]:
+    """api/'s wing rules for one module's imports (see the docstring)."""
+    if module.room != "api":
+        return []
+    found = []
+    own = wing(module.name)
+    for target, line in module.imports.items():
+        if modules[target].room != "api":
+            continue
+        where = f"({module.path.name}:{line})"
+        other = wing(target)
+        if other == "routes" and own == "routes":
+            found.append(f"api wings: a route imports another route: {module.name} imports {target} {where}")
+        elif other == "routes" and own in ("streams", "reads"):
+            found.append(f"api wings: {own} import no route: {module.name} imports {target} {where}")
+        elif other == "routes" and own is None and module.name not in APP_MODULES and module.name != API_PACKAGE:
+            found.append(f"api wings: only the app imports routes: {module.name} imports {target} {where}")
+        elif own == "reads" and other == "streams":
+            found.append(f"api wings: reads import no stream module: {module.name} imports {target} {where}")
+        elif own == "streams" and API_STATE in modules and reaches(modules, target, API_STATE):
+            through = "" if target == API_STATE else f", which reaches {API_STATE}"
+            found.append(f"api wings: streams hold no AppState: {module.name} imports {target}{through} {where}")
+    return found
+
+
 def build(root: Path) -> Graph:
     modules = discover(root)
     problems: list[str] = []
@@ -337,6 +395,8 @@ def build(root: Path) -> Graph:
                     f"forbidden import: {module.room} -> {room}: {module.name} imports {target} "
                     f"({module.path.name}:{line})"
                 )
+    for module in modules.values():
+        problems.extend(wing_problems(module, modules))
     for component in cycles(modules):
         problems.append(f"import cycle: {' <-> '.join(component)}")
     for module in modules.values():
@@ -379,7 +439,7 @@ def render(graph: Graph, rooms_only: bool = False) -> str:
     else:
         lines.append(
             "no cycles, no forbidden imports, no private names across modules, nothing of Redis outside the store, "
-            f"no module over {MAX_LINES} lines"
+            f"no module over {MAX_LINES} lines, api/'s wings kept"
         )
     return "\n".join(lines)
 

@@ -58,11 +58,10 @@ MUTATIONS = [
     Mutation(
         "no-gap-fill",
         "the event stream forwards a live event past a gap in ids without filling it",
-        "api/event_stream.py",
-        "            if delivery.event_id > cursor + 1:  # pub/sub lost some: fill the gap from the log\n"
-        "                frames, cursor, _ = await _from_log(store, ws, sid, cursor, delivery.event_id - 1, epoch)\n"
-        "                for chunk in frames:\n"
-        "                    yield chunk\n",
+        "api/streams/session_body.py",
+        "            if delivery.event_id > self.cursor + 1:  # pub/sub lost some: fill the gap from the log\n"
+        "                frames, self.cursor, _ = await _from_log(store, ws, sid, self.cursor, delivery.event_id - 1, self.epoch)\n"
+        "                out.extend(frames)\n",
         "",
         ("tests/test_events.py::test_a_gap_in_live_ids_is_filled_from_the_log",),
     ),
@@ -109,7 +108,7 @@ MUTATIONS = [
     Mutation(
         "feed-skips-gaps",
         "the live feed takes a skipped revision as the next one instead of reading the state again",
-        "api/live_feed.py",
+        "api/streams/live_state_hub.py",
         "            if change.revision != expected + 1:\n                return await self._resync()  # one was missed\n",
         "",
         ("tests/test_live_feed_gaps.py",),

@@ -138,6 +138,16 @@ class AsgiRequest:
     def leave(self) -> None:
         self._left.set()
 
+    async def served_below_the_stack(self, app: Any, path: str, method: str = "GET") -> bool:
+        """Serve this request as the app serves an event stream below Starlette's stack
+        (`ApiApp.opened_stream`, then the stream); False: not served, nothing sent."""
+        scope = self.scope(path, method)
+        stream = await app.opened_stream(scope, self.receive)
+        if stream is None:
+            return False
+        await stream(scope, self.receive, self.send)
+        return True
+
 
 @contextlib.asynccontextmanager
 async def app_in_process(redis_url: str, workspace: str) -> AsyncIterator[tuple[Any, str]]:

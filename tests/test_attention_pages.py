@@ -10,7 +10,7 @@ import random
 import pytest
 
 from acp_state.store import AttentionCursor, AttentionEntry
-from acp_state.api.attention import deployment_read, page, workspace_read
+from acp_state.api.reads.attention_index import deployment_read, page, workspace_read
 
 
 class Index:

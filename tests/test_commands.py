@@ -120,7 +120,7 @@ def test_a_malformed_command_decodes_to_a_clear_error(payload: bytes, reason: st
 
 def test_turn_kinds_and_the_sentinel_have_one_definition() -> None:
     from acp_state import interactions, votes
-    from acp_state.api import openapi, sessions
+    from acp_state.api.routes import openapi, sessions
     from acp_state.worker import session
 
     assert commands.CALLER_TURN_KINDS == ("foreground", "cron", "notification", "goal")

@@ -14,7 +14,7 @@ import pytest
 from acp_state.commands import Reply
 from acp_state.store import ABANDONED, CatalogRow, CreateRecord
 from acp_state.api.responses import ApiError
-from acp_state.api.sessions import first_create_outcome
+from acp_state.api.routes.sessions import first_create_outcome
 
 FIRST = CreateRecord("sid-1", "client-1", False, "req-1", kept=False)
 

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from acp_state.api import auth, metrics
+from acp_state.api import auth, request_metrics
 from acp_state.api.app import create_app
 from acp_state.api.auth import Token
 from acp_state.api.outcomes import effect
@@ -142,7 +142,7 @@ async def test_an_exception_in_the_metrics_middleware_is_json_500(
         raise RuntimeError("metrics broke")
 
     # Counting happens on the way out: it fails after the route raised, before any answer.
-    monkeypatch.setattr(metrics.REQUESTS, "inc", broken)
+    monkeypatch.setattr(request_metrics.REQUESTS, "inc", broken)
     _assert_json(await client.get("/boom"), 500, "internal_error")
 
 

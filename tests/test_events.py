@@ -168,13 +168,14 @@ async def test_a_client_that_leaves_frees_its_stream_at_once(harness: Harness, w
 async def test_the_stream_is_served_below_the_stack_and_anything_it_would_refuse_is_left_to_the_app(
     harness: Harness, redis_server, workspace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The tests above would pass with the streams served by the route: here the shortcut is
-    called itself. A session's stream is sent by it, counted under the route's name, kept
-    alive while idle, and ends as its client leaves; an unknown session, another method and
-    another route are left to the app, with nothing sent."""
+    """The tests above would pass with the streams served through the stack: here the app's
+    opening below it is called itself. A session's stream is opened by its route in the
+    table, counted under the route's name, kept alive while idle, and ends as its client
+    leaves; an unknown session, another method and another route are left to the app, with
+    nothing sent."""
     from prometheus_client import REGISTRY
 
-    from acp_state.api import event_stream
+    from acp_state.api.streams import response
 
     await harness.worker()
     async with app_in_process(redis_server.url, workspace) as (app, sid):
@@ -182,14 +183,13 @@ async def test_the_stream_is_served_below_the_stack_and_anything_it_would_refuse
         sent, kept_alive = request.sent, request.seen[b": keepalive\n\n"]
 
         def served(path: str, method: str = "GET") -> asyncio.Task[bool]:
-            scope = request.scope(path, method)
-            return asyncio.ensure_future(event_stream.answer(app.state.acp, app.authenticator, app.counts, scope, request.receive, request.send))
+            return asyncio.ensure_future(request.served_below_the_stack(app, path, method))
 
         def counted() -> float:
             return REGISTRY.get_sample_value("acp_state_http_requests_total", {"route": "stream_events", "status": "200"}) or 0
 
         before = counted()
-        monkeypatch.setattr(event_stream, "KEEPALIVE_S", 0.1)
+        monkeypatch.setattr(response, "KEEPALIVE_S", 0.1)
         stream = served(f"/session/{sid}/events")
         await asyncio.wait_for(request.seen[b"session_snapshot"].wait(), 10)
         assert sent[0]["status"] == 200 and dict(sent[0]["headers"])[b"content-type"] == b"text/event-stream"
@@ -215,7 +215,7 @@ async def test_a_burst_of_stream_opens_shares_its_state_reads_and_never_grows_th
     `stream_opens.CONCURRENT` at a time: the process's Redis connections do not grow with
     the burst (they grew to one per stream opening, and the pool keeps them)."""
 
-    from acp_state.api import stream_opens
+    from acp_state.api.streams import opens as stream_opens
 
     await harness.worker()
     async with app_in_process(redis_server.url, workspace) as (app, sid):

@@ -114,7 +114,7 @@ async def test_a_cached_read_after_a_change_acknowledged_elsewhere_never_misses_
     """A close acknowledged through another API process, then a status read here: the read
     must not be answered from the cache while the change's announcement is still on its way
     (in Redis's output buffer, the kernel's, or this process's unread socket)."""
-    from acp_state.api.cache import CachedSession, StateCache
+    from acp_state.api.reads.cache import CachedSession, StateCache
     from redis import Redis
 
     cache = StateCache(fanout)
@@ -133,7 +133,7 @@ async def test_a_cached_read_after_a_change_acknowledged_elsewhere_never_misses_
 
 
 async def test_cached_reads_that_arrive_together_share_one_ping(fanout: Fanout) -> None:
-    from acp_state.api.cache import CachedSession, StateCache
+    from acp_state.api.reads.cache import CachedSession, StateCache
 
     cache = StateCache(fanout)
     ws = "fanout-test6"
@@ -221,7 +221,7 @@ async def test_an_idle_link_on_one_server_keeps_the_caches(redis_server: RedisSe
 async def test_a_stalled_redis_stops_cached_reads(own_redis: RedisServer) -> None:
     """While Redis does not answer, nothing can say the cache is current: the read goes to
     Redis (and waits or fails there) instead of being answered from memory."""
-    from acp_state.api.cache import CachedSession, StateCache
+    from acp_state.api.reads.cache import CachedSession, StateCache
 
     fanout = Fanout(connect(own_redis.url))
     cache = StateCache(fanout)

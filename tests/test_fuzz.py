@@ -42,7 +42,7 @@ from schemathesis.specs.openapi.checks import (
 )
 from starlette.routing import Route
 
-from acp_state.api import web
+from acp_state.api.routes import web
 from acp_state.api.app import ROUTES
 from acp_state.ids import workspace_id
 from tests.harness import Harness

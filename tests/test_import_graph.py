@@ -39,7 +39,8 @@ def test_the_check_catches_each_kind_of_break(tmp_path: Path) -> None:
         "acp_state/keys.py": "from acp_state.api import app\n",  # core -> api
         "acp_state/one.py": "from . import two\n",
         "acp_state/two.py": "from . import one\n",  # a cycle
-        "acp_state/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import one\n",
+        "acp_state/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import annotated\n",
+        "acp_state/annotated.py": "from . import typed\n",  # a cycle, if only for annotations
         "acp_state/ids.py": "def new(): ...\n",
         "acp_state/store/__init__.py": "from ..ids import new\n",  # store -> core: the store sits below
         "acp_state/sweeper.py": "from .store import new\n",  # core -> store: never
@@ -71,7 +72,7 @@ def test_the_check_catches_each_kind_of_break(tmp_path: Path) -> None:
     assert "forbidden import: api -> worker: acp_state.api.app imports worker.loop" in problems
     assert "forbidden import: worker -> tests: worker.loop imports tests.helpers" in problems
     assert "import cycle: acp_state.one <-> acp_state.two" in problems
-    assert "acp_state.typed" not in problems  # an import only for annotations makes no cycle
+    assert "import cycle: acp_state.annotated <-> acp_state.typed" in problems  # annotations count
     assert "private name: acp_state.api.app imports _state from acp_state.api.routes" in problems
     assert "private name: acp_state.api.reads reads acp_state.api.routes._state" in problems
     assert "packaging: installs a top-level package named 'worker'" in problems
@@ -80,7 +81,53 @@ def test_the_check_catches_each_kind_of_break(tmp_path: Path) -> None:
     assert "test_a from" not in problems  # re-collecting a test function is fine
     assert "size: bench/long.py has 701 lines (over 700: split it by job)" in problems
     assert "checker" not in problems and "limit.py" not in problems
-    assert len(problems.splitlines()) == 11, problems
+    assert len(problems.splitlines()) == 12, problems
+
+
+def test_the_check_keeps_the_wings_of_the_api(tmp_path: Path) -> None:
+    """api/ by job: a route never imports another; the SSE engine imports no route and
+    nothing that reaches the app state, not even through another module; what a process
+    keeps imports no route and no stream; only the app imports routes."""
+    files = {
+        "pyproject.toml": '[tool.setuptools.package-dir]\n"acp_state.api" = "api"\n',
+        "acp_state/__init__.py": "",
+        "api/__init__.py": "",
+        "api/app.py": "from .routes import sessions, status\n",  # the app serves the routes: fine
+        "api/hot_reads.py": "from .routes.status import status\n",  # the app's own shortcut: fine
+        "api/state.py": "from .streams import hub\n",  # AppState holds the hubs: fine
+        "api/locator.py": "from .reads import cache\n",  # plumbing reads the cache: fine
+        "api/outcomes.py": "from .routes import sessions\n",  # plumbing -> a route
+        "api/routes/__init__.py": "",
+        "api/routes/sessions.py": "from ..limits import MAX\nfrom ..state import AppState\n",  # fine
+        "api/routes/status.py": "from . import sessions\n",  # a route -> another route
+        "api/limits.py": "MAX = 1\n",
+        "api/streams/__init__.py": "",
+        "api/streams/hub.py": "from .frames import frame\n",  # within the wing: fine
+        "api/streams/frames.py": "from ..limits import MAX\ndef frame(): ...\n",  # fine
+        "api/streams/body.py": "from ..state import AppState\n",  # a stream -> AppState
+        "api/streams/feed.py": "from ..reads.listings import page\n",  # reaches AppState through reads
+        "api/streams/opened.py": "from ..routes.sessions import open\n",  # a stream -> a route
+        "api/reads/__init__.py": "",
+        "api/reads/cache.py": "",
+        "api/reads/listings.py": "from ..state import AppState\nfrom .cache import x\n",  # fine for reads
+        "api/reads/pages.py": "from ..streams import hub\nfrom ..routes import status\n",  # reads -> stream, route
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+
+    problems = sorted(p.rsplit(" (", 1)[0] for p in load_checker().build(tmp_path).problems)
+
+    assert problems == [
+        "api wings: a route imports another route: acp_state.api.routes.status imports acp_state.api.routes.sessions",
+        "api wings: only the app imports routes: acp_state.api.outcomes imports acp_state.api.routes.sessions",
+        "api wings: reads import no route: acp_state.api.reads.pages imports acp_state.api.routes.status",
+        "api wings: reads import no stream module: acp_state.api.reads.pages imports acp_state.api.streams.hub",
+        "api wings: streams hold no AppState: acp_state.api.streams.body imports acp_state.api.state",
+        "api wings: streams hold no AppState: acp_state.api.streams.feed imports acp_state.api.reads.listings, which "
+        "reaches acp_state.api.state",
+        "api wings: streams import no route: acp_state.api.streams.opened imports acp_state.api.routes.sessions",
+    ], problems
 
 
 def test_the_check_keeps_redis_inside_the_store_package(tmp_path: Path) -> None:

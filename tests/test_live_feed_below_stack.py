@@ -1,5 +1,5 @@
-"""The live feed is served below Starlette's stack (`ApiApp._live_feed`), as the session
-stream is: what the route would refuse is still the app's answer."""
+"""The live feed is opened by its route below Starlette's stack (`ApiApp.opened_stream`), as
+the session stream is: what the route would refuse is still the app's answer."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tests.helpers import AsgiRequest, app_in_process, eventually
 async def test_the_feed_is_served_below_the_stack_and_anything_it_would_refuse_is_left_to_the_app(
     harness: Harness, redis_server, workspace: str
 ) -> None:
-    """The shortcut called itself: a workspace's feed is sent by it (its snapshot first),
+    """The app's opening below the stack called itself: a workspace's feed is sent by it (its snapshot first),
     counted under the route's name, and lets go of its listener as its client leaves; an
     unknown workspace, another method and another route are left to the app, with nothing
     sent."""
@@ -25,7 +25,7 @@ async def test_the_feed_is_served_below_the_stack_and_anything_it_would_refuse_i
         sent = request.sent
 
         def served(path: str, method: str = "GET") -> asyncio.Task[bool]:
-            return asyncio.ensure_future(app._live_feed(app.acp, request.scope(path, method), request.receive, request.send))
+            return asyncio.ensure_future(request.served_below_the_stack(app, path, method))
 
         def counted() -> float:
             return REGISTRY.get_sample_value("acp_state_http_requests_total", {"route": "live_state_events", "status": "200"}) or 0

@@ -11,8 +11,8 @@ import orjson
 
 from acp_state.ids import new_id
 from acp_state.store import CatalogRow, Change, Mode, RedisStore, Transition, WorkerRegistry, WorkerReport, keys
-from acp_state.api.live_feed import WorkspaceFeed
-from acp_state.api.push import Listener
+from acp_state.api.streams.live_state_hub import WorkspaceFeed
+from acp_state.api.streams.hub import Listener
 from tests.helpers import eventually
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from acp_state.api import event_stream
-from acp_state.api.push import Hub, Listener, frames, stream_response
+from acp_state.api.streams.response import DIRECT_SEND
+from acp_state.api.streams.hub import Hub, Listener, frames, stream_response
 from acp_state.cli.serving import SERVERS, serve_http
 from tests.helpers import eventually
 
@@ -40,7 +40,7 @@ async def serve_streams(server: str, hub: Hub, send_timeout_s: float = 60.0) -> 
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
-        scope[event_stream.DIRECT_SEND] = send
+        scope[DIRECT_SEND] = send
         listener = Listener()
         hub.add(listener)
         await stream_response(frames(listener, b"event: first\ndata: {}\n\n", hub), send_timeout_s)(scope, receive, send)

@@ -319,9 +319,9 @@ async def test_a_command_that_finds_the_session_moved_since_it_was_located_goes_
     import secrets
 
     from acp_state import commands as wire
-    from acp_state.api.cache import CachedSession
+    from acp_state.api.reads.cache import CachedSession
     from acp_state.api.locator import SessionLocator
-    from acp_state.api.sessions import gone
+    from acp_state.api.outcomes import gone
     from acp_state.ids import new_id
     from acp_state.store import AdmissionStatus, CatalogRow, Mode, RedisStore, Transition, WorkerRegistry, WorkerReport
 

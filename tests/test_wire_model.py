@@ -10,7 +10,7 @@ import pytest
 from acp.exceptions import RequestError
 
 from acp_state import commands, events, ids, interactions, votes
-from acp_state.api import summaries
+from acp_state.api.reads import summaries
 from acp_state.interactions import CancelSentinelCollision, normalize
 from acp_state.store import SessionView
 from acp_state.store.keys import F

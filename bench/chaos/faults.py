@@ -14,16 +14,35 @@ import os
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
 from testbed.processes import ROOT
 
 from . import network
-from .history import RecordedProcess, log, now
+from .history import RecordedProcess, Recorder, log, now
+from .load import Load
 from .redis_nodes import client as redis_client
 from .schedule import FAULTS_HOSTS
 
-if TYPE_CHECKING:
-    from .run import Chaos
+
+class Run(Protocol):
+    """What the fault lanes need of the run they inject into (`run.Chaos`)."""
+
+    rec: Recorder
+    cluster: bool
+    redis: Any  # the run's Redis (`redis_nodes.ChaosRedis` or `ChaosRedisCluster`)
+    workers: list[RecordedProcess | None]
+    apis: list[RecordedProcess | None]
+    load: Load | None
+    schedule: list[dict[str, Any]]  # the faults planned (`schedule.make_schedule`)
+    conditions: list[dict[str, Any]]  # the link conditions planned, across hosts
+    t0: float  # when the run's clock started (time.time())
+
+    def redis_url(self) -> str: ...
+
+    async def start_worker(self, slot: int) -> RecordedProcess: ...
+
+    async def start_api(self, slot: int) -> RecordedProcess: ...
 
 # How long a drained worker may take to exit (its grace, every hand-off, the shutdown)
 # before it is killed; the fault records the kill (the checker then counts it killed).
@@ -56,7 +75,7 @@ class Faults:
     """The fault lane of a run (`run_faults`), the link-condition lane of a run across hosts
     (`run_conditions`), and what each fault and condition did (`log`, `condition_log`)."""
 
-    def __init__(self, run: Chaos) -> None:
+    def __init__(self, run: Run) -> None:
         self.run = run
         self.network: network.Network | None = None  # across hosts, once the bed is up
         self.log: list[dict[str, Any]] = []
