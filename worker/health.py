@@ -16,7 +16,7 @@ live and not ready, rather than restarted for not answering.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Any, Mapping, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.applications import Starlette
@@ -24,14 +24,24 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-if TYPE_CHECKING:
-    from .worker import Worker
+
+class Standing(Protocol):
+    """What the listener reads of its worker (the worker itself; never imported here)."""
+
+    draining: bool
+    sessions: Mapping[str, Any]
+
+    @property
+    def registered(self) -> bool: ...
+
+    @property
+    def incarnation(self) -> str: ...
 
 LIVE_PATH = "/health/live"
 READY_PATH = "/health/ready"
 
 
-def readiness(worker: Worker) -> tuple[bool, dict[str, object]]:
+def readiness(worker: Standing) -> tuple[bool, dict[str, object]]:
     """Whether `worker` takes sessions now, and the body that says why (not)."""
     if worker.draining:
         return False, {"status": "not_ready", "code": "draining", "error": "the worker is draining"}
@@ -40,7 +50,7 @@ def readiness(worker: Worker) -> tuple[bool, dict[str, object]]:
     return True, {"status": "ready", "incarnation": worker.incarnation, "sessions": len(worker.sessions)}
 
 
-def app(worker: Worker) -> Starlette:
+def app(worker: Standing) -> Starlette:
     async def live(_: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "draining": worker.draining})
 
@@ -58,14 +68,14 @@ def app(worker: Worker) -> Starlette:
     ])
 
 
-async def serve(worker: Worker) -> None:
+async def serve(worker: Standing, host: str, port: int) -> None:
     """Serve the listener until cancelled (the worker's shutdown cancels it)."""
     import uvicorn
 
     from acp_state.uvicorn_server import UvicornServer  # the worker owns SIGTERM
 
     config = uvicorn.Config(
-        app(worker), host=worker.config.metrics_host, port=worker.config.metrics_port or 0,
+        app(worker), host=host, port=port,
         log_level="warning", lifespan="off",
     )
     server = UvicornServer(config)

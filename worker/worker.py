@@ -152,7 +152,8 @@ class Worker:
     async def run(self) -> None:
         """Register, then serve until `stop()`; always leaves Redis clean on the way out."""
         if self.config.metrics_port is not None:  # (live, not ready, while it registers)
-            self._tasks.append(asyncio.ensure_future(health.serve(self)))
+            self._tasks.append(asyncio.ensure_future(
+                health.serve(self, self.config.metrics_host, self.config.metrics_port)))
         while not self._registered and not self._stop.is_set():
             # Registered as soon as Redis accepts writes (it may still be starting, or full).
             if not await survive("heartbeat", self.check_standing):
