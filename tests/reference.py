@@ -23,11 +23,20 @@ from typing import Any, AsyncIterator, Iterable
 
 import httpx
 
+from acp_state.worker.agent import INITIALIZE_TIMEOUT_S
 from testbed.qwen import qwen_env
 from testbed.redis_server import free_port
 
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 15
+# The deadline the reference gives its `qwen --acp` child to answer `initialize` (and each
+# later request): acp-state's worker gives its agent INITIALIZE_TIMEOUT_S, so both sides get
+# the same. The reference's own default, 10 s, is below what the child takes to boot on a
+# loaded machine: `initialize` alone took 8.2 s here at a load of 12 on 2 cores, and under
+# scripts/stress 8 of 20 restore runs had the reference's create or load answer 504
+# `init_timeout` ("initialize timed out after 9.9 s"). The child starts on demand inside
+# the daemon (its create or load), so there is no readiness a test could await instead.
+AGENT_INITIALIZE_TIMEOUT_MS = int(INITIALIZE_TIMEOUT_S * 1000)
 
 # The response headers clients read. Content-Type and Cache-Control are compared by value;
 # the others carry ids or digests, so only whether they are there counts.
@@ -100,7 +109,8 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
 async def reference_daemon(
     qwen: str, workspace: str, llm_base_url: str, scratch: Path, *extra_args: str
 ) -> AsyncIterator[Reference]:
-    """Start `qwen serve --workspace <workspace> --no-web` on a free loopback port.
+    """Start `qwen serve --workspace <workspace> --no-web` on a free loopback port, its agent
+    given acp-state's `initialize` deadline (AGENT_INITIALIZE_TIMEOUT_MS).
 
     `scratch` receives the daemon's HOME (its settings select the scripted LLM at
     `llm_base_url`), its TMPDIR and its log (`serve.log`). The daemon and its children run
@@ -117,7 +127,8 @@ async def reference_daemon(
     with open(log_path, "ab") as log:
         process = await asyncio.create_subprocess_exec(
             qwen, "serve", "--port", str(port), "--hostname", "127.0.0.1",
-            "--workspace", workspace, "--no-web", *extra_args,
+            "--workspace", workspace, "--no-web", "--initialize-timeout-ms", str(AGENT_INITIALIZE_TIMEOUT_MS),
+            *extra_args,
             stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
             cwd=workspace, env=env, start_new_session=True,
         )

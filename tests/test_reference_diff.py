@@ -62,10 +62,6 @@ UNREGISTERED_CWD = "/nonexistent-acp-state-diff-ws"
 # permission classifier, which the scripted LLM cannot answer, so it asks): acp-state's
 # agent runs in the same mode, so both agents ask the same permission the same way.
 AGENT_MODE = "auto"
-# The reference gives its agent 10 s to start a session (`initialize`): a loaded machine's
-# `qwen --acp` took longer (504 init_timeout), where acp-state's worker waits up to its create
-# timeout. The same patience on both sides.
-PATIENT = ("--initialize-timeout-ms", str(CREATE_TIMEOUT_S * 1000))
 PROCEED_ONCE = {"outcome": {"outcome": "selected", "optionId": "proceed_once"}}
 
 
@@ -410,7 +406,7 @@ async def test_reference_and_acp_state_answer_alike(
     await start_acp_worker(harness, qwen, fake_llm, tmp_path)
     api = await harness.api()
 
-    async with reference_daemon(qwen, workspace, fake_llm.openai_url, tmp_path / "reference", *PATIENT) as daemon:
+    async with reference_daemon(qwen, workspace, fake_llm.openai_url, tmp_path / "reference") as daemon:
         async with httpx.AsyncClient(base_url=daemon.base_url, timeout=30) as client:
             reference = Target("reference", client, workspace)
             ours = Target("acp-state", api.client, workspace)
@@ -574,7 +570,7 @@ async def test_a_restored_session_answers_like_the_reference(
             # The same scratch (HOME, TMPDIR, log) every time: the restart keeps qwen's chats.
             life = contextlib.AsyncExitStack()
             daemon = await life.enter_async_context(
-                reference_daemon(qwen, workspace, fake_llm.openai_url, tmp_path / "reference", *PATIENT))
+                reference_daemon(qwen, workspace, fake_llm.openai_url, tmp_path / "reference"))
             reference.client = await life.enter_async_context(
                 httpx.AsyncClient(base_url=daemon.base_url, timeout=30))
             lives.push_async_callback(life.aclose)

@@ -133,6 +133,12 @@ async def open_page(browser: Browser, tmp_path: Path) -> AsyncIterator[OpenPage]
         errors: list[str] = []
         page.on("pageerror", lambda error: errors.append(str(error)))
         page.errors = errors  # type: ignore[attr-defined]
+        # What the page could not load (a module script that fails leaves the page its bare
+        # HTML, with no pageerror), printed as it happens: a failing test's output shows it.
+        name = f"page-{len(contexts) - 1} ({locale} {path})"
+        page.on("requestfailed", lambda r: print(f"{name}: failed {r.method} {r.url}: {r.failure}"))
+        page.on("response", lambda r: r.status >= 400 and print(f"{name}: {r.status} {r.request.method} {r.url}"))
+        page.on("console", lambda m: m.type == "error" and print(f"{name}: console: {m.text}"))
         if prepare is not None:  # e.g. routes, before the page's first request
             await prepare(page)
         await page.goto(f"http://127.0.0.1:{api.port}{path}")
