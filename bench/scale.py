@@ -44,7 +44,7 @@ import httpx
 import redis.asyncio as aioredis
 
 from acp_state.ids import workspace_id
-from acp_state.store import RedisStore
+from acp_state.store import RedisStore, keys
 from testbed.processes import ROOT, AcpProcess
 from testbed.redis_server import free_port
 
@@ -372,7 +372,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         memory_busy = (await redis.info("memory"))["used_memory"]
         log(f"  waiting {REPLY_KEPT_S} s for the creates' answers to expire")
         await asyncio.sleep(REPLY_KEPT_S)
+        memory_held = (await redis.info("memory"))["used_memory"]
+        # Their TTLs ran out, but Redis frees an expired key only when something touches it
+        # or its expire cycle samples it (20 keys a round): 18% of them were still held 80 s
+        # on at 10,000 sessions, 29% at 100,000. A SCAN over them frees them, as Redis would in time.
+        async for _ in redis.scan_iter(match="acp:reply:*", count=1000):
+            pass
         memory1 = (await redis.info("memory"))["used_memory"]
+        # A worker whose lease lapsed on the loaded machine had its sessions swept and
+        # resumed: the figures below would not be idle sessions'.
+        declared_dead = await redis.zcard(keys.DEAD)
         reports = await store.worker_reports(list((await store.lease_view()).deadlines))
         per_worker_sessions = {inc: r.sessions for inc, r in reports.items()}
         rss1 = {w.pid: rss_bytes(w.pid) for w in cluster.workers}
@@ -382,7 +391,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "live_sessions": hosted,
             "redis_used_memory_mb": round(memory1 / 2**20, 1),
             "redis_bytes_per_session_right_after_creation": round((memory_busy - memory0) / max(all_sessions - WORKSPACES, 1)),
+            "redis_bytes_per_session_with_expired_answers_held": round((memory_held - memory0) / max(all_sessions - WORKSPACES, 1)),
             "redis_bytes_per_session": round((memory1 - memory0) / max(all_sessions - WORKSPACES, 1)),
+            "workers_declared_dead": declared_dead,
             "worker_rss_mb": [round(rss1[p] / 2**20, 1) for p in rss1],
             "worker_rss_bytes_per_session": round(sum(rss1[p] - rss0[p] for p in rss1) / max(hosted, 1)),
             "agent_children_rss_mb": round(sum(rss_bytes(p) for p in cluster.pids()["agent"]) / 2**20, 1),
@@ -541,8 +552,9 @@ def table(result: dict[str, Any]) -> str:
     rows = [
         ("live sessions (4 workers, 1 Redis, 10 workspaces)", f"{r['live_sessions']:,}", f"goal {result['sessions']:,}",
          mark(r["live_sessions"] >= result["sessions"])),
-        ("Redis memory per idle session (bytes)", f"{r['redis_bytes_per_session']:,}", f"goal <= {g['redis_bytes_per_session']:,}",
-         mark(r["redis_bytes_per_session"] <= g["redis_bytes_per_session"])),
+        ("Redis memory per idle session (bytes)", f"{r['redis_bytes_per_session']:,}",
+         f"goal <= {g['redis_bytes_per_session']:,}; workers declared dead {r.get('workers_declared_dead', 0)}",
+         mark(r["redis_bytes_per_session"] <= g["redis_bytes_per_session"] and not r.get("workers_declared_dead"))),
         ("worker RSS per idle session (bytes)", f"{r['worker_rss_bytes_per_session']:,}",
          f"goal <= {g['worker_rss_bytes_per_session']:,}; agent children {r['agent_children_rss_bytes_per_session']:,} more",
          mark(r["worker_rss_bytes_per_session"] <= g["worker_rss_bytes_per_session"])),

@@ -250,7 +250,7 @@ async def test_every_change_moves_the_revision_and_a_lost_version_starts_a_new_g
 
 FLOOR = keys.CHANGE_LOG_FLOOR
 # changes.lua's CHANGE_LOG_MAX: the sessions the change log keeps.
-CHANGE_LOG_MAX = 10_000
+CHANGE_LOG_MAX = 1_000
 
 
 async def change_log(r: aioredis.Redis) -> dict[str, int]:
@@ -316,6 +316,26 @@ async def test_the_change_log_forgets_its_oldest_sessions_and_raises_its_floor(r
     log = await change_log(r)
     assert len(log) == CHANGE_LOG_MAX + 1 and "old-2" not in log and log[FLOOR] == 2 and log[second] == CHANGE_LOG_MAX + 2
 
+
+
+async def test_a_change_log_an_older_release_filled_past_the_bound_shrinks_to_it(r: aioredis.Redis) -> None:
+    """During a rolling deploy an older writer kept up to 10,000 sessions: the next session to
+    join the log takes it down to the newest CHANGE_LOG_MAX at once, and the floor says the
+    resumes it can no longer answer (they get a snapshot)."""
+    await created(r)  # revision 1
+    older = 10 * CHANGE_LOG_MAX
+    await r.zadd(CHANGES, {f"old-{i}": i for i in range(2, older + 1)})
+    await r.hset(VERSION, VER.REVISION, older)
+    second = "21111111-1111-4111-8111-111111111111"
+    key_list = [keys.session(WS, second), *APPLY_KEYS[1:]]
+    key_list[1], key_list[6] = keys.events(WS, second), keys.transcript(WS, second)
+    key_list[9], key_list[10] = keys.turns(WS, second), keys.turns_ended(WS, second)
+    assert (await run(r, "APPLY", key_list, [INC, apply_ops(sid=second, mode="create", set={F.EPOCH: "e1"}), TTL]))[0] == 1
+    log = await change_log(r)
+    assert len(log) == CHANGE_LOG_MAX + 1 and log[second] == older + 1
+    # The newest CHANGE_LOG_MAX - 1 of the older writer's stay, the floor at the newest forgotten.
+    assert log[FLOOR] == older + 1 - CHANGE_LOG_MAX and f"old-{older + 2 - CHANGE_LOG_MAX}" in log
+    assert SID not in log and f"old-{older + 1 - CHANGE_LOG_MAX}" not in log
 
 def turn_ops(*records: TurnRecord) -> dict[str, Any]:
     return {"turns": [[t.prompt_id, t.pack(), 1 if t.ended else 0] for t in records], "turnkeep": 2, "turnttl": TTL}

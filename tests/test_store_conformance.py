@@ -240,6 +240,23 @@ async def test_a_session_reads_back_its_meta_and_an_idle_one_stays_small(store: 
         assert await store.redis.object("encoding", keys.session(s.ws, s.sid)) == "listpack"
 
 
+async def test_the_agent_state_reads_back_and_an_agent_that_reported_none_stores_none(store: RedisStore) -> None:
+    """A session whose agent reported no modes or options holds no field for it (most idle
+    sessions: their memory, docs/capacity.md) and reads as `{}`, as one that had some and
+    lost them does."""
+    s = Session()
+    await s.create(store, agent_state={})
+    view = await store.session(s.ws, s.sid)
+    assert view is not None and (view.agent_state or {}) == {}
+    assert await store.redis.hget(keys.session(s.ws, s.sid), keys.F.AGENT_STATE) is None
+    modes = {"modes": {"currentModeId": "plan", "availableModes": [{"id": "plan", "name": "Plan"}]}}
+    await store.apply(s.ws, s.sid, s.inc, Transition(approval_mode="plan", agent_state=modes))
+    view = await store.session(s.ws, s.sid)
+    assert view is not None and view.agent_state == modes and view.approval_mode == "plan"
+    await store.apply(s.ws, s.sid, s.inc, Transition(agent_state={}))
+    view = await store.session(s.ws, s.sid)
+    assert view is not None and (view.agent_state or {}) == {} and view.approval_mode == "plan"
+
 async def test_handled_commands_are_dropped_and_unread_ones_kept(store: RedisStore) -> None:
     """A worker's streams hold what is still to be read, not every command it ever had."""
     s = Session()

@@ -99,7 +99,9 @@ def transition_ops(sid: str, t: Transition, retention: Retention) -> dict[str, A
         fields[F.MODE] = t.approval_mode
     if t.available_commands is not None:
         fields[F.COMMANDS] = orjson.dumps(t.available_commands).decode()
-    if t.agent_state is not None:
+    # An agent that reported no modes or options leaves no field: readers take a missing one
+    # as `{}` (most agents' sessions, and every idle scripted one).
+    if t.agent_state:
         fields[F.AGENT_STATE] = orjson.dumps(t.agent_state).decode()
     if t.usage is not None:
         fields[F.USAGE] = orjson.dumps(t.usage).decode()
@@ -115,6 +117,8 @@ def transition_ops(sid: str, t: Transition, retention: Retention) -> dict[str, A
         removed.append(F.TURN_ERROR_EVENT)
     if t.clear_turn_error:
         removed.append(F.TURN_ERROR)
+    if t.agent_state is not None and not t.agent_state:
+        removed.append(F.AGENT_STATE)
     if t.told:
         removed.append(F.REQUEST)
 

@@ -108,7 +108,7 @@ def catalog_version(ws: str) -> str:
 
 
 def change_log(ws: str) -> str:
-    """ZSET sessionId -> the revision of its last change (the newest 10,000 sessions), and
+    """ZSET sessionId -> the revision of its last change (the newest 1,000 sessions), and
     CHANGE_LOG_FLOOR -> the oldest revision it answers from: what changed since a revision,
     for a resume on a process that did not follow the workspace then (changes.lua)."""
     return f"{PREFIX}:{{{ws}}}:chg"
@@ -275,7 +275,9 @@ class F:
     MOVING = "mv"  # the incarnation a draining owner is handing the session to
     MODE = "am"  # the agent's current session mode (status approvalMode), when it has modes
     COMMANDS = "cmds"  # JSON {availableCommands, availableSkills}: the agent's last available_commands_update
-    AGENT_STATE = "ast"  # JSON {modes?, configOptions?}: the session's state as the agent's new/load/resume said it
+    # JSON {modes?, configOptions?}: the session's state as the agent's new/load/resume said
+    # it; absent when it reported neither (read as {})
+    AGENT_STATE = "ast"
     USAGE = "use"  # JSON {used, size, cost?}: the agent's last ACP usage_update (its context window)
     CLIENT = "c:"  # + clientId -> "1": a registered client (its presence, if it heartbeats: keys.presence)
     INTERACTION = "pi:"  # + requestId -> PendingInteraction JSON

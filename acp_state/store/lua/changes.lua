@@ -14,7 +14,14 @@ end
 -- its member FLOOR (never a session id) holds the oldest revision it can answer from: the
 -- newest revision it forgot, or the revision it was started at (a log made anew after it
 -- was lost knows nothing of changes before).
-local CHANGE_LOG_MAX = 10000
+-- Why 1,000: the log serves a resume on a process that did not follow the workspace (a
+-- reconnect after an API restart, or behind a load balancer), a gap of seconds, in which a
+-- busy workspace changes its running sessions (5% of 10,000 is 500). A resume that missed
+-- more gets a snapshot, as correct (the live rows: at most 10 times such a diff in a
+-- workspace of 10,000); each member costs about 130 B of Redis, which at 10,000 sessions a
+-- workspace was a tenth of an idle session's memory (docs/capacity.md). A log an older
+-- release filled past it shrinks to it at its next new member.
+local CHANGE_LOG_MAX = 1000
 local FLOOR = '!'
 local ZADD_CHUNK = 1000  -- members per ZADD: Lua's unpack has a bounded stack
 local function logged(log, sids, revision, fresh, ttl_ms)
