@@ -14,6 +14,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from acp_state.clock import now_ms
+from acp_state.store import keys
+
 from testbed.processes import ApiProcess
 from tests.harness import Harness, SseClient
 
@@ -187,3 +190,11 @@ async def recalled(harness: Harness, api: ApiProcess, sid: str) -> str:
 
 async def load(api: ApiProcess, sid: str, **body: object):
     return await api.client.post(f"/session/{sid}/load", json=body)
+
+
+async def past_lease(redis_client: Any, incarnation: str) -> None:
+    """Until the lease of a worker that was killed has passed, as Redis holds it. A renewal
+    the worker sent just before its death may land after a first read of the deadline and
+    move it: the deadline is read again until it stands (gone: a sweeper declared it dead)."""
+    while (deadline := await redis_client.zscore(keys.WORKERS, incarnation)) is not None and deadline >= now_ms():
+        await asyncio.sleep((deadline - now_ms()) / 1000 + 0.01)

@@ -6,17 +6,14 @@ token, a session whose worker lost its lease)."""
 
 from __future__ import annotations
 
-import asyncio
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from acp_state.clock import now_ms
 from acp_state.ids import workspace_id
-from acp_state.store import keys
 from testbed.processes import ApiProcess
 from tests.harness import Harness
-from tests.helpers import create
+from tests.helpers import create, past_lease
 
 ADMIN = "admin-token-0123456789"
 SCOPED = "scoped-token-0123456789"
@@ -125,11 +122,7 @@ async def test_a_kept_answer_goes_with_its_workers_lease(harness: Harness, redis
     assert "pendingInteractions" in (await api.client.get(listing_path)).json()["sessions"][0]
 
     await victim.kill9()
-    # The lease is a time: wait it out. A renewal the worker sent just before its death may
-    # land after a first read of the deadline, and move it: read it again until it stands.
-    # (Once the sweeper declared it dead, it has no deadline left.)
-    while (deadline := await redis_client.zscore(keys.WORKERS, victim.incarnation)) is not None and deadline >= now_ms():
-        await asyncio.sleep((deadline - now_ms()) / 1000 + 0.01)
+    await past_lease(redis_client, victim.incarnation)  # the lease is a time
     gone = await api.client.get(status_path)
     assert (gone.status_code, gone.json()["code"]) == (404, "session_not_found")
     (row,) = (await api.client.get(listing_path)).json()["sessions"]
