@@ -1,6 +1,7 @@
 """A create on this worker: its session started (a new one, a load, or a move's arrival),
 published, its creator answered, and an answer nobody took taken back. A move's arrival is
-taken over as worker/move.py says (`take_over`).
+taken over as worker/move.py says (`take_over`). With the eager hand-off (the default) a
+load's agent session is brought up after the session is ours (worker/bring_up.py).
 
 The worker hands each `create` command here (`Creates.start`); capacity is reserved at once,
 before the agent starts. From the agent's answer on, the store is told in order, each write
@@ -28,7 +29,8 @@ from acp_state.tasks import survive
 from acp_state.turn_errors import from_exception
 
 from .config import WorkerConfig
-from .move import go_on_from, take_over
+from .bring_up import BringUp
+from .move import go_on_from, take_over, until_let_go
 from .session import LiveSession
 from .stored_session import until_stored
 
@@ -116,7 +118,10 @@ class Creates:
                 with contextlib.suppress(Exception):
                     await store.reply(command.request_id, Reply(ok=False, code="not_resumable"))
                 return
-            if command.load:
+            eager = bool(command.load) and self.config.handoff == "eager"
+            if eager:  # the session is ours first; the agent loads it after (worker/bring_up.py)
+                agent_sid = command.agent_sid or sid
+            elif command.load:
                 agent_sid = await agent.load_session(command.agent_sid or sid, cwd)
             else:
                 agent_sid = await agent.new_session(cwd, command.mode)
@@ -129,6 +134,8 @@ class Creates:
                 await store.reply(command.request_id, Reply(ok=False, code=code, error=reason))
             return
         session = self.new_session(command, name, agent, agent_sid)
+        if eager:
+            session.bring_up = BringUp(session, command.move_from)
         if carry is not None:
             go_on_from(session, carry)
         if command.move_from is not None:
@@ -156,7 +163,9 @@ class Creates:
             # (Only a store that lost the locator and let another workspace claim the id meanwhile.)
             log.error("a moved session's id is another workspace's; it moves all the same", extra={"sessionId": sid})
         if command.move_from is not None:
-            await take_over(session, command, carry, indexed, store=store, dispatch=self.dispatch)
+            taken = await take_over(session, command, carry, indexed, store=store, dispatch=self.dispatch)
+            if taken and session.bring_up is not None:  # after the old owner let go of it
+                session.bring_up.start(until_let_go(session.bring_up, command.move_from, store))
             return
         result = await session.publish_created(command.client_id) if indexed else None
         if result is None or result.applied != ApplyOutcome.APPLIED:
@@ -165,6 +174,8 @@ class Creates:
             with contextlib.suppress(Exception):
                 await store.reply(command.request_id, Reply(ok=False, code="session_conflict"))
             return
+        if session.bring_up is not None:  # (its last owner is dead: nothing to wait for)
+            session.bring_up.start()
         answer = Reply(ok=True, created_at=iso(session.created_ms), incarnation=session.incarnation)
         wait_ms = command.wait_ms
         wait_s = (wait_ms if isinstance(wait_ms, int) and 0 < wait_ms <= 3_600_000 else DEFAULT_REPLY_WAIT_MS) / 1000
