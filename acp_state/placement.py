@@ -10,7 +10,9 @@ reads of them (`LoadReport`), since the core never imports the store.
 
 A worker whose agent child for the session's agent and workspace already runs (its report's
 `children`, or one a drain told to start it: `commands.Warm`) is asked first among those
-with room: the session then waits for no cold start of the agent.
+whose load is within WARM_PREFERENCE of it: the session then waits for no cold start of the
+agent, and a worker that started cold still gets its share once the others are that much
+fuller.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ Report = TypeVar("Report", bound=LoadReport)
 # A report names at most this many running children: it stays small on a worker of many
 # workspaces (those past it are only not preferred).
 CHILDREN_REPORTED = 32
+# How much fuller (of its capacity) a worker running the session's agent child may be and
+# still be asked before one that would start it cold (1,000 sessions: 20 more).
+WARM_PREFERENCE = 0.02
 
 
 def child_key(agent: str, cwd: str) -> str:
@@ -84,17 +89,17 @@ def ranked(
     reports: Iterable[Report], sent: Mapping[str, int] | None = None, warm: Callable[[Report], bool] | None = None
 ) -> list[Report]:
     """The workers to ask, least loaded first, counting the sessions `sent` to each since
-    its report (by incarnation); those `warm` says run the session's agent child come first
-    while they have room. Equal loads come in random order: creates from many processes
+    its report (by incarnation); those `warm` says run the session's agent child count as
+    WARM_PREFERENCE less full while they have room. Equal loads come in random order: creates from many processes
     spread instead of piling onto one worker. Reports are as old as the last heartbeat, so
     a worker that looks full is still asked, last: the worker itself is the judge of its
     capacity."""
     order = list(reports)
     random.shuffle(order)
 
-    def key(report: Report) -> tuple[bool, float]:
+    def key(report: Report) -> float:
         full = load(report, sent.get(report.incarnation, 0) if sent else 0)
-        return (not (warm is not None and full < 1 and warm(report)), full)
+        return full - WARM_PREFERENCE if warm is not None and full < 1 and warm(report) else full
 
     order.sort(key=key)
     return order

@@ -20,6 +20,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Awaitable
 
+from acp_state.store import Transition
 from acp_state.turn_errors import from_exception
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("worker.session")
 
 RESUME_FAILED = "resume_failed"
+AGENT_UP = "the agent's session is up"  # (logged in both hand-offs: a test reads their order)
 
 
 class BringUp:
@@ -82,6 +84,14 @@ class BringUp:
                 self.ready.set_result(False)
             await fail(session, from_exception(error).message)
             return
+        if not session.closed:
+            log.info(AGENT_UP, extra={"sessionId": session.sid})
+            # What the agent's resume answered of the session (its modes, models, options:
+            # `GET /session/:id/context`), as a create's first snapshot carries it.
+            mode = session.agent.modes.get(session.agent_sid, (None, []))[0]
+            reported = session.agent.reported.get(session.agent_sid)
+            if mode is not None or reported:
+                await session.note(Transition(approval_mode=mode, agent_state=reported or {}))
         if not self.ready.done():
             self.ready.set_result(not session.closed)
 

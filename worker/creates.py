@@ -29,7 +29,7 @@ from acp_state.tasks import survive
 from acp_state.turn_errors import from_exception
 
 from .config import WorkerConfig
-from .bring_up import BringUp
+from .bring_up import AGENT_UP, BringUp
 from .move import go_on_from, take_over, until_let_go
 from .session import LiveSession
 from .stored_session import until_stored
@@ -123,6 +123,7 @@ class Creates:
                 agent_sid = command.agent_sid or sid
             elif command.load:
                 agent_sid = await agent.load_session(command.agent_sid or sid, cwd)
+                log.info(AGENT_UP, extra={"sessionId": sid})
             else:
                 agent_sid = await agent.new_session(cwd, command.mode)
         except Exception as error:

@@ -319,25 +319,40 @@ class Drain:
         return EAGER_HANDOFFS_PER_TARGET if self.eager else HANDOFFS_PER_TARGET
 
     async def _warm(self, sessions: list[LiveSession]) -> None:
-        """Tell a target per agent and workspace to start that child now (`Warm`)."""
+        """Tell one target per agent and workspace to start that child now (`Warm`), the
+        workspaces spread over the targets by their sessions (least loaded first)."""
+        await self._read_reports()
+        coming: Counter[tuple[str, str]] = Counter()
+        named: dict[tuple[str, str], LiveSession] = {}
         for session in sessions:
-            agent = session.agent_name or self.default_agent
-            if (agent, session.cwd) in self.warmed or session.closed:
+            key = (session.agent_name or self.default_agent, session.cwd)
+            if key not in self.warmed and not session.closed:
+                coming[key] += 1
+                named.setdefault(key, session)
+        spread: Counter[str] = Counter()
+        for key, count in coming.most_common():
+            session = named[key]
+            fitting = [r for r in self._reports if accepts(r, key[0], session.state_store)]
+            if not fitting:
                 continue
-            target = await self._target(session, set(), count=False)
-            if target is not None:
-                self.warmed[(agent, session.cwd)] = target
-                await self.store.send_control(target, commands.Warm(cwd=session.cwd, agent=session.agent_name))
+            target = ranked(fitting, spread, lambda r, key=key: runs_child(r, *key))[0].incarnation
+            spread[target] += count
+            self.warmed[key] = target
+            await self.store.send_control(target, commands.Warm(cwd=session.cwd, agent=session.agent_name))
 
-    async def _target(self, session: LiveSession, tried: set[str], count: bool = True) -> str | None:
-        """The live worker that can resume the session and has the most room, counting the
-        moves this drain already sent it (one told to start the session's agent child, or
-        that runs it, first while it has room); not us, and none tried."""
+    async def _read_reports(self) -> None:
         now = self.loop.time()
         if now - self._read_at >= REPORTS_FRESH_S:
             self._read_at = now
             live = [inc for inc in await self.registry.live() if inc != self.own()]
             self._reports = list((await self.store.worker_reports(live)).values())
+
+    async def _target(self, session: LiveSession, tried: set[str]) -> str | None:
+        """The live worker that can resume the session and has the most room, counting the
+        moves this drain already sent it (one told to start the session's agent child, or
+        that runs it, first while it is not much fuller: `acp_state.placement`); not us,
+        and none tried."""
+        await self._read_reports()
         agent = session.agent_name or self.default_agent
         fitting = [r for r in self._reports if r.incarnation not in tried and accepts(r, agent, session.state_store)]
         if not fitting:
@@ -348,8 +363,7 @@ class Drain:
             return report.incarnation == warmed or runs_child(report, agent, session.cwd)
 
         chosen = ranked(fitting, self.assigned, warm)[0].incarnation
-        if count:
-            self.assigned[chosen] += 1  # counted at once: concurrent moves spread
+        self.assigned[chosen] += 1  # counted at once: concurrent moves spread
         return chosen
 
     async def _hand_to(self, session: LiveSession, target: str) -> str | None:
@@ -394,6 +408,7 @@ async def take_over(
         with contextlib.suppress(Exception):
             await store.reply(command.request_id, Reply(ok=False, code="session_conflict"))
         return False
+    log.info("took the session over from %s", command.move_from, extra={"sessionId": session.sid})
     parked: list[commands.Command | commands.MalformedCommand] = []
 
     async def take_parked() -> None:
