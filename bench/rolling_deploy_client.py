@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 TERMINALS = checker.TERMINALS
 ENDINGS = checker.ENDINGS
+# A prompt's events that are not its turn's: announced queued, ended, or taken out.
+NOT_A_START = {"pending_prompt_added", "pending_prompt_completed", *TERMINALS}
 
 
 def log(message: str) -> None:
@@ -250,15 +252,19 @@ class Client(load.Load):
             await self.notify()
 
     def burst_orders(self, history: Any) -> list[bool]:
-        """Per burst: whether its turns started in the order its prompts were acknowledged."""
-        first: dict[str, int] = {}
+        """Per burst: whether its turns started in the order its prompts were acknowledged
+        (a prompt that never started, ended by a death's sweep, starts none after it)."""
+        started: dict[str, int] = {}  # prompt id -> the id of its turn's first event
         for e in history.events.values():
             env = e["env"]
             pid = checker.envelope_prompt_id(env)
-            if pid and env.get("type") != "pending_prompt_added" and isinstance(env.get("id"), int):
-                first[pid] = min(first.get(pid, env["id"]), env["id"])
-        return [all(p in first for p in pids) and [first[p] for p in pids] == sorted(first[p] for p in pids)
-                for _, _, pids in self.bursts if pids]
+            if pid and env.get("type") not in NOT_A_START and isinstance(env.get("id"), int):
+                started[pid] = min(started.get(pid, env["id"]), env["id"])
+        kept = []
+        for _, _, pids in self.bursts:
+            ran = [p for p in pids if p in started]
+            kept.append(ran == pids[:len(ran)] and [started[p] for p in ran] == sorted(started[p] for p in ran))
+        return kept
 
     async def poller(self, n: int) -> None:
         """Status reads, now and then of a session that just ended (the checker's zombies)."""

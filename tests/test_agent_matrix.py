@@ -361,6 +361,13 @@ async def _resume_and_drain(
         return
     assert answer["attached"] is False, answer
     carried, seen = await _asks(model, events, first, kept, "(after the resume)", fact)
+    if carried is None:
+        # The load was answered, then the agent could not resume the session (the eager
+        # hand-off says so on the stream): the agent refused it, as a 503 `resume_failed` is.
+        row.step("resume", True, since, **{**outcome, "code": "resume_failed"}, reason=seen,
+                 history=_files_with(home, fact))
+        row.step("drain", True, time.monotonic(), skipped="not resumed")
+        return
     row.step("resume", carried, since, **outcome, carried=carried, turns=seen)
     assert resumable is True, "a session loaded although its row says it cannot be"
     assert carried, f"{recipe.name} loaded the session but the model's request lacks {fact!r}: {seen}"
@@ -400,7 +407,7 @@ async def _resume_and_drain(
 
 async def _asks(
     model: ModelEndpoint, events: EventWatcher, api: ApiProcess, sid: str, tag: str, fact: str
-) -> tuple[bool, list[dict[str, Any]]]:
+) -> tuple[bool | None, list[dict[str, Any]]]:
     """Ask the session which code word it was told; whether the model's request for that
     prompt carries `fact`, and what each request of the prompt held. The agent's own
     conversation request offers its tools; a side call (a title, a classifier) may not, and
@@ -408,6 +415,8 @@ async def _asks(
     before = len(model.turns)
     asked = await prompt(api, sid, f"{RECALL} {tag}")
     end = await turn_end(events, sid, asked)
+    if end["type"] == "turn_error" and end["data"].get("code") == "resume_failed":
+        return None, [{"resumeFailed": end["data"].get("message")}]  # (see _resume_and_drain)
     assert end["type"] == "turn_complete", end
     mine: list[Turn] = [t for t in model.turns[before:] if tag in t.user_text]
     main = [t for t in mine if t.tools] or mine
