@@ -188,6 +188,7 @@ class Run:
         self.env["TMPDIR"] = str(log_dir / "qwen-tmp")  # qwen leaves qwen-socks-* folders there
         self.started_workers = 0
         self.slot_of: dict[int, int] = {}  # worker pid -> slot
+        self.exited_at: dict[int, float] = {}  # worker pid -> when it exited
 
     async def start_worker(self, slot: int) -> WorkerProcess:
         worker = WorkerProcess(
@@ -228,6 +229,7 @@ class Run:
         assert worker.proc is not None
         if (await worker.wait_exit(timeout)).endswith("killed"):
             log(f"{worker.incarnation} did not exit within {timeout} s of its SIGTERM: killed")
+        self.exited_at[worker.pid] = now()
         self.rec("worker", slot=self.slot_of[worker.pid], pid=worker.pid, inc=worker.incarnation, t=now(),
                  event="stopped", code=worker.proc.returncode)
         return worker.proc.returncode
@@ -348,7 +350,7 @@ class Run:
         if kill:
             await self.kill_first_target(old, on_it, t_sigterm, replaced)
         code = await stopping
-        t_exit = now()
+        t_exit = self.exited_at[old.pid]  # (it may exit before its successor is ready)
         if hasattr(self.client, "read_owners"):  # where each session went (the checker's owners)
             await self.client.read_owners("drained")
         log(f"slot {slot}: successor ready after {t_ready - t_sigterm:.1f} s, old worker exited {code} after {t_exit - t_sigterm:.1f} s")
