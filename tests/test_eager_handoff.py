@@ -9,6 +9,7 @@ ACP_SCRIPTED_LOAD_DELAY_S (its history read) so that commands arrive during the 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from acp_state.ids import workspace_id
@@ -85,3 +86,28 @@ async def test_a_failed_bring_up_is_said_on_the_stream_and_a_later_load_resumes_
     resumed = await load(api, sid)
     assert resumed.status_code == 200, resumed.text
     assert "remember MERLIN" in await recalled(harness, api, sid)
+
+
+async def test_the_target_resumes_the_agents_session_only_after_the_old_owner_let_go(
+    harness: Harness, workspace: str, tmp_path: Path
+) -> None:
+    """Both workers' agents record what they are sent in one file, in the order they got it:
+    the old owner's agent is told to let the session go (`session/cancel`; it has no
+    `session/close`) before the target's agent is asked to resume it."""
+    record = tmp_path / "both-agents.jsonl"
+    draining = await harness.worker("--drain-grace-s", "20", env={"ACP_SCRIPTED_RECORD": str(record)})
+    api = await harness.api()
+    watcher = await harness.events()
+    sid = (await create(api, workspace))["sessionId"]
+    told = await prompt(api, sid, "remember SHRIKE")
+    assert (await turn_done(watcher, sid, told["promptId"]))["type"] == "turn_complete"
+    await harness.worker(env={"ACP_SCRIPTED_RECORD": str(record), "ACP_SCRIPTED_RESUME": "1"})
+
+    draining.proc.send_signal(15)
+    await watcher.wait_type(sid, "session_moved")
+    assert "remember SHRIKE" in await recalled(harness, api, sid)
+    assert await draining.proc.wait() == 0
+    sent = [(m.get("method"), (m.get("params") or {}).get("sessionId")) for m in map(json.loads, record.read_text().splitlines())]
+    [agent_sid] = {s for method, s in sent if method == "session/resume"}
+    resumed = sent.index(("session/resume", agent_sid))
+    assert ("session/cancel", agent_sid) in sent[:resumed], sent
