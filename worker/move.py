@@ -175,7 +175,7 @@ class Drain:
         # Our inbox's `moving` marker of each held session was read: every command sent to
         # it before its MOVE is in hand (the worker hands each marker to `marker_read`).
         self._markers: dict[str, asyncio.Event] = {}
-        self.warmed: dict[tuple[str, str], str] = {}  # (agent, workspace) -> the target told to start it
+        self.warmed: dict[tuple[str, str], set[str]] = {}  # (agent, workspace) -> the targets told to start it
 
     def marker_read(self, sid: str) -> None:
         marker = self._markers.get(sid)
@@ -319,8 +319,10 @@ class Drain:
         return EAGER_HANDOFFS_PER_TARGET if self.eager else HANDOFFS_PER_TARGET
 
     async def _warm(self, sessions: list[LiveSession]) -> None:
-        """Tell one target per agent and workspace to start that child now (`Warm`), the
-        workspaces spread over the targets by their sessions (least loaded first)."""
+        """Tell the targets of each agent and workspace to start that child now (`Warm`):
+        as many as it has sessions to move, at most every target, least loaded first (a
+        workspace's sessions spread over them; one left cold would hold its share of the
+        moves for a cold start)."""
         await self._read_reports()
         coming: Counter[tuple[str, str]] = Counter()
         named: dict[tuple[str, str], LiveSession] = {}
@@ -333,12 +335,12 @@ class Drain:
         for key, count in coming.most_common():
             session = named[key]
             fitting = [r for r in self._reports if accepts(r, key[0], session.state_store)]
-            if not fitting:
-                continue
-            target = ranked(fitting, spread, lambda r, key=key: runs_child(r, *key))[0].incarnation
-            spread[target] += count
-            self.warmed[key] = target
-            await self.store.send_control(target, commands.Warm(cwd=session.cwd, agent=session.agent_name))
+            targets = ranked(fitting, spread, lambda r, key=key: runs_child(r, *key))[:count]
+            self.warmed[key] = {target.incarnation for target in targets}
+            for target in targets:
+                spread[target.incarnation] += -(-count // len(targets))  # (its share, rounded up)
+                if not runs_child(target, *key):
+                    await self.store.send_control(target.incarnation, commands.Warm(cwd=session.cwd, agent=session.agent_name))
 
     async def _read_reports(self) -> None:
         now = self.loop.time()
@@ -357,10 +359,10 @@ class Drain:
         fitting = [r for r in self._reports if r.incarnation not in tried and accepts(r, agent, session.state_store)]
         if not fitting:
             return None
-        warmed = self.warmed.get((agent, session.cwd))
+        warmed = self.warmed.get((agent, session.cwd), set())
 
         def warm(report: WorkerReport) -> bool:
-            return report.incarnation == warmed or runs_child(report, agent, session.cwd)
+            return report.incarnation in warmed or runs_child(report, agent, session.cwd)
 
         chosen = ranked(fitting, self.assigned, warm)[0].incarnation
         self.assigned[chosen] += 1  # counted at once: concurrent moves spread
