@@ -23,9 +23,10 @@ then it moves:
    (`--handoff paced`, as before): the target's agent loads the session before step 3, and
    the client's stream waits for that load.
 
-A drain first tells each target the agent children to start (`Warm`, one per agent and
-workspace it will send there), and sends a workspace's sessions to the target it warmed
-while that one has room: they wait for no cold start.
+A drain first tells its targets the agent children to start (`Warm`, per agent and
+workspace as many targets as it has sessions of it, least loaded first), and sends a
+workspace's sessions to those while they are not much fuller than the others: they wait for
+no cold start.
 
 Moves spread over the targets (the one with the most room, counting the moves already sent
 it), a few hand-offs at a time to each. A target that fails or dies is replaced by another
