@@ -25,8 +25,8 @@ then it moves:
 
 A drain first tells its targets the agent children to start (`Warm`, per agent and
 workspace as many targets as it has sessions of it, least loaded first), and sends a
-workspace's sessions to those while they are not much fuller than the others: they wait for
-no cold start.
+workspace's sessions to targets whose child for it runs (their reports say so) while those
+are not much fuller than the others: they wait for no cold start.
 
 Moves spread over the targets (the one with the most room, counting the moves already sent
 it), a few hand-offs at a time to each. A target that fails or dies is replaced by another
@@ -360,10 +360,10 @@ class Drain:
         fitting = [r for r in self._reports if r.incarnation not in tried and accepts(r, agent, session.state_store)]
         if not fitting:
             return None
-        warmed = self.warmed.get((agent, session.cwd), set())
-
         def warm(report: WorkerReport) -> bool:
-            return report.incarnation in warmed or runs_child(report, agent, session.cwd)
+            # Its report says the child runs (started: one told to warm says so at its next
+            # renewal, once the child answered `initialize`, and is preferred from then on).
+            return runs_child(report, agent, session.cwd)
 
         chosen = ranked(fitting, self.assigned, warm)[0].incarnation
         self.assigned[chosen] += 1  # counted at once: concurrent moves spread

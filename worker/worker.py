@@ -147,7 +147,7 @@ class Worker:
             state_store=self.config.state_store,
             draining=self.draining,
             children=[child_key(key.split("\0")[0], agent.cwd) for key, agent in self.agents.items()
-                      if "\0" in key and agent.alive][:CHILDREN_REPORTED],
+                      if "\0" in key and agent.alive and key not in self._starting][:CHILDREN_REPORTED],
         )
 
     async def run(self) -> None:
