@@ -361,13 +361,6 @@ async def _resume_and_drain(
         return
     assert answer["attached"] is False, answer
     carried, seen = await _asks(model, events, first, kept, "(after the resume)", fact)
-    if carried is None:
-        # The load was answered, then the agent could not resume the session (the eager
-        # hand-off says so on the stream): the agent refused it, as a 503 `resume_failed` is.
-        row.step("resume", True, since, **{**outcome, "code": "resume_failed"}, reason=seen,
-                 history=_files_with(home, fact))
-        row.step("drain", True, time.monotonic(), skipped="not resumed")
-        return
     row.step("resume", carried, since, **outcome, carried=carried, turns=seen)
     assert resumable is True, "a session loaded although its row says it cannot be"
     assert carried, f"{recipe.name} loaded the session but the model's request lacks {fact!r}: {seen}"
@@ -416,7 +409,8 @@ async def _asks(
     asked = await prompt(api, sid, f"{RECALL} {tag}")
     end = await turn_end(events, sid, asked)
     if end["type"] == "turn_error" and end["data"].get("code") == "resume_failed":
-        return None, [{"resumeFailed": end["data"].get("message")}]  # (see _resume_and_drain)
+        # A drain's target took the session over, then its agent could not resume it.
+        return None, [{"resumeFailed": end["data"].get("message")}]
     assert end["type"] == "turn_complete", end
     mine: list[Turn] = [t for t in model.turns[before:] if tag in t.user_text]
     main = [t for t in mine if t.tools] or mine

@@ -2,9 +2,9 @@
 eager`): ACP `session/resume` (or `session/load`) in the background, once the session is
 live here and its stream goes on.
 
-A move's target (worker/move.py, `take_over`) and a load of a dead worker's session
-(worker/creates.py) take the session over first, in one fenced step, and answer at once;
-then the agent's session is brought up here. Every command that needs the agent waits for
+A move's target (worker/move.py, `take_over`) takes the session over first, in one fenced
+step, and answers at once; then the agent's session is brought up here. (A load of a dead
+worker's session is not: its answer carries what the agent's resume said, worker/creates.py.) Every command that needs the agent waits for
 it (`wait`: a prompt's turn, an approval mode, a close), in the order it came, as parked
 commands wait for a move. A move's bring-up first waits for the old owner to let go of the
 agent's session (`let_go`: its `Released` command, or its lease lapsed): two workers never

@@ -1,7 +1,7 @@
 """A create on this worker: its session started (a new one, a load, or a move's arrival),
 published, its creator answered, and an answer nobody took taken back. A move's arrival is
 taken over as worker/move.py says (`take_over`). With the eager hand-off (the default) a
-load's agent session is brought up after the session is ours (worker/bring_up.py).
+move's agent session is brought up after the session is ours (worker/bring_up.py).
 
 The worker hands each `create` command here (`Creates.start`); capacity is reserved at once,
 before the agent starts. From the agent's answer on, the store is told in order, each write
@@ -118,8 +118,11 @@ class Creates:
                 with contextlib.suppress(Exception):
                     await store.reply(command.request_id, Reply(ok=False, code="not_resumable"))
                 return
-            eager = bool(command.load) and self.config.handoff == "eager"
-            if eager:  # the session is ours first; the agent loads it after (worker/bring_up.py)
+            # A move's session is ours first, its agent resumes it after (worker/bring_up.py). A
+            # load after a death is answered with what the agent's resume said (its modes: the
+            # reference's `POST /session/:id/resume` answers them), or its failure: it loads first.
+            eager = bool(command.load) and command.move_from is not None and self.config.handoff == "eager"
+            if eager:
                 agent_sid = command.agent_sid or sid
             elif command.load:
                 agent_sid = await agent.load_session(command.agent_sid or sid, cwd)
@@ -175,8 +178,6 @@ class Creates:
             with contextlib.suppress(Exception):
                 await store.reply(command.request_id, Reply(ok=False, code="session_conflict"))
             return
-        if session.bring_up is not None:  # (its last owner is dead: nothing to wait for)
-            session.bring_up.start()
         answer = Reply(ok=True, created_at=iso(session.created_ms), incarnation=session.incarnation)
         wait_ms = command.wait_ms
         wait_s = (wait_ms if isinstance(wait_ms, int) and 0 < wait_ms <= 3_600_000 else DEFAULT_REPLY_WAIT_MS) / 1000

@@ -330,7 +330,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="on SIGTERM or `acp-state drain`, how long running turns may finish before "
                        "the sessions move to other workers (0: close them at once)")
         p.add_argument("--handoff", choices=("eager", "paced"), default="eager",
-                       help="how a session that moves here (or is loaded) is taken: eager, live here at once and "
+                       help="how a session that moves here from a draining worker is taken: eager, live here at once and "
                        "its agent's session resumed after; paced, the agent loads it first (the stream waits)")
 
     api = commands.add_parser("api", help="run a stateless API process")
