@@ -92,10 +92,11 @@ async def test_the_target_resumes_the_agents_session_only_after_the_old_owner_le
     harness: Harness, workspace: str, tmp_path: Path
 ) -> None:
     """Both workers' agents record what they are sent in one file, in the order they got it:
-    the old owner's agent is told to let the session go (`session/cancel`; it has no
-    `session/close`) before the target's agent is asked to resume it."""
+    the old owner's agent closed the session (`session/close`, answered before the old owner
+    says it let go) before the target's agent is asked to resume it."""
     record = tmp_path / "both-agents.jsonl"
-    draining = await harness.worker("--drain-grace-s", "20", env={"ACP_SCRIPTED_RECORD": str(record)})
+    closing = {"ACP_SCRIPTED_RECORD": str(record), "ACP_SCRIPTED_CLOSE": "1"}
+    draining = await harness.worker("--drain-grace-s", "20", env=closing)
     api = await harness.api()
     watcher = await harness.events()
     sid = (await create(api, workspace))["sessionId"]
@@ -110,4 +111,4 @@ async def test_the_target_resumes_the_agents_session_only_after_the_old_owner_le
     sent = [(m.get("method"), (m.get("params") or {}).get("sessionId")) for m in map(json.loads, record.read_text().splitlines())]
     [agent_sid] = {s for method, s in sent if method == "session/resume"}
     resumed = sent.index(("session/resume", agent_sid))
-    assert ("session/cancel", agent_sid) in sent[:resumed], sent
+    assert ("session/close", agent_sid) in sent[:resumed], sent

@@ -35,7 +35,7 @@ AGENT_UP = "the agent's session is up"  # (logged in both hand-offs: a test read
 class BringUp:
     """One session's bring-up of its agent session (see the module)."""
 
-    __slots__ = ("session", "ready", "task", "released", "previous")
+    __slots__ = ("session", "ready", "task", "released", "previous", "loading")
 
     def __init__(self, session: LiveSession, previous: str | None = None) -> None:
         self.session = session
@@ -44,6 +44,7 @@ class BringUp:
         self.task: asyncio.Task[None] | None = None
         self.previous = previous  # a move's old owner, whose release is awaited
         self.released = asyncio.Event()
+        self.loading = False  # the agent was asked to resume the session (and has not answered)
 
     def let_go(self, owner: str) -> None:
         """The old owner said it let go of the agent's session (`commands.Released`)."""
@@ -61,13 +62,16 @@ class BringUp:
         self.task = asyncio.ensure_future(self._run(released))
 
     async def settle(self) -> None:
-        """Before the session lets go of its agent: a bring-up under way ends first (its
-        load is not raced by a forget); one never started never will."""
-        if self.task is None:
-            if not self.ready.done():
-                self.ready.set_result(False)
+        """Before the session lets go of its agent: a resume the agent is running ends first
+        (it is not raced by a forget); one not asked yet never will be (a close or a
+        shutdown does not wait for the old owner's release)."""
+        if self.task is asyncio.current_task():
             return
-        if self.task is not asyncio.current_task():
+        if self.task is not None and not self.loading:
+            self.task.cancel()
+        if not self.ready.done() and not self.loading:
+            self.ready.set_result(False)
+        if self.task is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.shield(self.task)
 
@@ -76,7 +80,8 @@ class BringUp:
         try:
             if released is not None:
                 await released
-            if not session.closed:
+            if not session.closed and not self.ready.done():
+                self.loading = True
                 await session.agent.load_session(session.agent_sid, session.cwd)
         except Exception as error:
             log.warning("bringing the agent's session up failed: %r", error, extra={"sessionId": session.sid})
