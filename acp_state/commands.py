@@ -235,7 +235,30 @@ class Moving:
     target: str = _field()
 
 
-Command = Create | Prompt | Cancel | Close | Vote | Attach | Detach | RemovePrompt | SetMode | Drain | Moving
+@dataclass(frozen=True, kw_only=True)
+class Released:
+    """The old owner of a moved session let go of it (the new owner's control feed): its
+    agent was told to forget the session. The new owner's agent resumes it only after this
+    (or once `owner`'s lease lapsed): two workers never drive the agent's session at once."""
+
+    TYPE: ClassVar[str] = "released"
+    sid: str = _field()
+    owner: str = _field()  # the incarnation that let go
+
+
+@dataclass(frozen=True, kw_only=True)
+class Warm:
+    """Sessions of agent `agent` (None: the default) in workspace `cwd` are about to move
+    here (a drain's control command to its targets): start that agent child now, before
+    they arrive."""
+
+    TYPE: ClassVar[str] = "warm"
+    cwd: str = _field()
+    agent: str | None = _field(types=(str, _NONE), default=None, omit_none=True)
+
+
+Command = (Create | Prompt | Cancel | Close | Vote | Attach | Detach | RemovePrompt | SetMode | Drain | Moving
+           | Released | Warm)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,7 +293,8 @@ class Reply:
         return cls(**_values(cls, wire, "reply"))
 
 _BY_TYPE: dict[str, type[Command]] = {
-    cls.TYPE: cls for cls in (Create, Prompt, Cancel, Close, Vote, Attach, Detach, RemovePrompt, SetMode, Drain, Moving)
+    cls.TYPE: cls
+    for cls in (Create, Prompt, Cancel, Close, Vote, Attach, Detach, RemovePrompt, SetMode, Drain, Moving, Released, Warm)
 }
 
 
@@ -351,6 +375,8 @@ class CommandHandler(Protocol):
     def on_set_mode(self, command: SetMode) -> None: ...
     def on_drain(self, command: Drain) -> None: ...
     def on_moving(self, command: Moving) -> None: ...
+    def on_released(self, command: Released) -> None: ...
+    def on_warm(self, command: Warm) -> None: ...
 
 
 def dispatch(handler: CommandHandler, command: Command) -> None:
@@ -378,5 +404,9 @@ def dispatch(handler: CommandHandler, command: Command) -> None:
             handler.on_drain(command)
         case Moving():
             handler.on_moving(command)
+        case Released():
+            handler.on_released(command)
+        case Warm():
+            handler.on_warm(command)
         case _:
             raise TypeError(f"not a command: {command!r}")

@@ -7,12 +7,19 @@ agent and, for a resume, reads the agent-state store its history is in (`accepts
 that do are asked least loaded first (`ranked`). The reports read here are the ones workers
 store with their leases (`acp_state.store.WorkerReport`); this module names only what it
 reads of them (`LoadReport`), since the core never imports the store.
+
+A worker whose agent child for the session's agent and workspace already runs (its report's
+`children`, or one a drain told to start it: `commands.Warm`) is asked first among those
+whose load is within WARM_PREFERENCE of it: the session then waits for no cold start of the
+agent, and a worker that started cold still gets its share once the others are that much
+fuller.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
-from typing import Iterable, Mapping, Protocol, Sequence, TypeVar
+from typing import Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 from .agents import DEFAULT_AGENT
 
@@ -32,9 +39,29 @@ class LoadReport(Protocol):
     def state_store(self) -> str | None: ...
     @property
     def draining(self) -> bool: ...
+    @property
+    def children(self) -> Sequence[str]: ...
 
 
 Report = TypeVar("Report", bound=LoadReport)
+
+# A report names at most this many running children: it stays small on a worker of many
+# workspaces (those past it are only not preferred).
+CHILDREN_REPORTED = 32
+# How much fuller (of its capacity) a worker running the session's agent child may be and
+# still be asked before one that would start it cold (1,000 sessions: 20 more).
+WARM_PREFERENCE = 0.02
+
+
+def child_key(agent: str, cwd: str) -> str:
+    """A running child as a report names it: the agent, and a short digest of the workspace
+    (a path may be long; 12 hex digits tell a worker's workspaces apart)."""
+    return f"{agent}:{hashlib.blake2b(cwd.encode(), digest_size=6).hexdigest()}"
+
+
+def runs_child(report: LoadReport, agent: str, cwd: str) -> bool:
+    """Whether the worker's child for `agent` in workspace `cwd` runs (per its report)."""
+    return child_key(agent, cwd) in (report.children or ())
 
 
 def offers(report: LoadReport, agent: str) -> bool:
@@ -58,13 +85,21 @@ def load(report: LoadReport, more: int = 0) -> float:
     return (report.sessions + more) / max(report.max_sessions, 1)
 
 
-def ranked(reports: Iterable[Report], sent: Mapping[str, int] | None = None) -> list[Report]:
+def ranked(
+    reports: Iterable[Report], sent: Mapping[str, int] | None = None, warm: Callable[[Report], bool] | None = None
+) -> list[Report]:
     """The workers to ask, least loaded first, counting the sessions `sent` to each since
-    its report (by incarnation). Equal loads come in random order: creates from many
-    processes spread instead of piling onto one worker. Reports are as old as the last
-    heartbeat, so a worker that looks full is still asked, last: the worker itself is the
-    judge of its capacity."""
+    its report (by incarnation); those `warm` says run the session's agent child count as
+    WARM_PREFERENCE less full while they have room. Equal loads come in random order: creates from many processes
+    spread instead of piling onto one worker. Reports are as old as the last heartbeat, so
+    a worker that looks full is still asked, last: the worker itself is the judge of its
+    capacity."""
     order = list(reports)
     random.shuffle(order)
-    order.sort(key=lambda report: load(report, sent.get(report.incarnation, 0) if sent else 0))
+
+    def key(report: Report) -> float:
+        full = load(report, sent.get(report.incarnation, 0) if sent else 0)
+        return full - WARM_PREFERENCE if warm is not None and full < 1 and warm(report) else full
+
+    order.sort(key=key)
     return order

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from acp_state import commands, ids
 from acp_state.commands import Reply
-from acp_state.placement import accepts, ranked
+from acp_state.placement import accepts, ranked, runs_child
 from acp_state.store import WorkerReport, is_transient
 
 from .outcomes import outcome_unknown
@@ -101,11 +101,17 @@ async def place(
     before_send: Callable[[str], Awaitable[None]] | None = None,
     agent: str | None = None,
     state_store: str | None = None,
+    cwd: str | None = None,
 ) -> Reply:
     """Send a create (`create(request id)`) to a live worker offering `agent` with spare
-    capacity (and, for a load, reading `state_store`); try the next one if it is full or
-    draining. `before_send(request id)` runs before each create goes out."""
-    for report in ranked(await _offering(state, agent, state_store)):
+    capacity (and, for a load, reading `state_store`), one whose child for the agent in
+    workspace `cwd` runs first; try the next one if it is full or draining.
+    `before_send(request id)` runs before each create goes out."""
+
+    def warm(report: WorkerReport) -> bool:
+        return cwd is not None and runs_child(report, agent or report.default_agent or "", cwd)
+
+    for report in ranked(await _offering(state, agent, state_store), warm=warm):
         request_id = ids.new_id()
         incarnation = report.incarnation
         if before_send is not None:

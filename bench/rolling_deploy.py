@@ -20,14 +20,21 @@ invariants as the chaos run (acknowledged prompts reach exactly one terminal, id
 no zombies, kills sweep only the killed worker's sessions, errors are JSON with a code, keys
 have TTLs).
 
-The drain run (`--drain-grace-s`, 30 by default, the worker's default) and the baseline run
-(`--drain-grace-s 0`: SIGTERM closes every session, as before drains) run one after another
-in this process; `--kill9` also kills -9, mid-deploy, the worker that took the second
-drain's first session (its sessions die; the client resumes them with `POST
-/session/:id/load`). Prints a table of both runs and writes bench/results/rolling_deploy.json
+The drain run (`--drain-grace-s`, 30 by default, the worker's default; the eager hand-off,
+the workers' default: the target takes a session over first and its agent resumes it
+after), the paced run (the same drain with `--handoff paced`: the target's agent loads the
+session before it takes it over, as before) and the baseline run (`--drain-grace-s 0`:
+SIGTERM closes every session, as before drains) run one after another in this process
+(`--only` names some of them); `--kill9` also kills -9, mid-deploy, the worker that took the
+second drain's first session (its sessions die; the client resumes them with `POST
+/session/:id/load`). At each restart the client also sends a burst to a few of the
+restarted worker's sessions (two prompts at the SIGTERM, held and carried or parked, one
+more once the session moved): each burst's turns must run in the order they were
+acknowledged. Prints a table of the runs and writes bench/results/rolling_deploy.json
 (`--out`).
 
     python -m bench.rolling_deploy [--sessions 300] [--in-flight 8] [--drain-grace-s 30] [--kill9]
+        [--only drain paced baseline]
 
 Figures (per run):
 
@@ -94,6 +101,8 @@ class Plan:
     event_timeout_s: float = 900.0  # the longest a prompt's terminal may take to arrive
     stop_timeout_s: float = 1800.0  # the longest a drain may take (SIGTERM to exit; then killed)
     pollers: int = 2  # status readers (the checker's "no zombies" needs reads)
+    handoff: str = "eager"  # the workers' --handoff
+    bursts: int = 2  # sessions of each restarted worker sent a burst (see the module)
 
     @property
     def resumes(self) -> bool:
@@ -179,13 +188,14 @@ class Run:
         self.env["TMPDIR"] = str(log_dir / "qwen-tmp")  # qwen leaves qwen-socks-* folders there
         self.started_workers = 0
         self.slot_of: dict[int, int] = {}  # worker pid -> slot
+        self.exited_at: dict[int, float] = {}  # worker pid -> when it exited
 
     async def start_worker(self, slot: int) -> WorkerProcess:
         worker = WorkerProcess(
             ["worker", "--redis-url", self.redis_url, "--agent", f"{self.qwen} --acp", "--session-mode", "default",
              "--agent-stderr", str(self.log_dir / "qwen-stderr.log"),
              "--drain-grace-s", str(self.plan.drain_grace_s), "--lease-ms", str(self.plan.lease_ms),
-             "--name", f"rd-w{slot}"],
+             "--name", f"rd-w{slot}", "--handoff", self.plan.handoff],
             self.log_dir / f"worker-{len(self.processes)}.log", env=self.env, ready_timeout_s=60,
         )
         self.processes.append(worker)
@@ -219,6 +229,7 @@ class Run:
         assert worker.proc is not None
         if (await worker.wait_exit(timeout)).endswith("killed"):
             log(f"{worker.incarnation} did not exit within {timeout} s of its SIGTERM: killed")
+        self.exited_at[worker.pid] = now()
         self.rec("worker", slot=self.slot_of[worker.pid], pid=worker.pid, inc=worker.incarnation, t=now(),
                  event="stopped", code=worker.proc.returncode)
         return worker.proc.returncode
@@ -331,13 +342,15 @@ class Run:
         log(f"restart of slot {slot} ({old.incarnation}, {len(on_it)} sessions): SIGTERM")
         self.sigterm(old)
         stopping = asyncio.ensure_future(self.exit_of(old, self.plan.stop_timeout_s))
+        if self.plan.drain_grace_s > 0:
+            self.client.bursts_at(on_it, t_sigterm, self.plan.bursts)
         successor = await self.start_worker(slot)
         t_ready = now()
         self.workers[slot] = successor
         if kill:
             await self.kill_first_target(old, on_it, t_sigterm, replaced)
         code = await stopping
-        t_exit = now()
+        t_exit = self.exited_at[old.pid]  # (it may exit before its successor is ready)
         if hasattr(self.client, "read_owners"):  # where each session went (the checker's owners)
             await self.client.read_owners("drained")
         log(f"slot {slot}: successor ready after {t_ready - t_sigterm:.1f} s, old worker exited {code} after {t_exit - t_sigterm:.1f} s")
@@ -470,6 +483,7 @@ class Run:
                 "old_exit_s": round(restart["t_exit"] - t0, 2), "old_exit_code": restart["exit_code"],
             })
 
+        bursts = client.burst_orders(history)
         refused = [p for p in client.prompts if p not in acked]
         completed = [p for p in acked if terminals.get(p["promptId"]) == ["turn_complete"]]
         errored = [p for p in acked if "turn_error" in terminals.get(p["promptId"], [])]
@@ -500,6 +514,8 @@ class Run:
                 # session_moved reached the client: queued, carried or parked, run after the move.
                 "during_a_move": len(across),
                 "during_a_move_completed": sum(1 for p in across if terminals.get(p["promptId"]) == ["turn_complete"]),
+                # Bursts (see the module) whose turns ran in the order they were acknowledged.
+                "bursts": len(bursts), "bursts_in_order": sum(1 for kept in bursts if kept),
                 "turn_error_codes": dict(Counter(
                     (e["env"].get("data") or {}).get("code") for e in history.events_of_type("turn_error")
                 )),
@@ -560,6 +576,8 @@ async def standalone(plan: Plan, log_dir: Path) -> dict[str, Any]:
 
 def cell(run: dict[str, Any], figure: str) -> str:
     p, s, e = run["prompts"], run["sessions"], run["events"]
+    if figure == "exits":
+        return ", ".join(f"{r['old_exit_s']:.1f}" for r in run["restarts"]) + " s"
     if figure == "moved":
         return "0" if not run["sessions_moved"] else f"{run['sessions_moved_per_s']} ({run['sessions_moved']} moves)"
     if figure == "gap":
@@ -579,6 +597,7 @@ def cell(run: dict[str, Any], figure: str) -> str:
 
 
 ROWS = (
+    ("old worker exits after SIGTERM", "exits"),
     ("sessions moved/s", "moved"),
     ("move p50 / p99 (client's stream gap)", "gap"),
     ("prompts acknowledged", "acked"),
@@ -592,7 +611,9 @@ ROWS = (
 def table(result: dict[str, Any]) -> str:
     runs = result["runs"]
     names = list(runs)
-    heads = [f"{name} (--drain-grace-s {runs[name]['plan']['drain_grace_s']:g})" for name in names]
+    heads = [f"{name} (--drain-grace-s {runs[name]['plan']['drain_grace_s']:g}"
+             + (f", --handoff {runs[name]['plan']['handoff']})" if runs[name]['plan']['drain_grace_s'] else ")")
+             for name in names]
     lines = ["| figure | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(names)]
     for title, figure in ROWS:
         lines.append(f"| {title} | " + " | ".join(cell(runs[name], figure) for name in names) + " |")
@@ -614,7 +635,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-grace-s", type=float, default=30.0, help="the drain run's grace (the baseline's is 0)")
     parser.add_argument("--kill9", action="store_true", help="the drain run also kills -9, mid-deploy, the worker "
                         "that took the second drain's first session")
-    parser.add_argument("--only", choices=["drain", "baseline"], help="run one of the two")
+    parser.add_argument("--only", choices=["drain", "paced", "baseline"], nargs="+",
+                        help="run only these (drain: the eager hand-off; paced: the same drain, --handoff paced)")
     parser.add_argument("--log-dir", help="processes' logs, histories, HOME (default: a new temporary folder)")
     parser.add_argument("--out", default=str(RESULTS / "rolling_deploy.json"))
     args = parser.parse_args(argv)
@@ -623,12 +645,13 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="acp-rolling-deploy-"))
     plans = {
         "drain": Plan(args.sessions, args.drain_grace_s, args.in_flight, kill9=args.kill9),
+        "paced": Plan(args.sessions, args.drain_grace_s, args.in_flight, kill9=args.kill9, handoff="paced"),
         "baseline": Plan(args.sessions, 0.0, args.in_flight, kill9=False),
     }
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     runs = {}
     for name, plan in plans.items():
-        if args.only and name != args.only:
+        if args.only and name not in args.only:
             continue
         log(f"---- the {name} run")
         runs[name] = asyncio.run(standalone(plan, log_dir / name))

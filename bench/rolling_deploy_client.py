@@ -40,6 +40,8 @@ class Run(Protocol):
 
 TERMINALS = checker.TERMINALS
 ENDINGS = checker.ENDINGS
+# A prompt's events that are not its turn's: announced queued, ended, or taken out.
+NOT_A_START = {"pending_prompt_added", "pending_prompt_completed", *TERMINALS}
 
 
 def log(message: str) -> None:
@@ -96,6 +98,7 @@ class Client(load.Load):
         self.prompts: list[dict[str, Any]] = []  # the deploy's prompts: sid, key, status, promptId, t_answered
         self.resume_tasks: set[asyncio.Task[Any]] = set()
         self.resume_results: list[dict[str, Any]] = []
+        self.bursts: list[tuple[str, int, list[str]]] = []  # (sid, life, prompt ids in the order acknowledged)
 
     # ---- sessions and their readers ---------------------------------------------------------
 
@@ -228,6 +231,57 @@ class Client(load.Load):
             finally:
                 s.busy = False
                 await self.notify()
+
+    def bursts_at(self, sids: set[str], t_sigterm: float, count: int) -> None:
+        """A burst to `count` idle sessions of a worker just told to drain (see
+        bench/rolling_deploy.py): two prompts now (held, then carried or parked), one more
+        once its move reached the client."""
+        chosen = [s for sid in sorted(sids) if (s := self.tracked.get(sid)) and s.live and not s.busy][:count]
+        for s in chosen:
+            s.busy = True
+            self.spawn(self.burst(s, t_sigterm))
+
+    async def burst(self, s: Tracked, t_sigterm: float) -> None:
+        rng = random.Random(f"burst-{self.plan.seed}-{s.sid}-{t_sigterm}")
+        reader, life = s.reader, s.life
+        sent: list[dict[str, Any]] = []
+        try:
+            for text in ("burst one", "burst two", "burst three"):
+                if text == "burst three":  # once the session moved (or ended)
+                    async with self.changed:
+                        await asyncio.wait_for(self.changed.wait_for(lambda: not s.live or any(
+                            t >= t_sigterm and sid == s.sid for t, sid in self.moves)), self.plan.event_timeout_s)
+                    if not s.live:
+                        break
+                status, body, key = await self.send(s, text, rng)
+                prompt_id = body.get("promptId") if isinstance(body, dict) else None
+                sent.append({"sid": s.sid, "key": key, "status": status, "t_answered": now(), "promptId": prompt_id,
+                             "code": body.get("code") if isinstance(body, dict) and not prompt_id else None})
+            for outcome in sent:
+                if outcome["promptId"] and outcome["status"] is not None and 200 <= outcome["status"] < 300:
+                    end = await self.terminal(reader, outcome["promptId"])
+                    outcome["end"] = None if end is None else end.get("type")
+        finally:
+            self.prompts.extend(sent)
+            if s.life == life:
+                self.bursts.append((s.sid, life, [o["promptId"] for o in sent if o["promptId"]]))
+            s.busy = False
+            await self.notify()
+
+    def burst_orders(self, history: Any) -> list[bool]:
+        """Per burst: whether its turns started in the order its prompts were acknowledged
+        (a prompt that never started, ended by a death's sweep, starts none after it)."""
+        started: dict[str, int] = {}  # prompt id -> the id of its turn's first event
+        for e in history.events.values():
+            env = e["env"]
+            pid = checker.envelope_prompt_id(env)
+            if pid and env.get("type") not in NOT_A_START and isinstance(env.get("id"), int):
+                started[pid] = min(started.get(pid, env["id"]), env["id"])
+        kept = []
+        for _, _, pids in self.bursts:
+            ran = [p for p in pids if p in started]
+            kept.append(ran == pids[:len(ran)] and [started[p] for p in ran] == sorted(started[p] for p in ran))
+        return kept
 
     async def poller(self, n: int) -> None:
         """Status reads, now and then of a session that just ended (the checker's zombies)."""

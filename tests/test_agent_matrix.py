@@ -400,7 +400,7 @@ async def _resume_and_drain(
 
 async def _asks(
     model: ModelEndpoint, events: EventWatcher, api: ApiProcess, sid: str, tag: str, fact: str
-) -> tuple[bool, list[dict[str, Any]]]:
+) -> tuple[bool | None, list[dict[str, Any]]]:
     """Ask the session which code word it was told; whether the model's request for that
     prompt carries `fact`, and what each request of the prompt held. The agent's own
     conversation request offers its tools; a side call (a title, a classifier) may not, and
@@ -408,6 +408,9 @@ async def _asks(
     before = len(model.turns)
     asked = await prompt(api, sid, f"{RECALL} {tag}")
     end = await turn_end(events, sid, asked)
+    if end["type"] == "turn_error" and end["data"].get("code") == "resume_failed":
+        # A drain's target took the session over, then its agent could not resume it.
+        return None, [{"resumeFailed": end["data"].get("message")}]
     assert end["type"] == "turn_complete", end
     mine: list[Turn] = [t for t in model.turns[before:] if tag in t.user_text]
     main = [t for t in mine if t.tools] or mine

@@ -13,7 +13,7 @@ import pytest
 
 from acp_state.agents import DEFAULT_AGENT, PRESETS, offered_agents, parse_agent_option, session_modes, with_presets
 from acp_state.ids import workspace_id
-from acp_state.placement import accepts, ranked
+from acp_state.placement import accepts, child_key, ranked, runs_child
 from acp_state.store import WorkerReport, keys
 from tests.harness import Harness
 
@@ -49,6 +49,27 @@ def test_placement_takes_fitting_workers_least_loaded_first_counting_what_was_se
     assert [r.incarnation for r in ranked(fitting, {"w-idle": 3})] == ["w-busy", "w-idle"]
     with pytest.raises(ValueError):
         WorkerReport.unpack("w-bad", b'{"sessions": "many"}')
+
+
+def test_placement_prefers_a_worker_running_the_sessions_agent_child_while_it_is_not_much_fuller() -> None:
+    """A worker whose child for the session's agent and workspace runs (its report's
+    `children`, which round-trips through the stored JSON) is asked before one that would
+    start it cold, while its load is within a few sessions per thousand of the other's; a
+    much fuller one, or a full one, is not."""
+    warm = WorkerReport("w-warm", sessions=10, max_sessions=1000, children=[child_key("qwen", "/ws/a")])
+    assert WorkerReport.unpack("w-warm", warm.pack()).children == warm.children
+    cold = WorkerReport("w-cold", sessions=0, max_sessions=1000)
+    assert runs_child(warm, "qwen", "/ws/a") and not runs_child(warm, "qwen", "/ws/b")
+    assert not runs_child(warm, "gemini", "/ws/a") and not runs_child(cold, "qwen", "/ws/a")
+
+    def order(reports: list[WorkerReport], cwd: str, sent: dict[str, int] | None = None) -> list[str]:
+        return [r.incarnation for r in ranked(reports, sent, lambda r: runs_child(r, "qwen", cwd))]
+
+    assert order([cold, warm], "/ws/a") == ["w-warm", "w-cold"]
+    assert order([cold, warm], "/ws/b") == ["w-cold", "w-warm"]  # (its child runs for another workspace)
+    assert order([cold, warm], "/ws/a", {"w-warm": 30}) == ["w-cold", "w-warm"]  # 40 more of 1,000: too full
+    full = WorkerReport("w-full", sessions=4, max_sessions=4, children=[child_key("qwen", "/ws/a")])
+    assert order([full, WorkerReport("w-some", sessions=3, max_sessions=4)], "/ws/a") == ["w-some", "w-full"]
 
 
 def test_session_modes_name_an_agent_or_apply_to_every_other() -> None:

@@ -281,14 +281,16 @@ async def test_a_permission_pending_when_the_grace_runs_out_is_cancelled_and_lea
 async def test_commands_sent_while_a_session_moves_are_parked_and_run_on_its_new_owner(
     harness: Harness, workspace: str
 ) -> None:
-    """The target's agent takes 3 s to load: the session is marked moving for that long, and
-    the prompts sent meanwhile wait in its parked stream, then run on the new owner, in order."""
+    """The paced hand-off (`--handoff paced`): the target's agent takes 3 s to load before
+    it takes the session over, so the session is marked moving for that long, and the
+    prompts sent meanwhile wait in its parked stream, then run on the new owner, in order.
+    (The eager hand-off: tests/test_eager_handoff.py.)"""
     draining = await harness.worker("--drain-grace-s", "20")
     api = await harness.api()
     watcher = await harness.events()
     sid = (await create(api, workspace))["sessionId"]
     await told_a_fact(harness, api, sid, "remember PUFFIN")
-    await harness.worker(env={"ACP_SCRIPTED_LOAD_DELAY_S": "3"})
+    await harness.worker("--handoff", "paced", env={"ACP_SCRIPTED_LOAD_DELAY_S": "3"})
     draining.proc.send_signal(15)
 
     async def moving() -> dict:

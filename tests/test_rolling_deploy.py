@@ -6,7 +6,10 @@ session is told a fact in a first turn; then the 3 workers are restarted one aft
 (SIGTERM, a new worker started, until it is ready and the old one has exited) while a
 client keeps a prompt going on every session (the next one sent when its terminal
 arrives). Every request and SSE frame is recorded in the chaos run's history format and
-checked by bench/chaos/checker.py.
+checked by bench/chaos/checker.py. The workers hand over eagerly (their default): a target
+takes a session over first and its agent resumes the session after; each restart also
+sends a burst of prompts to some of the restarted worker's sessions, whose turns must run in
+the order they were acknowledged (carried, then parked, then new).
 
 Opt-in by installation, as tests/test_qwen_agent.py: skipped when no `qwen` is found.
 """
@@ -14,6 +17,7 @@ Opt-in by installation, as tests/test_qwen_agent.py: skipped when no `qwen` is f
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -62,6 +66,31 @@ def assert_every_conversation_went_on(run: dict[str, Any]) -> None:
         assert after["model_requests"] >= 1 and after["fact_in_history"], (sid, after)
 
 
+def handoff_order(logs: str) -> list[bool]:
+    """Per session a worker took over (its log says so): whether it said the agent's session
+    was up only after that (the eager hand-off's order; the paced one's is the reverse)."""
+    kept = []
+    for path in Path(logs).glob("worker-*.log"):
+        lines: dict[str, list[str]] = defaultdict(list)
+        for line in path.read_text().splitlines():
+            if line.startswith("{"):
+                record = json.loads(line)
+                if record.get("sessionId") and record.get("msg", "").startswith(("took the session over", "the agent's session is up")):
+                    lines[record["sessionId"]].append("over" if record["msg"].startswith("took") else "up")
+        kept += [said.index("over") < said.index("up") for said in lines.values() if "over" in said and "up" in said]
+    return kept
+
+
+def assert_handed_over_in_order(run: dict[str, Any], moves_seen: bool = True) -> None:
+    """The takeover before the agent's load (each target's own log, in its order), and each
+    burst's turns in the order its prompts were acknowledged. `moves_seen`: some target
+    lived to resume a session it took over (a kill -9 may take every one of them)."""
+    order = handoff_order(run["logs"])
+    assert all(order) and (order or not moves_seen), (order, explain(run))
+    prompts = run["prompts"]
+    assert (prompts["bursts"] >= 1 or not moves_seen) and prompts["bursts_in_order"] == prompts["bursts"], explain(run)
+
+
 async def test_a_rolling_deploy_moves_every_session_and_loses_no_prompt(
     qwen: str, fake_llm: ModelEndpoint, own_redis: RedisServer, workspace: str, tmp_path: Path
 ) -> None:
@@ -83,6 +112,8 @@ async def test_a_rolling_deploy_moves_every_session_and_loses_no_prompt(
     assert prompts["lost"] == 0 and prompts["refused"] == 0 and prompts["no_terminal"] == 0, explain(run)
     # Some were sent while their session was on its way (held, then carried or parked).
     assert prompts["during_a_move"] >= 1 and prompts["during_a_move_completed"] == prompts["during_a_move"], explain(run)
+    assert run["sessions"]["conversations_lost"] == 0, explain(run)
+    assert_handed_over_in_order(run)
     assert_checked(run)
 
 
@@ -112,3 +143,4 @@ async def test_a_kill9_mid_deploy_keeps_the_chaos_invariants(
     assert all(r["old_exit_code"] == 0 for r in run["restarts"]), explain(run)
     assert run["check"]["checks"]["f"] >= died, explain(run)
     assert_every_conversation_went_on(run)
+    assert_handed_over_in_order(run, moves_seen=False)

@@ -366,7 +366,10 @@ async def test_a_session_that_returns_to_a_worker_gets_a_fresh_child_not_the_one
 
     harness, client = own_harness, own_client
     events = await harness.events()
-    first = await harness.worker("--lease-ms", str(LEASE_MS))
+    # A small capacity: one session more makes A fuller than placement's preference for a
+    # worker already running the workspace's child (acp_state.placement.WARM_PREFERENCE).
+    capacity = ("--max-sessions", "10")
+    first = await harness.worker("--lease-ms", str(LEASE_MS), *capacity)
     api = await harness.api()
     sid = (await create(api, workspace))["sessionId"]
     await create(api, workspace)  # keeps A the busier worker, so the first resume goes to B
@@ -374,7 +377,7 @@ async def test_a_session_that_returns_to_a_worker_gets_a_fresh_child_not_the_one
     told = await prompt(api, sid, before)
     assert (await turn_done(events, sid, told["promptId"]))["type"] == "turn_complete"
     child = _agent_of(first)
-    second = await harness.worker("--lease-ms", str(LEASE_MS))
+    second = await harness.worker("--lease-ms", str(LEASE_MS), *capacity)
 
     closed = await api.client.delete(f"/session/{sid}")
     assert closed.status_code == 204, closed.text

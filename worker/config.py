@@ -30,6 +30,10 @@ class WorkerConfig:
     # How long a drain (SIGTERM, `acp-state drain`) lets running turns finish before its
     # sessions move; 0: a stop closes the sessions at once, as before drains.
     drain_grace_s: float = 30.0
+    # How a session that moves here is taken: `eager`, owned at once and its agent's session
+    # brought up after (worker/bring_up.py); `paced`, its agent loads it first and the
+    # session is taken over then (the client's stream waits for the load).
+    handoff: str = "eager"
 
     @property
     def default_agent(self) -> str:

@@ -1,6 +1,7 @@
 """A create on this worker: its session started (a new one, a load, or a move's arrival),
 published, its creator answered, and an answer nobody took taken back. A move's arrival is
-taken over as worker/move.py says (`take_over`).
+taken over as worker/move.py says (`take_over`). With the eager hand-off (the default) a
+move's agent session is brought up after the session is ours (worker/bring_up.py).
 
 The worker hands each `create` command here (`Creates.start`); capacity is reserved at once,
 before the agent starts. From the agent's answer on, the store is told in order, each write
@@ -28,7 +29,8 @@ from acp_state.tasks import survive
 from acp_state.turn_errors import from_exception
 
 from .config import WorkerConfig
-from .move import go_on_from, take_over
+from .bring_up import AGENT_UP, BringUp
+from .move import go_on_from, take_over, until_let_go
 from .session import LiveSession
 from .stored_session import until_stored
 
@@ -116,8 +118,15 @@ class Creates:
                 with contextlib.suppress(Exception):
                     await store.reply(command.request_id, Reply(ok=False, code="not_resumable"))
                 return
-            if command.load:
+            # A move's session is ours first, its agent resumes it after (worker/bring_up.py). A
+            # load after a death is answered with what the agent's resume said (its modes: the
+            # reference's `POST /session/:id/resume` answers them), or its failure: it loads first.
+            eager = bool(command.load) and command.move_from is not None and self.config.handoff == "eager"
+            if eager:
+                agent_sid = command.agent_sid or sid
+            elif command.load:
                 agent_sid = await agent.load_session(command.agent_sid or sid, cwd)
+                log.info(AGENT_UP, extra={"sessionId": sid})
             else:
                 agent_sid = await agent.new_session(cwd, command.mode)
         except Exception as error:
@@ -129,6 +138,8 @@ class Creates:
                 await store.reply(command.request_id, Reply(ok=False, code=code, error=reason))
             return
         session = self.new_session(command, name, agent, agent_sid)
+        if eager:
+            session.bring_up = BringUp(session, command.move_from)
         if carry is not None:
             go_on_from(session, carry)
         if command.move_from is not None:
@@ -156,7 +167,9 @@ class Creates:
             # (Only a store that lost the locator and let another workspace claim the id meanwhile.)
             log.error("a moved session's id is another workspace's; it moves all the same", extra={"sessionId": sid})
         if command.move_from is not None:
-            await take_over(session, command, carry, indexed, store=store, dispatch=self.dispatch)
+            taken = await take_over(session, command, carry, indexed, store=store, dispatch=self.dispatch)
+            if taken and session.bring_up is not None:  # after the old owner let go of it
+                session.bring_up.start(until_let_go(session.bring_up, command.move_from, store))
             return
         result = await session.publish_created(command.client_id) if indexed else None
         if result is None or result.applied != ApplyOutcome.APPLIED:

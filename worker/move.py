@@ -14,9 +14,19 @@ then it moves:
    the store, it sends the target a `create` that loads the session (ACP `session/load`)
    and carries its state, queued prompts included (`carry_of`, `acp_state.moves.Carry`).
 3. The target takes the session over in one step (`take_over`: the APPLY takeover, owner,
-   log and epoch kept, one `session_moved` event), then runs the carried prompts, the
-   parked ones, and those sent to it since, in that order. The worker here forgets the
-   session.
+   log and epoch kept, one `session_moved` event) and answers, then queues the carried
+   prompts, the parked ones, and those sent to it since, in that order. The worker here
+   forgets the session (its agent closes it) and says so to the target (`Released`).
+4. The eager hand-off (the default, `--handoff eager`): the target's agent resumes the
+   session only now, in the background (worker/bring_up.py), once the old owner said it let
+   go (or its lease lapsed: `until_let_go`); the queued prompts wait for it. The paced one
+   (`--handoff paced`, as before): the target's agent loads the session before step 3, and
+   the client's stream waits for that load.
+
+A drain first tells its targets the agent children to start (`Warm`, per agent and
+workspace as many targets as it has sessions of it, least loaded first), and sends a
+workspace's sessions to targets whose child for it runs (their reports say so) while those
+are not much fuller than the others: they wait for no cold start.
 
 Moves spread over the targets (the one with the most room, counting the moves already sent
 it), a few hand-offs at a time to each. A target that fails or dies is replaced by another
@@ -53,7 +63,7 @@ from acp_state import commands, ids, logs
 from acp_state.clock import from_iso, iso
 from acp_state.commands import Reply
 from acp_state.moves import Carry
-from acp_state.placement import accepts, ranked
+from acp_state.placement import accepts, ranked, runs_child
 from acp_state.store import ApplyOutcome, WorkerRegistry, WorkerReport, WorkerStore, is_transient
 from acp_state.tasks import cancel_until_done
 from acp_state.turn_errors import TurnError
@@ -62,6 +72,7 @@ from .prompt import Prompt
 from .stored_session import until_stored
 
 if TYPE_CHECKING:
+    from .bring_up import BringUp
     from .session import LiveSession
 
 log = logging.getLogger("worker.drain")
@@ -74,8 +85,11 @@ MOVE_WAIT_S = 60.0
 RETRY_S = 0.25
 RETRY_MAX_S = 4.0
 # Hand-offs in flight to one target: a new worker's agent starts cold, and a burst of loads
-# queued behind it would time out together.
+# queued behind it would time out together (an eager hand-off waits for no load: more).
 HANDOFFS_PER_TARGET = 8
+EAGER_HANDOFFS_PER_TARGET = 64
+# How often a target waiting for the old owner's release asks whether its lease still runs.
+RELEASE_CHECK_S = 0.5
 # The live workers' reports are read at most this often (one read serves every move).
 REPORTS_FRESH_S = 0.5
 # Past the grace, the moves go on only while the store takes a renewal within this long
@@ -141,12 +155,14 @@ class Drain:
         default_agent: str,
         grace_s: float,
         check_standing: Callable[[], Awaitable[None]],
+        eager: bool = True,
     ) -> None:
         self.store = store
         self.sessions = sessions
         self.own = own
         self.default_agent = default_agent
         self.check_standing = check_standing  # a renewal of the lease: is the store there?
+        self.eager = eager  # the deployment's hand-off (its targets load after taking over)
         self.loop = asyncio.get_running_loop()
         # The grace bounds the turns and the wait for a target; a move that found one may
         # go on to other targets for one more hand-off's time after it.
@@ -160,6 +176,7 @@ class Drain:
         # Our inbox's `moving` marker of each held session was read: every command sent to
         # it before its MOVE is in hand (the worker hands each marker to `marker_read`).
         self._markers: dict[str, asyncio.Event] = {}
+        self.warmed: dict[tuple[str, str], set[str]] = {}  # (agent, workspace) -> the targets told to start it
 
     def marker_read(self, sid: str) -> None:
         marker = self._markers.get(sid)
@@ -180,6 +197,8 @@ class Drain:
             for session in sessions:
                 session.hold()
                 self._markers[session.sid] = asyncio.Event()
+            with contextlib.suppress(Exception):  # (only a head start: the moves go on without)
+                await self._warm(sessions)
             moves = asyncio.ensure_future(
                 asyncio.gather(*(self._move(session) for session in sessions), return_exceptions=True)
             )
@@ -282,10 +301,12 @@ class Drain:
                     log.warning("the move's marker never came back", extra={"sessionId": session.sid})
                     return False
             await session.written()
-            async with self.slots.setdefault(target, asyncio.Semaphore(HANDOFFS_PER_TARGET)):
+            async with self.slots.setdefault(target, asyncio.Semaphore(self._handoffs_per_target)):
                 owner = await self._hand_to(session, target)
             if owner == target:
                 await session.hand_over()
+                with contextlib.suppress(Exception):  # else the target waits for our lease to lapse
+                    await self.store.send_control(target, commands.Released(sid=session.sid, owner=session.incarnation))
                 log.info("session moved to %s", target, extra={"sessionId": session.sid})
                 return True
             if owner != session.incarnation:  # it ended meanwhile (swept): forget it, write nothing
@@ -294,19 +315,57 @@ class Drain:
             log.warning("moving the session to %s failed", target, extra={"sessionId": session.sid})
         return False
 
-    async def _target(self, session: LiveSession, tried: set[str]) -> str | None:
-        """The live worker that can resume the session and has the most room, counting the
-        moves this drain already sent it; not us, and none tried."""
+    @property
+    def _handoffs_per_target(self) -> int:
+        return EAGER_HANDOFFS_PER_TARGET if self.eager else HANDOFFS_PER_TARGET
+
+    async def _warm(self, sessions: list[LiveSession]) -> None:
+        """Tell the targets of each agent and workspace to start that child now (`Warm`):
+        as many as it has sessions to move, at most every target, least loaded first (a
+        workspace's sessions spread over them; one left cold would hold its share of the
+        moves for a cold start)."""
+        await self._read_reports()
+        coming: Counter[tuple[str, str]] = Counter()
+        named: dict[tuple[str, str], LiveSession] = {}
+        for session in sessions:
+            key = (session.agent_name or self.default_agent, session.cwd)
+            if key not in self.warmed and not session.closed:
+                coming[key] += 1
+                named.setdefault(key, session)
+        spread: Counter[str] = Counter()
+        for key, count in coming.most_common():
+            session = named[key]
+            fitting = [r for r in self._reports if accepts(r, key[0], session.state_store)]
+            targets = ranked(fitting, spread, lambda r, key=key: runs_child(r, *key))[:count]
+            self.warmed[key] = {target.incarnation for target in targets}
+            for target in targets:
+                spread[target.incarnation] += -(-count // len(targets))  # (its share, rounded up)
+                if not runs_child(target, *key):
+                    await self.store.send_control(target.incarnation, commands.Warm(cwd=session.cwd, agent=session.agent_name))
+
+    async def _read_reports(self) -> None:
         now = self.loop.time()
         if now - self._read_at >= REPORTS_FRESH_S:
             self._read_at = now
             live = [inc for inc in await self.registry.live() if inc != self.own()]
             self._reports = list((await self.store.worker_reports(live)).values())
+
+    async def _target(self, session: LiveSession, tried: set[str]) -> str | None:
+        """The live worker that can resume the session and has the most room, counting the
+        moves this drain already sent it (one told to start the session's agent child, or
+        that runs it, first while it is not much fuller: `acp_state.placement`); not us,
+        and none tried."""
+        await self._read_reports()
         agent = session.agent_name or self.default_agent
         fitting = [r for r in self._reports if r.incarnation not in tried and accepts(r, agent, session.state_store)]
         if not fitting:
             return None
-        chosen = ranked(fitting, self.assigned)[0].incarnation
+        def warm(report: WorkerReport) -> bool:
+            # Its report says the child runs (started: one told to warm says so at its next
+            # renewal, once the child answered `initialize`, and is preferred from then on).
+            return runs_child(report, agent, session.cwd)
+
+        chosen = ranked(fitting, self.assigned, warm)[0].incarnation
         self.assigned[chosen] += 1  # counted at once: concurrent moves spread
         return chosen
 
@@ -340,18 +399,19 @@ async def take_over(
     *,
     store: WorkerStore,
     dispatch: Callable[[commands.Command], None],
-) -> None:
+) -> bool:
     """Take over a session a draining worker moves here (`command.move_from` named us its
     target), then run what waited for the move: the carried prompts, the parked commands
     (handed to `dispatch`, in the order they were sent, as from an inbox), those sent here
-    since. `indexed`: the sweeper's index holds the session."""
+    since. `indexed`: the sweeper's index holds the session. Whether it is ours now."""
     result = await session.publish_moved(command.move_from or "") if indexed else None
     if result is None or result.applied != ApplyOutcome.APPLIED:
         # The mover named another target, or the session ended: it is not ours.
         await session.close("conflict", publish=False)
         with contextlib.suppress(Exception):
             await store.reply(command.request_id, Reply(ok=False, code="session_conflict"))
-        return
+        return False
+    log.info("took the session over from %s", command.move_from, extra={"sessionId": session.sid})
     parked: list[commands.Command | commands.MalformedCommand] = []
 
     async def take_parked() -> None:
@@ -369,3 +429,19 @@ async def take_over(
     answer = Reply(ok=True, created_at=iso(session.created_ms), incarnation=session.incarnation)
     with contextlib.suppress(Exception):  # the mover reads the owner from the store if this is lost
         await store.reply(command.request_id, answer)
+    return True
+
+
+async def until_let_go(bring_up: BringUp, previous: str, store: WorkerStore) -> None:
+    """Until the old owner let go of the agent's session: its `Released` came, or its lease
+    no longer runs (it exited, or was declared dead: its self-fence stopped its agents
+    first). A store that is away meanwhile only delays the answer."""
+    registry = WorkerRegistry(store)
+    while not bring_up.released.is_set():
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(bring_up.released.wait(), RELEASE_CHECK_S)
+        if bring_up.released.is_set():
+            return
+        with contextlib.suppress(Exception):
+            if not await registry.is_live(previous):
+                return

@@ -31,6 +31,7 @@ from .stored_session import StoredSession
 
 if TYPE_CHECKING:
     from .agent import AgentProcess
+    from .bring_up import BringUp
 
 log = logging.getLogger("worker.session")
 
@@ -53,7 +54,7 @@ class LiveSession(StoredSession):
         "created_ms", "updated_ms", "display_name", "clients", "available_commands", "usage", "loop_limits", "_on_state",
         "state", "active", "queue", "automatic", "turn_error", "turn_error_event", "_runner", "permissions",
         "_guard", "_loop_stop", "agent_name", "state_store", "resumable", "resumed", "holding",
-        "source", "moving", "arriving", "has_history", "_idle")
+        "source", "moving", "arriving", "has_history", "_idle", "bring_up")
 
     def __init__(
         self,
@@ -92,8 +93,7 @@ class LiveSession(StoredSession):
         self._on_state = on_state
         self.state: str | None = None  # None until published, and again once gone
         self.active: Prompt | None = None
-        # Lists, not deques, and the automatic ones made on first use: a queue holds at most
-        # a few prompts (the admission limit), and an idle session should cost little.
+        # Lists, the automatic ones made on first use: an idle session should cost little.
         self.queue: list[Prompt] = []  # foreground, channel and goal prompts
         self.automatic: dict[str, list[Prompt]] = {}
         self.turn_error: TurnError | None = None
@@ -110,15 +110,14 @@ class LiveSession(StoredSession):
         self.source: tuple[str | None, str | None] = (None, None)  # (sourceType, sourceId), kept in its row
         self.resumed = False  # loaded from the agent's history (its row existed before)
         self.has_history = False  # the agent was sent a prompt of it: it has something to load
-        # A drain holds the session: no new turn starts here; what is admitted waits, queued,
-        # and moves with it.
+        # A drain holds the session: no new turn starts here; what is admitted queues and moves.
         self.holding = False
-        # Marked moving in the store (MOVE): another worker may own it now, so only the drain
-        # decides what becomes of it; the worker never rewrites it.
+        # Marked moving (MOVE): another worker may own it now; only the drain decides its fate.
         self.moving = False
         # Moving here: prompts that arrive before the carried and parked ones are placed wait.
         self.arriving: list[Prompt] | None = None
         self._idle: asyncio.Event | None = None  # made while a drain waits for the turn to end
+        self.bring_up: BringUp | None = None  # the agent's session still to bring up (worker/bring_up.py)
 
     # ---- projection ---------------------------------------------------------------------
 
@@ -252,6 +251,8 @@ class LiveSession(StoredSession):
         return self.queue.pop(0) if self.queue else None
 
     async def _run(self) -> None:
+        if self.bring_up is not None and not await self.bring_up.wait():
+            return  # (a failed bring-up ends every prompt)
         while not self.closed:
             reserved = self.active is not None and not self.active.started
             prompt = self.active if reserved else None if self.holding else self._next()
@@ -440,6 +441,8 @@ class LiveSession(StoredSession):
         """Switch the agent's session mode (ACP `session/set_mode`): `approval_mode_changed`
         and the status's `approvalMode`, as the reference's approval mode. A mode the agent
         does not offer is refused (`mode_not_offered`, with the modes it offers)."""
+        if self.bring_up is not None:
+            await self.bring_up.wait()
         current, offered = self.agent.modes.get(self.agent_sid, (None, []))
         if self.closed or mode not in offered:
             return Reply(ok=False, code="mode_not_offered", modes=offered)
@@ -486,6 +489,8 @@ class LiveSession(StoredSession):
 
     async def close(self, reason: str = "closed", publish: bool = True, uncatalog: bool = False) -> None:
         """Close the session: terminals for its prompts, pending cancelled, keys deleted."""
+        if self.bring_up is not None:
+            await self.bring_up.settle()
         if self.closed:
             return
         transition = self._end("session_closed", "session closed before the prompt completed", "session_closed", reason)
@@ -499,11 +504,12 @@ class LiveSession(StoredSession):
         await self.agent.forget(self.agent_sid)
         await self._on_gone(self)
 
-    async def die(self) -> None:
-        """The agent child exited: prompts end with channel_closed, then `session_died`."""
+    async def die(self, code: str = "channel_closed", message: str = "agent channel exited before the prompt completed",
+                  reason: str = "channel_closed") -> None:
+        """The agent child exited (or could not resume it): prompts end `code`, then `session_died`."""
         if self.closed:
             return
-        transition = self._end("channel_closed", "agent channel exited before the prompt completed", "session_died", "channel_closed")
+        transition = self._end(code, message, "session_died", reason)
         self.closed = True
         self._track_state()
         await self._write(transition)
@@ -630,6 +636,8 @@ class LiveSession(StoredSession):
     async def hand_over(self) -> None:
         """The session moved to another worker: forget it here, writing nothing (the new
         owner holds it now, and the agent child here lets go of it)."""
+        if self.bring_up is not None:
+            await self.bring_up.settle()
         if not self._let_go():
             return
         try:

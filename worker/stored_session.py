@@ -163,6 +163,10 @@ class StoredSession:
         async with self._in_order:
             pass
 
+    async def note(self, transition: Transition) -> None:
+        """A transition of the session's own parts elsewhere (worker/bring_up.py), in order."""
+        await self._write(transition)
+
     async def mark_told(self) -> None:
         """The create's answer was taken. Its API says so in the store itself; this makes it
         so even if that API could not (the session would stay out of listings)."""

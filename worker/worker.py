@@ -26,6 +26,7 @@ from prometheus_client import REGISTRY
 
 from acp_state import commands, tracing
 from acp_state.commands import Reply
+from acp_state.placement import CHILDREN_REPORTED, child_key
 from acp_state.clock import iso, now_ms
 from acp_state.store import ApplyOutcome, Standing, WorkerReport, WorkerStore, run_sweeper
 from acp_state.summary import SESSION_STATES
@@ -147,6 +148,8 @@ class Worker:
             renewed_at=now_ms(),
             state_store=self.config.state_store,
             draining=self.draining,
+            children=[child_key(key.split("\0")[0], agent.cwd) for key, agent in self.agents.items()
+                      if "\0" in key and agent.alive and key not in self._starting][:CHILDREN_REPORTED],
         )
 
     async def run(self) -> None:
@@ -200,7 +203,7 @@ class Worker:
             self.drain = Drain(
                 store=self.store, sessions=self.sessions, own=lambda: self.incarnation,
                 default_agent=self.config.default_agent, grace_s=grace_s - (time.monotonic() - began),
-                check_standing=self.check_standing,
+                check_standing=self.check_standing, eager=self.config.handoff == "eager",
             )
             self.stranded = await self.drain.run()
         except Exception:
@@ -532,6 +535,19 @@ class Worker:
     def on_moving(self, command: commands.Moving) -> None:
         if self.drain is not None:
             self.drain.marker_read(command.sid)
+
+    def on_released(self, command: commands.Released) -> None:
+        session = self.sessions.get(command.sid)
+        if session is not None and session.bring_up is not None:
+            session.bring_up.let_go(command.owner)
+
+    def on_warm(self, command: commands.Warm) -> None:
+        """A drain's sessions of this agent and workspace are coming: start its child now."""
+        name = command.agent or self.config.default_agent
+        if self.draining or name not in self.config.agents or self.config.child_per != "workspace":
+            return
+        survive_start = survive("warming an agent child", lambda: self.agent_for(name, command.cwd, ""))
+        asyncio.ensure_future(survive_start)
 
     async def agent_for(self, name: str, cwd: str, sid: str, returning: bool = False) -> AgentProcess:
         """The child of agent `name` that will host the session: shared per agent and

@@ -107,6 +107,7 @@ def _worker_config(args: argparse.Namespace) -> Any:
         state_dir=args.state_dir,
         state_store=args.state_store or default_state_store(args.state_dir or os.path.expanduser("~")),
         drain_grace_s=args.drain_grace_s,
+        handoff=getattr(args, "handoff", "eager"),
     )
 
 
@@ -328,6 +329,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--drain-grace-s", type=float, default=30.0,
                        help="on SIGTERM or `acp-state drain`, how long running turns may finish before "
                        "the sessions move to other workers (0: close them at once)")
+        p.add_argument("--handoff", choices=("eager", "paced"), default="eager",
+                       help="how a session that moves here from a draining worker is taken: eager, live here at once and "
+                       "its agent's session resumed after; paced, the agent loads it first (the stream waits)")
 
     api = commands.add_parser("api", help="run a stateless API process")
     api_options(api, None)

@@ -139,7 +139,7 @@ _REPORT_WIRE = (
     ("incarnation", "incarnation"), ("host", "host"), ("pid", "pid"), ("started_at", "startedAt"),
     ("sessions", "sessions"), ("max_sessions", "maxSessions"), ("agents", "agents"), ("agent_names", "agentNames"),
     ("default_agent", "defaultAgent"), ("states", "states"), ("lease_ms", "leaseMs"), ("renewed_at", "renewedAt"),
-    ("state_store", "stateStore"), ("draining", "draining"),
+    ("state_store", "stateStore"), ("draining", "draining"), ("children", "children"),
 )
 
 
@@ -164,6 +164,10 @@ class WorkerReport:
     renewed_at: int | None = None  # epoch ms, the worker's clock
     state_store: str | None = None  # the agent-state store its agents read (acp_state.moves)
     draining: bool = False  # moving its sessions away: placement sends it nothing
+    # Its running agent children, each as `acp_state.placement.child_key` (agent and
+    # workspace, a few bytes each, at most CHILDREN_REPORTED): placement prefers a worker
+    # whose child for a session's agent and workspace runs (no cold start under the wait).
+    children: list[str] = field(default_factory=list)
 
     def pack(self) -> str:
         """The JSON the registry keeps for the incarnation."""
@@ -191,7 +195,7 @@ class WorkerReport:
 _REPORT_TYPES: dict[str, type] = {
     "incarnation": str, "host": str, "pid": int, "started_at": str, "sessions": int, "max_sessions": int,
     "agents": int, "agent_names": list, "default_agent": str, "states": dict, "lease_ms": int, "renewed_at": int,
-    "state_store": str, "draining": bool,
+    "state_store": str, "draining": bool, "children": list,
 }
 
 

@@ -112,6 +112,8 @@ Environment
 ``ACP_SCRIPTED_NO_LOAD``  ``1``: ``loadSession`` is false and ``session/load`` gets -32601, like an
                         agent without the capability. History is still written.
 ``ACP_SCRIPTED_RESUME``  ``1``: ``sessionCapabilities.resume`` is advertised and ``session/resume`` served.
+``ACP_SCRIPTED_CLOSE``  ``1``: ``sessionCapabilities.close`` is advertised (``session/close`` is
+                        served either way): a client that closes a session awaits its answer.
 ``ACP_SCRIPTED_CONTEXT_SIZE``  a context window in tokens: each prompt ends (before its answer) with
                         an ACP ``usage_update`` ``{used, size}``, ``used`` 1000 tokens per turn the
                         session has had (the recorded ones after a load included).
@@ -374,8 +376,13 @@ class ScriptedAgent:
 
     def initialize(self, params: JSON) -> JSON:
         capabilities = {**INITIALIZE_RESULT["agentCapabilities"], "loadSession": self.can_load}
+        session_capabilities: JSON = {}
         if self.can_resume:
-            capabilities["sessionCapabilities"] = {"resume": {}}
+            session_capabilities["resume"] = {}
+        if os.environ.get("ACP_SCRIPTED_CLOSE") == "1":
+            session_capabilities["close"] = {}
+        if session_capabilities:
+            capabilities["sessionCapabilities"] = session_capabilities
         return {**INITIALIZE_RESULT, "agentCapabilities": capabilities}
 
     def new_session(self, params: JSON) -> JSON:

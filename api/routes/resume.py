@@ -111,7 +111,7 @@ async def _load(state: AppState, ws: str, sid: str, row: CatalogRow, client_id: 
 
     try:
         async with effect(state.store.resends):  # a load sent to a worker may have happened
-            await place(state, create, agent=row.agent, state_store=row.state_store)
+            await place(state, create, agent=row.agent, state_store=row.state_store, cwd=state.workspaces[ws])
     except ApiError as error:
         # The worker's publish was refused: the session was deleted meanwhile (a delete
         # that came after this load's claim lapsed), or is another's.

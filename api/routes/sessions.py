@@ -194,7 +194,7 @@ async def _create_or_attach(
 
     try:
         async with effect(state.store.resends):  # a create sent to a worker may have happened
-            reply = await place(state, create, before_send, agent)
+            reply = await place(state, create, before_send, agent, cwd=cwd)
     except BaseException:
         if claimed:
             await state.store.release_single(ws, sid)
