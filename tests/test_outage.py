@@ -26,6 +26,7 @@ from tests.harness import Harness
 from tests.helpers import SAFETY_STOP_S, create, eventually, load, proc_stat, prompt, recalled, status, turn_done
 
 LEASE_MS = "1500"
+OUTAGE_LEASE_MS = "8000"
 GRACE_S = 3.0
 # What a stop may take past its grace with Redis away: the store's silence judged (3 s),
 # the agents stopped (their stdin closed, 2 s, then signals), a last try at the lease (1 s).
@@ -145,7 +146,11 @@ async def test_a_30_s_redis_outage_costs_a_worker_and_an_api_a_few_log_lines_and
     back (restarted empty), answers again."""
     harness = Harness(own_redis.url, workspace, free_port)
     try:
-        worker = await harness.worker("--lease-ms", LEASE_MS)
+        # A worker whose own process froze past half its lease while Redis was away ends its
+        # sessions when Redis comes back empty rather than rewrite them (worker.py, `_act_on`:
+        # it cannot vouch nobody swept it). A loaded CI machine froze a 1.5 s lease's worker
+        # that long once; this test is about logs and recovery, so its lease leaves room.
+        worker = await harness.worker("--lease-ms", OUTAGE_LEASE_MS)
         api = await harness.api()
         sid = (await create(api, workspace))["sessionId"]
         await prompt(api, sid, "#permission")  # a session with state to rewrite once Redis is back

@@ -18,13 +18,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Awaitable
+from typing import TYPE_CHECKING, Awaitable, Protocol
 
 from acp_state.store import Transition
 from acp_state.turn_errors import from_exception
 
 if TYPE_CHECKING:
-    from .session import LiveSession
+    from .agent import AgentProcess
+
+
+class BroughtUp(Protocol):
+    """What a bring-up reads and does of its session (worker/session.py's `LiveSession`,
+    which holds the bring-up: named here by what it offers, not imported)."""
+
+    sid: str
+    cwd: str
+    agent: AgentProcess
+    agent_sid: str
+    closed: bool
+
+    async def note(self, transition: Transition) -> None: ...
+
+    async def die(self, code: str = ..., message: str = ..., reason: str = ...) -> None: ...
 
 log = logging.getLogger("worker.session")
 
@@ -37,7 +52,7 @@ class BringUp:
 
     __slots__ = ("session", "ready", "task", "released", "previous", "loading")
 
-    def __init__(self, session: LiveSession, previous: str | None = None) -> None:
+    def __init__(self, session: BroughtUp, previous: str | None = None) -> None:
         self.session = session
         # True once the agent holds the session; False if it never will (failed, or closed first).
         self.ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -101,7 +116,7 @@ class BringUp:
             self.ready.set_result(not session.closed)
 
 
-async def fail(session: LiveSession, reason: str) -> None:
+async def fail(session: BroughtUp, reason: str) -> None:
     """The agent could not resume the session: its clients are told on the stream (its
     prompts' `turn_error`, `session_died` with reason `resume_failed`) and it ends here; its
     catalog row stays, so a later load resumes it from the agent's history."""
