@@ -108,7 +108,8 @@ Environment
                         first write); default ``$HOME/.acp-state-scripted``.
 ``ACP_STATE_INCARNATION``  the incarnation a history write is logged with when the prompt's
                         ``_meta`` names none.
-``ACP_SCRIPTED_LOAD_DELAY_S``  seconds ``session/load`` waits after its replay before it answers.
+``ACP_SCRIPTED_LOAD_DELAY_S``  seconds ``session/load`` (and a resume) waits after its replay before it
+                        answers, or before it says it found no such session.
 ``ACP_SCRIPTED_NO_LOAD``  ``1``: ``loadSession`` is false and ``session/load`` gets -32601, like an
                         agent without the capability. History is still written.
 ``ACP_SCRIPTED_RESUME``  ``1``: ``sessionCapabilities.resume`` is advertised and ``session/resume`` served.
@@ -399,6 +400,9 @@ class ScriptedAgent:
             raise invalid_params("sessionId must be a plain identifier", {"sessionId": session_id})
         history = read_history(session_id)
         if history is None and session_id not in self.sessions:
+            # A slow load is as slow to find nothing (a test's resume that fails stays under
+            # way while the test sends what must wait for it).
+            await asyncio.sleep(float(os.environ.get("ACP_SCRIPTED_LOAD_DELAY_S") or 0))
             # The error kind of the -32004 for an unknown session, so clients treat both alike.
             raise RpcError(-32002, f"Resource not found: {session_id}", {"errorKind": "session_not_found"})
         history = history or []  # a hosted session without a completed prompt has no file yet
