@@ -50,7 +50,7 @@ MUTATIONS = [
         "announce-late",
         "APPLY announces on the change channel after publishing the events",
         "acp_state/store/lua/transition.lua",
-        "  if not batch then changed(at[9], at[8], ops.sid, ops.verttl) end\n",
+        "  if not batch then changed(at[9], at[8], at[16], ops.sid, ops.verttl) end\n",
         "",
         LUA_TESTS,
         before="  if ops.catalog then\n",
