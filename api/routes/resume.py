@@ -11,6 +11,7 @@ resume it once: one claims the load, the others wait for the session to be live 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import orjson
 from starlette.requests import Request
@@ -18,7 +19,7 @@ from starlette.responses import Response
 
 from acp_state import commands, ids
 from acp_state.moves import Carry
-from acp_state.store import CatalogRow, LoadClaim
+from acp_state.store import CatalogRow, LoadClaim, SessionView
 
 from ..auth import Principal, principal_of
 from ..locator import not_found
@@ -123,12 +124,7 @@ async def _load(state: AppState, ws: str, sid: str, row: CatalogRow, client_id: 
 async def load(request: Request) -> Response:
     """`POST /session/:id/load`, with `historyReplay: "response"`: a live session is
     attached; a persisted one is resumed first (`resume` below), then answered alike."""
-    state = app_state(request)
-    sid = request.path_params["id"]
-    client_id = client_id_header(request) or ids.new_client_id()
-    body = await json_body(request, required=False)
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", "invalid_request")
+    state, sid, client_id, body = await _asked(request)
     page_size = asked_page_size(body.get("historyPageSize"))
     ref, attached = await attach_or_resume(state, sid, principal_of(request), client_id)
     snapshot = await state.store.load_snapshot(ref.ws, sid, page_size)
@@ -145,20 +141,11 @@ async def load(request: Request) -> Response:
         has_more = len(page) > page_size
         if view.turn_error_event is not None:
             replay.append(view.turn_error_event)
-    answer = {
-        "sessionId": sid,
-        "workspaceCwd": summary["workspaceCwd"],
-        "attached": attached,
-        "clientId": client_id,
-        "createdAt": summary["createdAt"],
-        "state": {},
-        "hasRunningBackgroundTasks": False,
-        "hasActivePrompt": summary["hasActivePrompt"],
-        "compactedReplay": replay,
-        "liveJournal": [],
-        "lastEventId": view.last_event_id,
-        "eventEpoch": view.epoch,
-    }
+    answer = _answer(sid, summary, attached, client_id, {}, view)
+    answer["compactedReplay"] = replay
+    answer["liveJournal"] = []
+    answer["lastEventId"] = answer.pop("lastEventId")  # the reference's key order
+    answer["eventEpoch"] = answer.pop("eventEpoch")
     if has_more:  # as the reference: only when there is more
         answer["historyHasMore"] = True
     return OrjsonResponse(answer)
@@ -174,26 +161,37 @@ async def resume_session(request: Request) -> Response:
     that resumes has the transcript already, or pages it from `GET /session/:id/transcript`.
     `state` is the agent's session state as it reported it on the resume (`modes`,
     `configOptions`), `{}` for an attach, as in the reference."""
-    state = app_state(request)
-    sid = request.path_params["id"]
-    client_id = client_id_header(request) or ids.new_client_id()
-    body = await json_body(request, required=False)
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", "invalid_request")
+    state, sid, client_id, _ = await _asked(request)
     ref, attached = await attach_or_resume(state, sid, principal_of(request), client_id)
     view = await state.store.session(ref.ws, sid)
     if view is None:
         raise not_found(sid)
     summary = live_summary(view)
-    return OrjsonResponse({
+    return OrjsonResponse(_answer(sid, summary, attached, client_id, {} if attached else (view.agent_state or {}), view))
+
+
+async def _asked(request: Request) -> tuple[AppState, str, str, dict[str, Any]]:
+    """What a load or a resume asks: the process's state, the session id, the client's id
+    (a new one if it sent none) and the JSON object body (400 if it is not one)."""
+    body = await json_body(request, required=False)
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object", "invalid_request")
+    return app_state(request), request.path_params["id"], client_id_header(request) or ids.new_client_id(), body
+
+
+def _answer(
+    sid: str, summary: dict[str, Any], attached: bool, client_id: str, agent_state: dict[str, Any], view: SessionView
+) -> dict[str, Any]:
+    """The answer a load and a resume share, in the reference's key order."""
+    return {
         "sessionId": sid,
         "workspaceCwd": summary["workspaceCwd"],
         "attached": attached,
         "clientId": client_id,
         "createdAt": summary["createdAt"],
-        "state": {} if attached else (view.agent_state or {}),
+        "state": agent_state,
         "hasRunningBackgroundTasks": False,
         "hasActivePrompt": summary["hasActivePrompt"],
         "lastEventId": view.last_event_id,
         "eventEpoch": view.epoch,
-    })
+    }
