@@ -200,8 +200,14 @@ async def test_no_answer_names_a_workspace_the_token_may_not_see(harness: Harnes
     assert made.status_code == 200 and made.json()["workspaceCwd"] == w2, made.text
     # Its sessions: 404 as an unknown id's, whatever the route.
     for method, path in (("GET", "/session/{}/status"), ("GET", "/session/{}/turns/current"),
-                         ("GET", "/session/{}/transcript"), ("POST", "/session/{}/load"), ("POST", "/session/{}/cancel")):
-        await alike(method, path, sid, str(uuid.uuid4()), **({"json": {}} if path.endswith("load") else {}))
+                         ("GET", "/session/{}/transcript"), ("POST", "/session/{}/load"), ("POST", "/session/{}/cancel"),
+                         ("POST", "/session/{}/resume"), ("GET", "/session/{}/context"),
+                         ("GET", "/session/{}/context-usage"), ("GET", "/session/{}/goal"),
+                         ("GET", "/session/{}/pending-prompts"), ("GET", "/session/{}/supported-commands"),
+                         ("POST", "/session/{}/approval-mode"), ("POST", "/session/{}/heartbeat"),
+                         ("POST", "/session/{}/detach")):
+        body = {"mode": "default"} if path.endswith("approval-mode") else {}
+        await alike(method, path, sid, str(uuid.uuid4()), **({"json": body} if method == "POST" else {}))
     # The deployment-wide routes: every workspace's work, so not for a scoped token.
     inbox = (await as_w2("GET", "/attention")).json()
     assert inbox["items"] == []
